@@ -1,0 +1,1 @@
+//! Tessera's control-plane side. For now: the offline `tessera` CLI (demo, allocate, validate).

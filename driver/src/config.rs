@@ -1,0 +1,174 @@
+//! Tessera's opaque configuration API (`gpu.tessera.dev/v1alpha1`).
+//!
+//! Two kinds travel in `opaque.parameters` of claims, classes and allocations:
+//! * [`GpuShare`], written by users or admins: "this request is a share of a GPU".
+//! * [`AllocatedShares`], written by the allocator into an allocation's config: the resolved
+//!   share of every device, after percent conversion and the split over several cards. The node
+//!   prepares from this record alone.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::names;
+use crate::quantity::Quantity;
+
+/// A user's request for a share of one or more GPUs.
+///
+/// With `count: M` on the request, `memory` and `compute` are totals for the pod, split evenly
+/// over M distinct GPUs; `memoryPercent` is a percent of each card's memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuShare {
+    /// Always `gpu.tessera.dev/v1alpha1`.
+    pub api_version: String,
+    /// Always `GpuShare`.
+    pub kind: String,
+    /// GPU memory, in whole GiB (e.g. `10Gi`); total over all cards of the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    /// Percent of each card's memory, 1..=100; exclusive with `memory`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_percent: Option<i64>,
+    /// Compute in percent of one GPU, in steps of 5; total over all cards of the request.
+    /// Absent means compute is not isolated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<i64>,
+}
+
+/// The resolved share of one device in an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceShare {
+    /// The request (or `request/subrequest`) the device was allocated for.
+    pub request: String,
+    /// The pool the device belongs to.
+    pub pool: String,
+    /// The device name within the pool.
+    pub device: String,
+    /// Memory limit in bytes.
+    pub memory: Quantity,
+    /// Compute limit in percent of the GPU; 0 means not isolated.
+    pub compute: i64,
+}
+
+/// The allocator's record of the resolved shares in one allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllocatedShares {
+    /// Always `gpu.tessera.dev/v1alpha1`.
+    pub api_version: String,
+    /// Always `AllocatedShares`.
+    pub kind: String,
+    /// One entry per shared device in the allocation.
+    pub devices: Vec<DeviceShare>,
+}
+
+impl AllocatedShares {
+    /// A record for the given device shares.
+    pub fn new(devices: Vec<DeviceShare>) -> Self {
+        Self {
+            api_version: names::CONFIG_API_VERSION.to_owned(),
+            kind: names::ALLOCATED_SHARES_KIND.to_owned(),
+            devices,
+        }
+    }
+}
+
+/// One of Tessera's opaque configuration objects, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TesseraConfig {
+    /// A share request.
+    GpuShare(GpuShare),
+    /// An allocation record.
+    AllocatedShares(AllocatedShares),
+}
+
+/// Decodes the `opaque.parameters` of a config for this driver.
+///
+/// `context` names where the parameters came from (object and field) for error messages.
+/// Unknown fields, a wrong `apiVersion` or an unknown `kind` are errors: a typo in a share must
+/// never silently turn into "no limit".
+pub fn decode(parameters: &serde_json::Value, context: &str) -> Result<TesseraConfig> {
+    let field = |f: &str| format!("{context}.{f}");
+    let api_version = parameters
+        .get("apiVersion")
+        .and_then(serde_json::Value::as_str);
+    if api_version != Some(names::CONFIG_API_VERSION) {
+        return Err(Error::Share {
+            field: field("apiVersion"),
+            message: format!(
+                "is {}, must be {}",
+                api_version.map_or_else(|| "missing".to_owned(), |v| format!("{v:?}")),
+                names::CONFIG_API_VERSION
+            ),
+        });
+    }
+    let kind = parameters.get("kind").and_then(serde_json::Value::as_str);
+    let decode_err = |e: serde_json::Error| Error::Share {
+        field: context.to_owned(),
+        message: e.to_string(),
+    };
+    match kind {
+        Some(names::GPU_SHARE_KIND) => Ok(TesseraConfig::GpuShare(
+            serde_json::from_value(parameters.clone()).map_err(decode_err)?,
+        )),
+        Some(names::ALLOCATED_SHARES_KIND) => Ok(TesseraConfig::AllocatedShares(
+            serde_json::from_value(parameters.clone()).map_err(decode_err)?,
+        )),
+        other => Err(Error::Share {
+            field: field("kind"),
+            message: format!(
+                "is {}, must be {} or {}",
+                other.map_or_else(|| "missing".to_owned(), |v| format!("{v:?}")),
+                names::GPU_SHARE_KIND,
+                names::ALLOCATED_SHARES_KIND
+            ),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn decodes_a_share() {
+        let cfg = decode(
+            &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": "10Gi", "compute": 50}),
+            "spec",
+        )
+        .unwrap();
+        let TesseraConfig::GpuShare(share) = cfg else {
+            panic!("not a share")
+        };
+        assert_eq!(share.memory, Some(Quantity::parse("10Gi").unwrap()));
+        assert_eq!(share.compute, Some(50));
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_kinds() {
+        let typo =
+            json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memroy": "10Gi"});
+        assert!(
+            decode(&typo, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("memroy")
+        );
+        let kind = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "Nope"});
+        assert!(
+            decode(&kind, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("kind")
+        );
+        let version = json!({"apiVersion": "v1", "kind": "GpuShare"});
+        assert!(
+            decode(&version, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("apiVersion")
+        );
+    }
+}

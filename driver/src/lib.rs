@@ -1,0 +1,27 @@
+//! Tessera's domain core: every decision of the driver, as pure functions of plain data.
+//!
+//! No I/O lives here (no Kubernetes client, no async runtime, no NVML, no filesystem): the
+//! kubelet plugin and the controller fetch, call into this crate, and write.
+//!
+//! * [`inventory`]: the GPU inventory model and the fake-inventory file format.
+//! * [`slices`]: rendering an inventory into the `ResourceSlices` of one pool.
+//! * [`apiversion`]: reading and writing resource.k8s.io v1, v1beta2 and v1beta1 objects.
+//! * [`config`], [`share`]: Tessera's opaque config API and the share rules.
+//! * [`cel`]: the Kubernetes DRA CEL environment.
+//! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
+//! * [`cdi`]: the CDI spec of a prepared claim.
+
+pub mod allocator;
+pub mod apiversion;
+pub mod cdi;
+pub mod cel;
+pub mod config;
+pub mod error;
+pub mod inventory;
+pub mod names;
+pub mod quantity;
+pub mod share;
+pub mod slices;
+
+pub use error::{Error, Result};
+pub use quantity::Quantity;

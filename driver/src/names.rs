@@ -1,0 +1,90 @@
+//! Every Kubernetes-facing string Tessera uses, in one place.
+//!
+//! Attribute and capacity names are the wire contract with admins' CEL selectors and with
+//! kube-scheduler, so they must never be spelled inline elsewhere.
+
+/// The default DRA driver name; also the domain of Tessera's device attributes and capacities.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.tessera.dev";
+
+/// API group and version of Tessera's opaque configuration objects.
+pub const CONFIG_API_VERSION: &str = "gpu.tessera.dev/v1alpha1";
+/// Kind of the opaque config a user writes to ask for a share of a GPU.
+pub const GPU_SHARE_KIND: &str = "GpuShare";
+/// Kind of the opaque config the allocator writes into an allocation: the resolved per-device share.
+pub const ALLOCATED_SHARES_KIND: &str = "AllocatedShares";
+
+/// `DeviceClass` for whole GPUs.
+pub const CLASS_GPU: &str = "gpu.tessera.dev";
+/// `DeviceClass` for fractional shares of a GPU.
+pub const CLASS_SHARED_GPU: &str = "shared.gpu.tessera.dev";
+/// `DeviceClass` for MIG instances.
+pub const CLASS_MIG_GPU: &str = "mig.gpu.tessera.dev";
+
+/// Device attribute: `gpu` or `mig`.
+pub const ATTR_TYPE: &str = "type";
+/// Device attribute: the GPU's (or MIG instance's) UUID.
+pub const ATTR_UUID: &str = "uuid";
+/// Device attribute: the GPU's index on its node.
+pub const ATTR_INDEX: &str = "index";
+/// Device attribute: the product name NVML reports, e.g. `NVIDIA A100-SXM4-80GB`.
+pub const ATTR_PRODUCT_NAME: &str = "productName";
+/// Device attribute: the short lower-case model, e.g. `a100-80g`.
+pub const ATTR_MODEL: &str = "model";
+/// Device attribute: the brand, e.g. `Tesla`, `GeForce`.
+pub const ATTR_BRAND: &str = "brand";
+/// Device attribute: the architecture, e.g. `Ampere`.
+pub const ATTR_ARCHITECTURE: &str = "architecture";
+/// Device attribute: the CUDA compute capability as a version.
+pub const ATTR_CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+/// Device attribute: the NVIDIA driver version as a version.
+pub const ATTR_DRIVER_VERSION: &str = "driverVersion";
+/// Device attribute: the CUDA driver version as a version.
+pub const ATTR_CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
+/// Device attribute: whether the GPU can be split into MIG instances.
+pub const ATTR_MIG_CAPABLE: &str = "migCapable";
+/// Device attribute: `exclusive` or `shared`.
+pub const ATTR_SHARING: &str = "sharing";
+/// Device attribute: an id shared by GPUs NVLink-connected to each other.
+pub const ATTR_NVLINK_DOMAIN: &str = "nvlinkDomain";
+/// Device attribute: the NUMA node the GPU is attached to.
+pub const ATTR_NUMA_NODE: &str = "numaNode";
+/// Device attribute of MIG instances: the MIG profile, e.g. `1g.10gb`.
+pub const ATTR_MIG_PROFILE: &str = "profile";
+/// Device attribute of MIG instances: the UUID of the parent GPU.
+pub const ATTR_PARENT_UUID: &str = "parentUUID";
+/// Device attribute of MIG instances: the index of the parent GPU.
+pub const ATTR_PARENT_INDEX: &str = "parentIndex";
+/// Standard attribute (fully qualified): the PCI bus id.
+pub const ATTR_STD_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// Standard attribute (fully qualified): the `PCIe` root complex.
+pub const ATTR_STD_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+
+/// Value of [`ATTR_TYPE`] for a whole GPU.
+pub const TYPE_GPU: &str = "gpu";
+/// Value of [`ATTR_TYPE`] for a MIG instance.
+pub const TYPE_MIG: &str = "mig";
+/// Value of [`ATTR_SHARING`] for a GPU given whole to one claim.
+pub const SHARING_EXCLUSIVE: &str = "exclusive";
+/// Value of [`ATTR_SHARING`] for a GPU many claims share.
+pub const SHARING_SHARED: &str = "shared";
+
+/// Capacity: memory in bytes.
+pub const CAP_MEMORY: &str = "memory";
+/// Capacity: compute in percent of a whole GPU.
+pub const CAP_COMPUTE: &str = "compute";
+/// Capacity: streaming multiprocessors.
+pub const CAP_MULTIPROCESSORS: &str = "multiprocessors";
+
+/// CDI vendor of the specs the kubelet plugin writes.
+pub const CDI_VENDOR: &str = "k8s.gpu.tessera.dev";
+/// CDI class of the specs the kubelet plugin writes.
+pub const CDI_CLASS: &str = "claim";
+/// CDI kind, `vendor/class`.
+pub const CDI_KIND: &str = "k8s.gpu.tessera.dev/claim";
+
+/// Scheduling gate on pods whose claims Tessera's controller allocates.
+pub const SCHEDULING_GATE: &str = "gpu.tessera.dev/allocation";
+/// Finalizer kube-scheduler puts on claims before allocating them; the controller does the same.
+pub const CLAIM_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
+/// Well-known node label holding the node's name.
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";

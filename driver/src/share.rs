@@ -1,0 +1,373 @@
+//! The share model: what a fractional GPU request means and the rules it must follow.
+//!
+//! A share comes either from a [`GpuShare`] opaque config (totals over the request's `count`
+//! cards) or from Kubernetes-native `capacity.requests` (per card, as the API defines them).
+//! Both become a [`ShareRequest`]; at allocation, [`ShareRequest::per_device`] turns it into the
+//! exact [`PerDeviceShare`] of one card. Every broken rule is an [`Error::Share`] naming the
+//! field, the value and the rule; nothing is rounded silently.
+
+use std::collections::BTreeMap;
+
+use crate::config::GpuShare;
+use crate::error::{Error, Result};
+use crate::names;
+use crate::quantity::Quantity;
+
+/// Bytes in one GiB, the unit of share memory.
+pub const GIB: u64 = 1 << 30;
+/// Compute is granted in steps of this many percent.
+pub const COMPUTE_STEP: i64 = 5;
+
+/// How a request sizes its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryAsk {
+    /// Exactly this many bytes on every card.
+    Bytes(u64),
+    /// This percent (1..=100) of every card's memory.
+    Percent(u8),
+}
+
+/// A validated share request, already split per card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRequest {
+    /// Memory on each card.
+    pub memory: MemoryAsk,
+    /// Compute percent on each card; 0 means not isolated.
+    pub compute: i64,
+    /// Number of distinct cards the share spreads over.
+    pub cards: u32,
+}
+
+/// The exact share one device gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PerDeviceShare {
+    /// Memory limit in bytes.
+    pub memory_bytes: u64,
+    /// Compute limit in percent; 0 means not isolated.
+    pub compute_percent: i64,
+}
+
+fn share_err(field: &str, message: impl Into<String>) -> Error {
+    Error::Share {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn gib_text(bytes: u64) -> String {
+    Quantity::from_bytes(bytes).to_string()
+}
+
+/// Checks per-card compute: 5..=100 in steps of 5.
+fn check_card_compute(field: &str, per_card: i64, detail: &str) -> Result<()> {
+    if !(COMPUTE_STEP..=100).contains(&per_card) {
+        return Err(share_err(
+            field,
+            format!("{detail}compute {per_card} per card is outside 5..100"),
+        ));
+    }
+    if per_card % COMPUTE_STEP != 0 {
+        return Err(share_err(
+            field,
+            format!("{detail}compute {per_card} per card is not a multiple of {COMPUTE_STEP}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Memory as a whole, non-negative number of bytes.
+fn memory_bytes(field: &str, memory: Quantity) -> Result<u64> {
+    if memory.is_negative() {
+        return Err(share_err(field, format!("memory {memory} is negative")));
+    }
+    memory
+        .as_units()
+        .and_then(|b| u64::try_from(b).ok())
+        .ok_or_else(|| {
+            share_err(
+                field,
+                format!("memory {memory} is not a whole number of bytes"),
+            )
+        })
+}
+
+impl ShareRequest {
+    /// Validates a [`GpuShare`] for a request of `count` cards. `field` prefixes error fields
+    /// (e.g. `spec.devices.config[0].opaque.parameters`).
+    pub fn from_gpu_share(share: &GpuShare, count: u32, field: &str) -> Result<Self> {
+        let f = |name: &str| format!("{field}.{name}");
+        if count == 0 {
+            return Err(share_err(&f("count"), "a share needs at least one card"));
+        }
+        let cards = i64::from(count);
+        let over = if count > 1 {
+            format!(" over {count} cards")
+        } else {
+            String::new()
+        };
+        let memory = match (share.memory, share.memory_percent) {
+            (Some(_), Some(_)) => {
+                return Err(share_err(
+                    &f("memoryPercent"),
+                    "memory and memoryPercent are exclusive: set one",
+                ));
+            }
+            (None, None) => {
+                return Err(share_err(field, "a share needs memory or memoryPercent"));
+            }
+            (None, Some(pct)) => {
+                if !(1..=100).contains(&pct) {
+                    return Err(share_err(
+                        &f("memoryPercent"),
+                        format!("memoryPercent {pct} is outside 1..100"),
+                    ));
+                }
+                MemoryAsk::Percent(
+                    u8::try_from(pct)
+                        .map_err(|_| share_err(&f("memoryPercent"), "out of range"))?,
+                )
+            }
+            (Some(q), None) => {
+                let bytes = memory_bytes(&f("memory"), q)?;
+                if bytes % GIB != 0 {
+                    return Err(share_err(
+                        &f("memory"),
+                        format!("memory {q} is not a whole number of GiB"),
+                    ));
+                }
+                let per_card = bytes / u64::from(count);
+                if bytes % u64::from(count) != 0 || per_card % GIB != 0 {
+                    return Err(share_err(
+                        &f("memory"),
+                        format!("memory {q}{over} is not a whole number of GiB per card"),
+                    ));
+                }
+                if per_card < GIB {
+                    return Err(share_err(
+                        &f("memory"),
+                        format!("memory {q}{over} is less than the minimum of 1Gi per card"),
+                    ));
+                }
+                MemoryAsk::Bytes(per_card)
+            }
+        };
+        let compute = match share.compute {
+            None => 0,
+            Some(c) => {
+                if c < 0 {
+                    return Err(share_err(&f("compute"), format!("compute {c} is negative")));
+                }
+                if c % cards != 0 {
+                    return Err(share_err(
+                        &f("compute"),
+                        format!("compute {c}{over} is not a whole number of percent per card"),
+                    ));
+                }
+                let per_card = c / cards;
+                check_card_compute(
+                    &f("compute"),
+                    per_card,
+                    &if count > 1 {
+                        format!("compute {c}{over}: ")
+                    } else {
+                        String::new()
+                    },
+                )?;
+                per_card
+            }
+        };
+        Ok(Self {
+            memory,
+            compute,
+            cards: count,
+        })
+    }
+
+    /// Validates Kubernetes-native `capacity.requests` (per card, as the DRA API defines them)
+    /// for a request of `count` cards. Only `memory` and `compute` are known; a request for any
+    /// other capacity of this driver is an error, so a typo never means "no limit".
+    pub fn from_capacity_requests(
+        requests: &BTreeMap<String, Quantity>,
+        count: u32,
+        field: &str,
+    ) -> Result<Self> {
+        let mut memory = None;
+        let mut compute = 0;
+        for (name, value) in requests {
+            let short = name
+                .strip_prefix(&format!("{}/", names::DEFAULT_DRIVER_NAME))
+                .unwrap_or(name);
+            let f = format!("{field}.{name}");
+            match short {
+                names::CAP_MEMORY => {
+                    let bytes = memory_bytes(&f, *value)?;
+                    if bytes % GIB != 0 || bytes < GIB {
+                        return Err(share_err(
+                            &f,
+                            format!("memory {value} is not a whole number of GiB of at least 1Gi"),
+                        ));
+                    }
+                    memory = Some(bytes);
+                }
+                names::CAP_COMPUTE => {
+                    let c = value.as_units().ok_or_else(|| {
+                        share_err(&f, format!("compute {value} is not a whole percent"))
+                    })?;
+                    if c < 0 {
+                        return Err(share_err(&f, format!("compute {c} is negative")));
+                    }
+                    if c != 0 {
+                        check_card_compute(&f, c, "")?;
+                    }
+                    compute = c;
+                }
+                other => {
+                    return Err(share_err(
+                        &f,
+                        format!("unknown capacity {other:?}: a share requests memory and compute"),
+                    ));
+                }
+            }
+        }
+        let Some(bytes) = memory else {
+            return Err(share_err(
+                &format!("{field}.memory"),
+                "a share needs memory (compute needs memory)",
+            ));
+        };
+        if count == 0 {
+            return Err(share_err(field, "a share needs at least one card"));
+        }
+        Ok(Self {
+            memory: MemoryAsk::Bytes(bytes),
+            compute,
+            cards: count,
+        })
+    }
+
+    /// The exact share of one card with `device_memory` bytes. Percent shares are converted
+    /// here, rounded down to whole MiB (the unit CUDA limits are set in), and the result is
+    /// recorded in the allocation so the node enforces exactly this number.
+    pub fn per_device(&self, device_memory: u64) -> Result<PerDeviceShare> {
+        let memory_bytes = match self.memory {
+            MemoryAsk::Bytes(b) => b,
+            MemoryAsk::Percent(p) => {
+                let mib = 1_u64 << 20;
+                let bytes = u128::from(device_memory) * u128::from(p) / 100;
+                let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+                let bytes = bytes - bytes % mib;
+                if bytes == 0 {
+                    return Err(share_err(
+                        "memoryPercent",
+                        format!("{p}% of {} is less than 1Mi", gib_text(device_memory)),
+                    ));
+                }
+                bytes
+            }
+        };
+        if memory_bytes > device_memory {
+            return Err(share_err(
+                "memory",
+                format!(
+                    "a share of {} exceeds one card of {}",
+                    gib_text(memory_bytes),
+                    gib_text(device_memory)
+                ),
+            ));
+        }
+        Ok(PerDeviceShare {
+            memory_bytes,
+            compute_percent: self.compute,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(memory: Option<&str>, pct: Option<i64>, compute: Option<i64>) -> GpuShare {
+        GpuShare {
+            api_version: names::CONFIG_API_VERSION.into(),
+            kind: names::GPU_SHARE_KIND.into(),
+            memory: memory.map(|m| Quantity::parse(m).unwrap()),
+            memory_percent: pct,
+            compute,
+        }
+    }
+
+    fn err(s: &GpuShare, count: u32) -> String {
+        ShareRequest::from_gpu_share(s, count, "cfg")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn splits_totals_over_cards() {
+        let r =
+            ShareRequest::from_gpu_share(&share(Some("20Gi"), None, Some(100)), 2, "cfg").unwrap();
+        assert_eq!(r.memory, MemoryAsk::Bytes(10 * GIB));
+        assert_eq!(r.compute, 50);
+        assert_eq!(
+            r.per_device(80 * GIB).unwrap(),
+            PerDeviceShare {
+                memory_bytes: 10 * GIB,
+                compute_percent: 50
+            }
+        );
+    }
+
+    #[test]
+    fn names_the_rule_each_share_breaks() {
+        assert!(
+            err(&share(Some("10Gi"), None, None), 3)
+                .contains("memory 10Gi over 3 cards is not a whole number of GiB per card")
+        );
+        assert!(err(&share(Some("512Mi"), None, None), 1).contains("not a whole number of GiB"));
+        assert!(err(&share(Some("1Gi"), None, Some(7)), 1).contains("not a multiple of 5"));
+        assert!(err(&share(Some("1Gi"), None, Some(105)), 1).contains("outside 5..100"));
+        assert!(err(&share(None, None, Some(50)), 1).contains("needs memory"));
+        assert!(err(&share(Some("1Gi"), Some(10), None), 1).contains("exclusive"));
+        assert!(err(&share(None, Some(0), None), 1).contains("outside 1..100"));
+        assert!(err(&share(Some("-5Gi"), None, None), 1).contains("negative"));
+        assert!(err(&share(Some("2Gi"), None, Some(15)), 2).contains("compute 15 over 2 cards"));
+        assert!(err(&share(Some("2Gi"), None, Some(6)), 2).contains("outside 5..100"));
+    }
+
+    #[test]
+    fn converts_percent_per_model_and_refuses_oversized_shares() {
+        let r = ShareRequest::from_gpu_share(&share(None, Some(25), None), 1, "cfg").unwrap();
+        assert_eq!(r.per_device(80 * GIB).unwrap().memory_bytes, 20 * GIB);
+        assert_eq!(r.per_device(15 * GIB).unwrap().memory_bytes, 3840 << 20);
+        let big = ShareRequest::from_gpu_share(&share(Some("20Gi"), None, None), 1, "cfg").unwrap();
+        assert!(
+            big.per_device(16 * GIB)
+                .unwrap_err()
+                .to_string()
+                .contains("exceeds one card")
+        );
+    }
+
+    #[test]
+    fn validates_native_capacity_requests() {
+        let mut req = BTreeMap::new();
+        req.insert("memory".to_owned(), Quantity::parse("10Gi").unwrap());
+        req.insert("compute".to_owned(), Quantity::parse("50").unwrap());
+        let r = ShareRequest::from_capacity_requests(&req, 1, "capacity.requests").unwrap();
+        assert_eq!(r.compute, 50);
+        req.insert("memory".to_owned(), Quantity::parse("-5Gi").unwrap());
+        assert!(
+            ShareRequest::from_capacity_requests(&req, 1, "c")
+                .unwrap_err()
+                .to_string()
+                .contains("negative")
+        );
+        req.remove("memory");
+        assert!(
+            ShareRequest::from_capacity_requests(&req, 1, "c")
+                .unwrap_err()
+                .to_string()
+                .contains("needs memory")
+        );
+    }
+}
