@@ -13,15 +13,18 @@
 
 pub mod allocator;
 pub mod apiversion;
+pub mod batch;
 pub mod cdi;
 pub mod cel;
 pub mod config;
 pub mod error;
 pub mod inventory;
 pub mod names;
+pub mod prepare;
 pub mod quantity;
 pub mod share;
 pub mod slices;
+pub mod validation;
 
 pub use error::{Error, Result};
 pub use quantity::Quantity;

@@ -88,3 +88,6 @@ pub const SCHEDULING_GATE: &str = "gpu.tessera.dev/allocation";
 pub const CLAIM_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 /// Well-known node label holding the node's name.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// Annotation on a DeviceClass marking it as a class of Tessera shares (value `"true"`).
+pub const ANNOTATION_SHARE_CLASS: &str = "gpu.tessera.dev/share-class";

@@ -1,0 +1,113 @@
+//! The offline `tessera` command: demo, allocate and validate, with no cluster and no GPU.
+
+pub mod allocate;
+pub mod demo;
+pub mod input;
+pub mod output;
+pub mod validate;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tessera_driver::allocator::Policy;
+use tessera_driver::names;
+
+use crate::error::{Error, Result};
+
+/// Try Tessera's GPU allocation offline: plain Kubernetes YAML in, decisions out.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about)]
+pub struct Cli {
+    /// The DRA driver name Tessera runs under.
+    #[arg(long, global = true, env = "TESSERA_DRIVER_NAME", default_value = names::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the whole flow on a built-in example cluster and print a report.
+    Demo {
+        /// Placement policy.
+        #[arg(long, env = "TESSERA_POLICY", default_value = "binpack")]
+        policy: Policy,
+    },
+    /// Allocate the pending ResourceClaims of the given files against their ResourceSlices.
+    Allocate {
+        /// Files or folders of DeviceClasses, ResourceSlices, ResourceClaims, Nodes and Pods
+        /// (`-` reads standard input).
+        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+        /// Only use devices available on this node.
+        #[arg(long)]
+        node: Option<String>,
+        /// Placement policy.
+        #[arg(long, env = "TESSERA_POLICY", default_value = "first-fit")]
+        policy: Policy,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: OutputFormat,
+    },
+    /// Check every CEL expression, opaque config and share rule of the given files.
+    Validate {
+        /// Files or folders to check (`-` reads standard input).
+        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Output formats of `tessera allocate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// `{"results":[...]}` as JSON.
+    Json,
+    /// The same as YAML.
+    Yaml,
+    /// A table for people.
+    Table,
+}
+
+impl Cli {
+    /// Parses the command line, runs the command and maps errors to exit codes
+    /// (2 for malformed input, 1 for other failures).
+    pub fn parse_and_run() -> ExitCode {
+        let cli = Self::parse();
+        let mut out = String::new();
+        let result = cli.run(&mut out);
+        let mut stdout = std::io::stdout().lock();
+        if stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+            return ExitCode::from(1);
+        }
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                if !matches!(e, Error::Findings { .. }) {
+                    let _ = writeln!(std::io::stderr(), "error: {e}");
+                }
+                ExitCode::from(e.exit_code())
+            }
+        }
+    }
+
+    /// Runs the command, appending what it prints to `out`.
+    pub fn run(&self, out: &mut String) -> Result<()> {
+        match &self.command {
+            Command::Demo { policy } => demo::run(&self.driver_name, *policy, out),
+            Command::Allocate { files, node, policy, output } => {
+                let objects = input::Objects::load(files)?;
+                let outcomes = allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
+                output::write(&outcomes, *output, out)
+            }
+            Command::Validate { files } => {
+                let objects = input::Objects::load(files)?;
+                validate::run(&objects, &self.driver_name, out)
+            }
+        }
+    }
+}

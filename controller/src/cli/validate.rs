@@ -1,0 +1,56 @@
+//! `tessera validate`: static checks of DeviceClasses, claims and claim templates.
+
+use std::fmt::Write as _;
+
+use tessera_driver::cel::CelCache;
+use tessera_driver::validation::{share_classes, validate_claim_spec, validate_device_class};
+
+use crate::cli::input::Objects;
+use crate::error::{Error, Result};
+
+/// Checks every object and returns the report text, or [`Error::Findings`] after writing the
+/// problems into `report`.
+pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
+    let cel = CelCache::new();
+    let shares = share_classes(&objects.classes);
+    let shares: Vec<&str> = shares.iter().map(String::as_str).collect();
+    let lookup = |name: &str| objects.classes.iter().find(|c| c.metadata.name.as_deref() == Some(name)).cloned();
+    let mut problems = Vec::new();
+    for class in &objects.classes {
+        problems.extend(validate_device_class(class, driver, &cel));
+    }
+    for claim in &objects.claims {
+        let object = format!(
+            "ResourceClaim {}/{}",
+            claim.metadata.namespace.as_deref().unwrap_or("default"),
+            claim.metadata.name.as_deref().unwrap_or("<unnamed>")
+        );
+        problems.extend(validate_claim_spec(&object, &claim.spec, driver, &shares, &lookup, &cel));
+    }
+    for template in &objects.templates {
+        let object = format!(
+            "ResourceClaimTemplate {}/{}",
+            template.metadata.namespace.as_deref().unwrap_or("default"),
+            template.metadata.name.as_deref().unwrap_or("<unnamed>")
+        );
+        let errors = validate_claim_spec(&object, &template.spec.spec, driver, &shares, &lookup, &cel);
+        // Template fields sit one level deeper than a claim's.
+        problems.extend(errors.into_iter().map(|e| match e {
+            tessera_driver::Error::Invalid { object, field, message } => {
+                tessera_driver::Error::Invalid { object, field: format!("spec.{field}"), message }
+            }
+            other => other,
+        }));
+    }
+    let checked = objects.classes.len() + objects.claims.len() + objects.templates.len();
+    for problem in &problems {
+        let _ = writeln!(report, "error: {problem}");
+    }
+    if problems.is_empty() {
+        let _ = writeln!(report, "ok: {checked} object(s) checked, no problems found");
+        Ok(())
+    } else {
+        let _ = writeln!(report, "{} problem(s) in {checked} object(s) checked", problems.len());
+        Err(Error::Findings { count: problems.len() })
+    }
+}

@@ -1,0 +1,162 @@
+//! The `tessera` command as a user runs it: real binary, real files, exit codes.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera")).args(args).current_dir(repo()).output().unwrap()
+}
+
+fn write_temp(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const SLICE: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata:
+  name: node-1-gpus
+spec:
+  driver: gpu.tessera.dev
+  nodeName: node-1
+  pool: {name: node-1, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    attributes:
+      type: {string: gpu}
+      sharing: {string: exclusive}
+      model: {string: a100-80g}
+    capacity:
+      memory: {value: 80Gi}
+"#;
+
+const CLASS: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu.tessera.dev
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.tessera.dev"
+"#;
+
+fn claim(name: &str) -> String {
+    format!(
+        r"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.dev
+"
+    )
+}
+
+#[test]
+fn allocate_prints_the_documented_json_shape() {
+    let file = write_temp("one-gpu.yaml", &format!("{SLICE}---{CLASS}---{}---{}", claim("first"), claim("second")));
+    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["name"], "first");
+    assert_eq!(results[0]["allocated"], true);
+    assert_eq!(results[0]["allocation"]["devices"]["results"][0]["device"], "gpu-0");
+    assert_eq!(results[1]["allocated"], false, "the only GPU is taken: {json}");
+    assert!(results[1]["reason"].as_str().unwrap().contains("second"), "{json}");
+}
+
+#[test]
+fn unsatisfiable_claims_are_results_not_errors() {
+    let file = write_temp("no-slices.yaml", &format!("{CLASS}---{}", claim("lonely")));
+    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["results"][0]["allocated"], false);
+}
+
+#[test]
+fn malformed_input_exits_2_naming_file_object_and_field() {
+    let bad = CLASS.replace("name: gpu.tessera.dev\nspec:", "name: gpu.tessera.dev\nspec:\n  selectors: 5\n  x:");
+    let file = write_temp("bad-class.yaml", &bad);
+    let out = tessera(&["allocate", "-f", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad-class.yaml"), "{err}");
+    assert!(err.contains("selectors"), "{err}");
+
+    let not_yaml = write_temp("not-yaml.yaml", "kind: [unclosed");
+    let out = tessera(&["allocate", "-f", not_yaml.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+
+    let missing = tessera(&["allocate", "-f", "/nonexistent/file.yaml"]);
+    assert_eq!(missing.status.code(), Some(2));
+}
+
+#[test]
+fn validate_accepts_the_shipped_classes_and_examples() {
+    let out = tessera(&["validate", "-f", "deviceclasses", "-f", "examples/claims"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("ok:"), "{text}");
+}
+
+#[test]
+fn validate_reports_every_broken_share_rule_with_its_field() {
+    let bad = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: bad-share, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        count: 3
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.tessera.dev"].model =='}
+    config:
+    - requests: [gpus]
+      opaque:
+        driver: gpu.tessera.dev
+        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuShare, memory: 10Gi}
+"#;
+    let file = write_temp("bad-share.yaml", bad);
+    let out = tessera(&["validate", "-f", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ResourceClaim default/bad-share"), "{text}");
+    assert!(text.contains("memory 10Gi over 3 cards is not a whole number of GiB per card"), "{text}");
+    assert!(text.contains("spec.devices.requests[0].exactly.selectors[0].cel.expression"), "{text}");
+}
+
+#[test]
+fn demo_reports_every_example_claim() {
+    let out = tessera(&["demo"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for entry in std::fs::read_dir(repo().join("examples/claims")).unwrap() {
+        let yaml = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let name = yaml.lines().find_map(|l| l.trim().strip_prefix("name: ")).unwrap();
+        assert!(text.contains(name), "demo report does not mention claim {name}:\n{text}");
+    }
+    assert!(text.contains("cdiVersion"), "the report shows a CDI spec:\n{text}");
+}

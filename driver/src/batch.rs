@@ -1,0 +1,188 @@
+//! Allocating a batch of claims offline, in input order, the way `tessera allocate` does.
+//!
+//! Claims that already carry `status.allocation` count as used. Pending claims are allocated
+//! one after another in input order; the claims of one pod (named by the pod's
+//! `spec.resourceClaims[].resourceClaimName`) are allocated together, all on one node or not at
+//! all, at the position of the pod's first pending claim. Each success is committed to the
+//! snapshot before the next claim is tried, so later claims see earlier ones as used.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+use crate::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
+use crate::error::Result;
+use crate::names;
+
+/// What happened to one pending claim.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimOutcome {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// Whether it was allocated.
+    pub allocated: bool,
+    /// The allocation, when allocated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<res::AllocationResult>,
+    /// Why not, when not allocated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The node the claim's devices are on, when they are node-local.
+    #[serde(skip)]
+    pub node: Option<String>,
+}
+
+/// Everything the batch reads.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchInput<'a> {
+    /// DeviceClasses.
+    pub classes: &'a [res::DeviceClass],
+    /// ResourceSlices.
+    pub slices: &'a [res::ResourceSlice],
+    /// ResourceClaims, allocated and pending, in input order.
+    pub claims: &'a [res::ResourceClaim],
+    /// Nodes (optional: nodes named by slices are used when absent).
+    pub nodes: &'a [core::Node],
+    /// Pods, whose claims are allocated together.
+    pub pods: &'a [core::Pod],
+}
+
+/// How the batch allocates.
+#[derive(Debug, Clone)]
+pub struct BatchOptions {
+    /// The Tessera driver name (for shares).
+    pub driver_name: String,
+    /// The placement policy.
+    pub policy: Policy,
+    /// Restrict to devices available on this node.
+    pub node: Option<String>,
+}
+
+fn key(meta: &ObjectMeta) -> (String, String) {
+    (meta.namespace.clone().unwrap_or_else(|| "default".to_owned()), meta.name.clone().unwrap_or_default())
+}
+
+/// A Node object with just a name and the hostname label, for nodes that only slices name.
+pub fn bare_node(name: &str) -> core::Node {
+    core::Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(names::LABEL_HOSTNAME.to_owned(), name.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..core::Node::default()
+    }
+}
+
+/// The candidate nodes: the given Node objects, plus a bare node for every node a slice names
+/// that has no Node object; sorted by name so results do not depend on file order.
+fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node> {
+    let mut by_name: BTreeMap<String, core::Node> = BTreeMap::new();
+    for node in input.nodes {
+        if let Some(name) = &node.metadata.name {
+            by_name.entry(name.clone()).or_insert_with(|| node.clone());
+        }
+    }
+    for slice in input.slices {
+        if let Some(name) = &slice.spec.node_name {
+            by_name.entry(name.clone()).or_insert_with(|| bare_node(name));
+        }
+    }
+    if let Some(only) = only {
+        return vec![by_name.remove(only).unwrap_or_else(|| bare_node(only))];
+    }
+    by_name.into_values().collect()
+}
+
+/// Whether `pod` may run on `node`, as far as the offline view can tell: `spec.nodeName` and
+/// `spec.nodeSelector`.
+fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
+    let Some(spec) = &pod.spec else { return true };
+    if let Some(name) = &spec.node_name {
+        if node.metadata.name.as_ref() != Some(name) {
+            return false;
+        }
+    }
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    spec.node_selector.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Allocates every pending claim of `input`, returning one outcome per pending claim in input
+/// order.
+pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<Vec<ClaimOutcome>> {
+    let allocated: Vec<res::ResourceClaim> =
+        input.claims.iter().filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some())).cloned().collect();
+    let mut snapshot = Snapshot::new(input.slices, input.classes, &allocated)?;
+    let allocator = Allocator::new(AllocatorOptions::new(&options.driver_name, options.policy));
+    let nodes = candidate_nodes(input, options.node.as_deref());
+
+    let pending: Vec<&res::ResourceClaim> =
+        input.claims.iter().filter(|c| c.status.as_ref().is_none_or(|s| s.allocation.is_none())).collect();
+    let pending_keys: BTreeSet<(String, String)> = pending.iter().map(|c| key(&c.metadata)).collect();
+    // claim -> index of the pod that owns it
+    let mut owner: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (i, pod) in input.pods.iter().enumerate() {
+        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        for rc in pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
+            if let Some(name) = &rc.resource_claim_name {
+                let k = (ns.clone(), name.clone());
+                if pending_keys.contains(&k) {
+                    owner.entry(k).or_insert(i);
+                }
+            }
+        }
+    }
+
+    let mut outcomes: BTreeMap<(String, String), ClaimOutcome> = BTreeMap::new();
+    for claim in &pending {
+        let k = key(&claim.metadata);
+        if outcomes.contains_key(&k) {
+            continue;
+        }
+        let (group, pod): (Vec<&res::ResourceClaim>, Option<&core::Pod>) = match owner.get(&k) {
+            Some(&p) => (
+                pending.iter().copied().filter(|c| owner.get(&key(&c.metadata)) == Some(&p)).collect(),
+                input.pods.get(p),
+            ),
+            None => (vec![*claim], None),
+        };
+        let candidates: Vec<core::Node> =
+            nodes.iter().filter(|n| pod.is_none_or(|p| pod_fits_node(p, n))).cloned().collect();
+        match allocator.allocate(&snapshot, &group, &candidates) {
+            Ok(placement) => {
+                for (c, result) in group.iter().zip(placement.results) {
+                    snapshot.commit(c, &result)?;
+                    let (namespace, name) = key(&c.metadata);
+                    outcomes.insert(
+                        (namespace.clone(), name.clone()),
+                        ClaimOutcome {
+                            namespace,
+                            name,
+                            allocated: true,
+                            allocation: Some(result),
+                            reason: None,
+                            node: placement.node.clone(),
+                        },
+                    );
+                }
+            }
+            Err(unsatisfiable) => {
+                let reason = unsatisfiable.to_string();
+                for c in &group {
+                    let (namespace, name) = key(&c.metadata);
+                    outcomes.insert(
+                        (namespace.clone(), name.clone()),
+                        ClaimOutcome { namespace, name, allocated: false, allocation: None, reason: Some(reason.clone()), node: None },
+                    );
+                }
+            }
+        }
+    }
+    Ok(pending.iter().filter_map(|c| outcomes.remove(&key(&c.metadata))).collect())
+}
