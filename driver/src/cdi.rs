@@ -132,7 +132,9 @@ impl PreparedClaim {
 }
 
 fn cuda_uuid(d: &PreparedDevice) -> &str {
-    d.mig.as_ref().map_or(d.gpu.uuid.as_str(), |m| m.uuid.as_str())
+    d.mig
+        .as_ref()
+        .map_or(d.gpu.uuid.as_str(), |m| m.uuid.as_str())
 }
 
 fn check_share(who: &str, field: &str, share: &PerDeviceShare) -> Result<()> {
@@ -146,8 +148,7 @@ fn check_share(who: &str, field: &str, share: &PerDeviceShare) -> Result<()> {
             format!("{field}.memory {memory_bytes} bytes must be a positive whole number of MiB"),
         ));
     }
-    if !(0..=100).contains(&compute_percent) || compute_percent % crate::share::COMPUTE_STEP != 0
-    {
+    if !(0..=100).contains(&compute_percent) || compute_percent % crate::share::COMPUTE_STEP != 0 {
         return Err(check::err(
             who,
             format!(
@@ -235,7 +236,10 @@ impl<'a> Plan<'a> {
             {
                 return Err(check::err(
                     &who,
-                    format!("{field}: devices {owner:?} and {:?} are both {uuid}", d.device),
+                    format!(
+                        "{field}: devices {owner:?} and {:?} are both {uuid}",
+                        d.device
+                    ),
                 ));
             }
             if let Some(other) = uuid_of_minor.insert(d.gpu.minor, &d.gpu.uuid)
@@ -287,7 +291,10 @@ fn add_shares(
     b: &PerDeviceShare,
 ) -> Result<PerDeviceShare> {
     let memory_bytes = a.memory_bytes.checked_add(b.memory_bytes).ok_or_else(|| {
-        check::err(who, format!("{field}: the shares of {uuid} overflow memory"))
+        check::err(
+            who,
+            format!("{field}: the shares of {uuid} overflow memory"),
+        )
     })?;
     let compute_percent = a.compute_percent + b.compute_percent;
     if compute_percent > 100 {

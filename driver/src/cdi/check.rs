@@ -26,8 +26,7 @@ fn name(
     allowed: impl Fn(char) -> bool,
     chars: &str,
 ) -> Result<()> {
-    if value.is_empty() || value.len() > max || !alnum_ends(value) || !value.chars().all(allowed)
-    {
+    if value.is_empty() || value.len() > max || !alnum_ends(value) || !value.chars().all(allowed) {
         return Err(err(
             claim,
             format!(

@@ -126,7 +126,7 @@ fn thread_percent(devices: &[CudaDevice]) -> Option<i64> {
         .min()
 }
 
-/// `<ordinal>=<limit><unit>` for every shared device, joined by `sep`.
+/// Calls `each(ordinal, MiB)` for every shared device, ordinals counted over all devices.
 fn per_ordinal(devices: &[CudaDevice], mut each: impl FnMut(usize, u64)) {
     for (ordinal, d) in devices.iter().enumerate() {
         if let Some(share) = d.share {

@@ -149,7 +149,10 @@ fn mps_share_sets_client_limits_and_mounts_its_daemon() {
         daemon.pipe_dir,
         format!("/run/tessera/mps/{}/pipe", daemon.id)
     );
-    assert_eq!(daemon.log_dir, format!("/var/log/tessera/mps/{}", daemon.id));
+    assert_eq!(
+        daemon.log_dir,
+        format!("/var/log/tessera/mps/{}", daemon.id)
+    );
     assert_eq!(
         env(&spec),
         [
@@ -209,7 +212,10 @@ fn none_enforcement_writes_no_limits() {
     let spec = build_spec(&shared_claim(), &Enforcement::None).unwrap();
     assert_eq!(env(&spec), [format!("NVIDIA_VISIBLE_DEVICES={GPU0}")]);
     assert!(spec.container_edits.unwrap().mounts.is_empty());
-    assert_eq!(mps_daemon(&shared_claim(), &Enforcement::None).unwrap(), None);
+    assert_eq!(
+        mps_daemon(&shared_claim(), &Enforcement::None).unwrap(),
+        None
+    );
 }
 
 #[test]
@@ -318,7 +324,10 @@ fn relative_or_odd_enforcement_paths_are_refused() {
             log_dir_root: "/var/log".into(),
         };
         let msg = err(&shared_claim(), &e);
-        assert!(msg.contains("mps.pipeDirRoot") && msg.contains(rule), "{path}: {msg}");
+        assert!(
+            msg.contains("mps.pipeDirRoot") && msg.contains(rule),
+            "{path}: {msg}"
+        );
         let e = Enforcement::HamiCore {
             library_path: path.into(),
             cache_dir: "/var/lib/hami".into(),
@@ -357,7 +366,10 @@ fn malformed_identities_are_refused() {
     let mut c = shared_claim();
     c.namespace = "Team A".into();
     let e = err(&c, &mps());
-    assert!(e.contains("claim Team A/train") && e.contains("namespace"), "{e}");
+    assert!(
+        e.contains("claim Team A/train") && e.contains("namespace"),
+        "{e}"
+    );
     let mut c = shared_claim();
     c.devices[0].request = "a/b/c".into();
     assert!(err(&c, &mps()).contains("request or request/subrequest"));
