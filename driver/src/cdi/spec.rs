@@ -198,7 +198,11 @@ impl CdiSpec {
     /// so the kubelet plugin can compare it with a file on disk and write it atomically.
     pub fn to_json(&self) -> Result<String> {
         let mut text = serde_json::to_string_pretty(self).map_err(|e| Error::Cdi {
-            claim: self.kind.clone(),
+            claim: self
+                .annotations
+                .get(super::ANNOTATION_CLAIM)
+                .cloned()
+                .unwrap_or_else(|| self.kind.clone()),
             message: format!("cannot serialise the spec: {e}"),
         })?;
         text.push('\n');
