@@ -1,0 +1,2 @@
+#![allow(clippy::unwrap_used, reason = "tests")]
+use super::*;
