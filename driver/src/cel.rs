@@ -66,6 +66,9 @@ pub const MAX_EXPRESSION_LENGTH: usize = 10 * 1024;
 /// How many compiled expressions a [`CelCache`] keeps by default.
 pub const DEFAULT_CACHE_CAPACITY: usize = 1024;
 
+/// The stack of the thread that parses an expression (reserved, touched only as needed).
+const COMPILE_STACK_SIZE: usize = 256 * 1024 * 1024;
+
 /// How much of an expression error messages quote.
 const QUOTED_EXPRESSION_LENGTH: usize = 200;
 
@@ -114,7 +117,10 @@ fn attribute_value(attr: &res::DeviceAttribute) -> std::result::Result<Box<dyn V
         items: &[T],
         f: impl Fn(&T) -> std::result::Result<Box<dyn Val>, String>,
     ) -> std::result::Result<Box<dyn Val>, String> {
-        let items = items.iter().map(f).collect::<std::result::Result<Vec<_>, _>>()?;
+        let items = items
+            .iter()
+            .map(f)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Box::new(CelList::from(items)))
     }
     let string = |s: &String| -> std::result::Result<Box<dyn Val>, String> {
@@ -147,10 +153,7 @@ fn attribute_value(attr: &res::DeviceAttribute) -> std::result::Result<Box<dyn V
 }
 
 /// Groups `(qualified name, value)` by domain, a bare name belonging to `driver`.
-fn by_domain(
-    driver: &str,
-    entries: impl Iterator<Item = (String, Box<dyn Val>)>,
-) -> DomainMap {
+fn by_domain(driver: &str, entries: impl Iterator<Item = (String, Box<dyn Val>)>) -> DomainMap {
     let mut domains: HashMap<String, HashMap<CelMapKey<'static>, Box<dyn Val>>> = HashMap::new();
     for (name, value) in entries {
         let (domain, id) = match name.split_once('/') {
@@ -188,15 +191,23 @@ impl CelDevice {
             }
         }
         let fields: HashMap<CelMapKey<'static>, Box<dyn Val>> = HashMap::from([
-            (key("driver"), Box::new(CelString::from(driver.to_owned())) as Box<dyn Val>),
+            (
+                key("driver"),
+                Box::new(CelString::from(driver.to_owned())) as Box<dyn Val>,
+            ),
             (
                 key("attributes"),
                 Box::new(by_domain(driver, attributes.into_iter())),
             ),
-            (key("capacity"), Box::new(by_domain(driver, capacity.into_iter()))),
+            (
+                key("capacity"),
+                Box::new(by_domain(driver, capacity.into_iter())),
+            ),
             (
                 key("allowMultipleAllocations"),
-                Box::new(CelBool::from(device.allow_multiple_allocations.unwrap_or(false))),
+                Box::new(CelBool::from(
+                    device.allow_multiple_allocations.unwrap_or(false),
+                )),
             ),
         ]);
         Self {
@@ -241,6 +252,30 @@ impl std::fmt::Debug for CompiledExpression {
 ///
 /// [`Error::CelCompile`] naming the rule the expression breaks.
 pub fn compile(expression: &str) -> Result<CompiledExpression> {
+    if expression.len() > MAX_EXPRESSION_LENGTH {
+        return Err(compile_error(
+            expression,
+            format!(
+                "expression is {} bytes long, more than the limit of {MAX_EXPRESSION_LENGTH}",
+                expression.len()
+            ),
+        ));
+    }
+    // The parser recurses once per nesting level and per operator of a chain such as
+    // `1 + 1 + ...`; within the length limit that fits in a dedicated thread's stack, and a
+    // tree that deep is then refused (and dropped) there, never on the caller's stack.
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("cel-compile".into())
+            .stack_size(COMPILE_STACK_SIZE)
+            .spawn_scoped(scope, || compile_on_this_thread(expression))
+            .map_err(|e| compile_error(expression, format!("cannot start the compiler: {e}")))?
+            .join()
+            .map_err(|_| compile_error(expression, "internal error: the compiler panicked"))?
+    })
+}
+
+fn compile_on_this_thread(expression: &str) -> Result<CompiledExpression> {
     if expression.len() > MAX_EXPRESSION_LENGTH {
         return Err(compile_error(
             expression,

@@ -139,9 +139,7 @@ impl Estimator {
         Ok(match &expr.expr {
             Expr::Unspecified => Estimate::scalar(0),
             Expr::Literal(lit) => match lit {
-                LiteralValue::String(s) => {
-                    Estimate::sized(0, s.inner().chars().count() as u64, 0)
-                }
+                LiteralValue::String(s) => Estimate::sized(0, s.inner().chars().count() as u64, 0),
                 LiteralValue::Bytes(b) => Estimate::sized(0, b.inner().len() as u64, 0),
                 _ => Estimate::scalar(0),
             },
@@ -184,9 +182,7 @@ impl Estimator {
                 for a in &call.args {
                     args.push(self.expr(a, d)?);
                 }
-                let base = args
-                    .iter()
-                    .fold(1u64, |acc, a| acc.saturating_add(a.cost));
+                let base = args.iter().fold(1u64, |acc, a| acc.saturating_add(a.cost));
                 let literal_key = call.args.get(1).and_then(|a| match &a.expr {
                     Expr::Literal(LiteralValue::String(s)) => Some(s.inner()),
                     _ => None,
@@ -278,15 +274,39 @@ fn call_shape(name: &str, args: &[Estimate], literal_key: Option<&str>) -> Estim
         .iter()
         .fold(0u64, |acc, e| acc.saturating_add(e.weight()));
     match name {
-        "_&&_" | "_||_" | "!_" | "@not_strictly_false" | "-_" | "_-_" | "_*_" | "_/_" | "_%_"
-        | "size" | "isSorted" | "sign" | "isInteger" | "asInteger" | "asApproximateFloat"
-        | "add" | "sub" | "isGreaterThan" | "isLessThan" | "compareTo" | "major" | "minor"
-        | "patch" | "hasValue" => zero,
+        "_&&_"
+        | "_||_"
+        | "!_"
+        | "@not_strictly_false"
+        | "-_"
+        | "_-_"
+        | "_*_"
+        | "_/_"
+        | "_%_"
+        | "size"
+        | "isSorted"
+        | "sign"
+        | "isInteger"
+        | "asInteger"
+        | "asApproximateFloat"
+        | "add"
+        | "sub"
+        | "isGreaterThan"
+        | "isLessThan"
+        | "compareTo"
+        | "major"
+        | "minor"
+        | "patch"
+        | "hasValue" => zero,
         "_?_:_" => Estimate {
             cost: 0,
             size: b.size.max(c.size),
             elem: b.elem.max(c.elem),
-            path: if b.path == c.path { b.path } else { Path::Other },
+            path: if b.path == c.path {
+                b.path
+            } else {
+                Path::Other
+            },
         },
         "_[_]" | "_[?_]" => {
             let mut e = select(&a, literal_key);
@@ -302,7 +322,11 @@ fn call_shape(name: &str, args: &[Estimate], literal_key: Option<&str>) -> Estim
             Estimate::scalar(per_chars(a.weight().max(b.weight())))
         }
         "@in" | "indexOf" | "lastIndexOf" | "contains" | "startsWith" | "endsWith" | "matches" => {
-            Estimate::scalar(per_chars(b.size.saturating_mul(1 + a.weight())).saturating_add(b.size).saturating_add(a.size))
+            Estimate::scalar(
+                per_chars(b.size.saturating_mul(1 + a.weight()))
+                    .saturating_add(b.size)
+                    .saturating_add(a.size),
+            )
         }
         "charAt" => Estimate::sized(per_chars(a.size), 1, 0),
         "lowerAscii" | "upperAscii" | "trim" | "reverse" | "substring" => {
@@ -339,7 +363,9 @@ fn call_shape(name: &str, args: &[Estimate], literal_key: Option<&str>) -> Estim
             a.size.saturating_mul(a.elem),
             a.elem,
         ),
-        "min" | "max" => Estimate::sized(a.size.saturating_mul(1 + per_chars(a.elem)), a.elem, a.elem),
+        "min" | "max" => {
+            Estimate::sized(a.size.saturating_mul(1 + per_chars(a.elem)), a.elem, a.elem)
+        }
         "sets.contains" | "sets.equivalent" | "sets.intersects" => Estimate::scalar(
             a.size
                 .saturating_mul(b.size)

@@ -54,13 +54,20 @@ fn ordering_val<'b, 'v>(o: Ordering) -> CelResult<'b, 'v> {
     })
 }
 
-fn arg<'a, 'b, 'v>(args: &'a [CowVal<'b, 'v>], i: usize) -> Result<&'a (dyn Val + 'v), ExecutionError> {
+fn arg<'a, 'b, 'v>(
+    args: &'a [CowVal<'b, 'v>],
+    i: usize,
+) -> Result<&'a (dyn Val + 'v), ExecutionError> {
     args.get(i)
         .map(AsRef::as_ref)
         .ok_or_else(|| ExecutionError::invalid_argument_count(i + 1, args.len()))
 }
 
-fn string_arg<'a>(args: &'a [CowVal<'_, '_>], i: usize, f: &str) -> Result<&'a str, ExecutionError> {
+fn string_arg<'a>(
+    args: &'a [CowVal<'_, '_>],
+    i: usize,
+    f: &str,
+) -> Result<&'a str, ExecutionError> {
     arg(args, i)?
         .downcast_ref::<CelString>()
         .map(CelString::inner)
@@ -85,7 +92,11 @@ fn quantity_arg(args: &[CowVal<'_, '_>], i: usize, f: &str) -> Result<Quantity, 
         .ok_or_else(|| ExecutionError::function_error(f, "expected a quantity argument"))
 }
 
-fn semver_arg<'a>(args: &'a [CowVal<'_, '_>], i: usize, f: &str) -> Result<&'a Semver, ExecutionError> {
+fn semver_arg<'a>(
+    args: &'a [CowVal<'_, '_>],
+    i: usize,
+    f: &str,
+) -> Result<&'a Semver, ExecutionError> {
     arg(args, i)?
         .downcast_ref::<SemverVal>()
         .map(|s| &s.0)
@@ -107,11 +118,33 @@ fn list_arg<'a, 'v>(
 
 fn quantity_library(env: &mut Env) -> Result<(), DeclarationError> {
     let q = quantity_type;
-    env.add_overload("quantity", "string_to_quantity", vec![STRING_TYPE], quantity_parse)?;
-    env.add_overload("isQuantity", "is_quantity_string", vec![STRING_TYPE], is_quantity)?;
+    env.add_overload(
+        "quantity",
+        "string_to_quantity",
+        vec![STRING_TYPE],
+        quantity_parse,
+    )?;
+    env.add_overload(
+        "isQuantity",
+        "is_quantity_string",
+        vec![STRING_TYPE],
+        is_quantity,
+    )?;
     env.add_member_overload("sign", "quantity_sign", q(), vec![], quantity_sign)?;
-    env.add_member_overload("isInteger", "quantity_is_integer", q(), vec![], quantity_is_integer)?;
-    env.add_member_overload("asInteger", "quantity_get_integer", q(), vec![], quantity_as_integer)?;
+    env.add_member_overload(
+        "isInteger",
+        "quantity_is_integer",
+        q(),
+        vec![],
+        quantity_is_integer,
+    )?;
+    env.add_member_overload(
+        "asInteger",
+        "quantity_get_integer",
+        q(),
+        vec![],
+        quantity_as_integer,
+    )?;
     env.add_member_overload(
         "asApproximateFloat",
         "quantity_get_float",
@@ -123,9 +156,27 @@ fn quantity_library(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("add", "quantity_add_int", q(), vec![INT_TYPE], quantity_add)?;
     env.add_member_overload("sub", "quantity_sub", q(), vec![q()], quantity_sub)?;
     env.add_member_overload("sub", "quantity_sub_int", q(), vec![INT_TYPE], quantity_sub)?;
-    env.add_member_overload("isGreaterThan", "quantity_is_greater_than", q(), vec![q()], quantity_gt)?;
-    env.add_member_overload("isLessThan", "quantity_is_less_than", q(), vec![q()], quantity_lt)?;
-    env.add_member_overload("compareTo", "quantity_compare_to", q(), vec![q()], quantity_cmp)?;
+    env.add_member_overload(
+        "isGreaterThan",
+        "quantity_is_greater_than",
+        q(),
+        vec![q()],
+        quantity_gt,
+    )?;
+    env.add_member_overload(
+        "isLessThan",
+        "quantity_is_less_than",
+        q(),
+        vec![q()],
+        quantity_lt,
+    )?;
+    env.add_member_overload(
+        "compareTo",
+        "quantity_compare_to",
+        q(),
+        vec![q()],
+        quantity_cmp,
+    )?;
     Ok(())
 }
 
@@ -158,7 +209,10 @@ fn quantity_as_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
 fn quantity_as_float<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
     let q = quantity_arg(&args, 0, "asApproximateFloat")?;
     // Approximate by definition: the nano-unit count can exceed f64's exact range.
-    #[allow(clippy::cast_precision_loss, reason = "asApproximateFloat is approximate")]
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "asApproximateFloat is approximate"
+    )]
     let value = q.nanos() as f64 / 1e9;
     Ok(CowVal::owned(CelDouble::from(value)))
 }
@@ -193,7 +247,12 @@ fn quantity_cmp<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
 
 fn semver_library(env: &mut Env) -> Result<(), DeclarationError> {
     let s = semver_type;
-    env.add_overload("semver", "string_to_semver", vec![STRING_TYPE], semver_parse)?;
+    env.add_overload(
+        "semver",
+        "string_to_semver",
+        vec![STRING_TYPE],
+        semver_parse,
+    )?;
     env.add_overload(
         "semver",
         "string_bool_to_semver",
@@ -210,15 +269,34 @@ fn semver_library(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("major", "semver_major", s(), vec![], semver_major)?;
     env.add_member_overload("minor", "semver_minor", s(), vec![], semver_minor)?;
     env.add_member_overload("patch", "semver_patch", s(), vec![], semver_patch)?;
-    env.add_member_overload("isGreaterThan", "semver_is_greater_than", s(), vec![s()], semver_gt)?;
-    env.add_member_overload("isLessThan", "semver_is_less_than", s(), vec![s()], semver_lt)?;
+    env.add_member_overload(
+        "isGreaterThan",
+        "semver_is_greater_than",
+        s(),
+        vec![s()],
+        semver_gt,
+    )?;
+    env.add_member_overload(
+        "isLessThan",
+        "semver_is_less_than",
+        s(),
+        vec![s()],
+        semver_lt,
+    )?;
     env.add_member_overload("compareTo", "semver_compare_to", s(), vec![s()], semver_cmp)?;
     Ok(())
 }
 
-fn parse_semver_args(args: &[CowVal<'_, '_>], f: &str) -> Result<Result<Semver, String>, ExecutionError> {
+fn parse_semver_args(
+    args: &[CowVal<'_, '_>],
+    f: &str,
+) -> Result<Result<Semver, String>, ExecutionError> {
     let text = string_arg(args, 0, f)?;
-    let normalize = if args.len() > 1 { bool_arg(args, 1, f)? } else { false };
+    let normalize = if args.len() > 1 {
+        bool_arg(args, 1, f)?
+    } else {
+        false
+    };
     Ok(if normalize {
         Semver::parse_normalized(text)
     } else {
@@ -236,7 +314,11 @@ fn is_semver<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
     bool_val(parse_semver_args(&args, "isSemver")?.is_ok())
 }
 
-fn semver_part<'b, 'v>(args: &[CowVal<'_, '_>], f: &str, part: fn(&Semver) -> u64) -> CelResult<'b, 'v> {
+fn semver_part<'b, 'v>(
+    args: &[CowVal<'_, '_>],
+    f: &str,
+    part: fn(&Semver) -> u64,
+) -> CelResult<'b, 'v> {
     let n = part(semver_arg(args, 0, f)?);
     int_val(i64::try_from(n).map_err(|_| ExecutionError::function_error(f, "out of int range"))?)
 }
@@ -268,11 +350,23 @@ fn semver_cmp<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
 // ---------------------------------------------------------------- lists
 
 fn lists_library(env: &mut Env) -> Result<(), DeclarationError> {
-    env.add_member_overload("isSorted", "list_is_sorted", LIST_TYPE, vec![], list_is_sorted)?;
+    env.add_member_overload(
+        "isSorted",
+        "list_is_sorted",
+        LIST_TYPE,
+        vec![],
+        list_is_sorted,
+    )?;
     env.add_member_overload("sum", "list_sum", LIST_TYPE, vec![], list_sum)?;
     env.add_member_overload("min", "list_min", LIST_TYPE, vec![], list_min)?;
     env.add_member_overload("max", "list_max", LIST_TYPE, vec![], list_max)?;
-    env.add_member_overload("indexOf", "list_index_of", LIST_TYPE, vec![DYN_TYPE], list_index_of)?;
+    env.add_member_overload(
+        "indexOf",
+        "list_index_of",
+        LIST_TYPE,
+        vec![DYN_TYPE],
+        list_index_of,
+    )?;
     env.add_member_overload(
         "lastIndexOf",
         "list_last_index_of",
@@ -286,7 +380,10 @@ fn lists_library(env: &mut Env) -> Result<(), DeclarationError> {
 fn compare(a: &dyn Val, b: &dyn Val, f: &str) -> Result<Ordering, ExecutionError> {
     a.as_comparer()
         .ok_or_else(|| {
-            ExecutionError::function_error(f, format!("{} values are not comparable", a.get_type().name()))
+            ExecutionError::function_error(
+                f,
+                format!("{} values are not comparable", a.get_type().name()),
+            )
         })?
         .compare(b)
 }
@@ -309,7 +406,10 @@ fn list_sum<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
     let mut acc: Box<dyn Val + 'v> = first.clone();
     for item in rest {
         let adder = acc.as_adder().ok_or_else(|| {
-            ExecutionError::function_error("sum", format!("cannot add {} values", item.get_type().name()))
+            ExecutionError::function_error(
+                "sum",
+                format!("cannot add {} values", item.get_type().name()),
+            )
         })?;
         let next = adder.add(item.as_ref())?.into_owned();
         acc = next;
@@ -348,20 +448,43 @@ fn position(list: &[Box<dyn Val + '_>], needle: &dyn Val, last: bool) -> i64 {
 }
 
 fn list_index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
-    int_val(position(list_arg(&args, 0, "indexOf")?, arg(&args, 1)?, false))
+    int_val(position(
+        list_arg(&args, 0, "indexOf")?,
+        arg(&args, 1)?,
+        false,
+    ))
 }
 
 fn list_last_index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
-    int_val(position(list_arg(&args, 0, "lastIndexOf")?, arg(&args, 1)?, true))
+    int_val(position(
+        list_arg(&args, 0, "lastIndexOf")?,
+        arg(&args, 1)?,
+        true,
+    ))
 }
 
 // ---------------------------------------------------------------- sets
 
 fn sets_library(env: &mut Env) -> Result<(), DeclarationError> {
     let two = || vec![LIST_TYPE, LIST_TYPE];
-    env.add_overload("sets.contains", "list_sets_contains_list", two(), sets_contains)?;
-    env.add_overload("sets.equivalent", "list_sets_equivalent_list", two(), sets_equivalent)?;
-    env.add_overload("sets.intersects", "list_sets_intersects_list", two(), sets_intersects)?;
+    env.add_overload(
+        "sets.contains",
+        "list_sets_contains_list",
+        two(),
+        sets_contains,
+    )?;
+    env.add_overload(
+        "sets.equivalent",
+        "list_sets_equivalent_list",
+        two(),
+        sets_equivalent,
+    )?;
+    env.add_overload(
+        "sets.intersects",
+        "list_sets_intersects_list",
+        two(),
+        sets_intersects,
+    )?;
     Ok(())
 }
 
@@ -370,7 +493,10 @@ fn contains_all(a: &[Box<dyn Val + '_>], b: &[Box<dyn Val + '_>]) -> bool {
 }
 
 fn sets_contains<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
-    bool_val(contains_all(list_arg(&args, 0, "sets.contains")?, list_arg(&args, 1, "sets.contains")?))
+    bool_val(contains_all(
+        list_arg(&args, 0, "sets.contains")?,
+        list_arg(&args, 1, "sets.contains")?,
+    ))
 }
 
 fn sets_equivalent<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
@@ -401,7 +527,10 @@ fn bind_macro(
         return Err(helper.new_error(0, "cel.bind takes three arguments"));
     };
     let Expr::Ident(name) = var.expr else {
-        return Err(helper.new_error(var.id, "cel.bind() variable name must be a simple identifier"));
+        return Err(helper.new_error(
+            var.id,
+            "cel.bind() variable name must be a simple identifier",
+        ));
     };
     let range = helper.next_expr(Expr::List(ListExpr::new(Vec::new())));
     let cond = helper.next_expr(Expr::Literal(LiteralValue::Boolean(CelBool::from(false))));

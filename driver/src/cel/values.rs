@@ -120,17 +120,23 @@ impl Semver {
             None => (text, None),
         };
         if let Some(build) = build
-            && build.split('.').any(|id| id.is_empty() || !id.chars().all(is_ident_char))
+            && build
+                .split('.')
+                .any(|id| id.is_empty() || !id.chars().all(is_ident_char))
         {
             return Err(format!("invalid build metadata {build:?}"));
         }
         let mut parts = rest.splitn(3, '.');
         let major = parse_number(parts.next().unwrap_or_default(), "major")?;
         let minor = parse_number(
-            parts.next().ok_or("no minor version (want MAJOR.MINOR.PATCH)")?,
+            parts
+                .next()
+                .ok_or("no minor version (want MAJOR.MINOR.PATCH)")?,
             "minor",
         )?;
-        let tail = parts.next().ok_or("no patch version (want MAJOR.MINOR.PATCH)")?;
+        let tail = parts
+            .next()
+            .ok_or("no patch version (want MAJOR.MINOR.PATCH)")?;
         let (patch, pre) = match tail.split_once('-') {
             Some((p, pre)) => (p, Some(pre)),
             None => (tail, None),
