@@ -1,4 +1,4 @@
-//! The Kubernetes DRA CEL environment: device selectors of DeviceClasses and claims.
+//! The Kubernetes DRA CEL environment: device selectors of `DeviceClasses` and claims.
 //!
 //! Interface contract used by the allocator:
 //! * [`CelCache::compile`] compiles an expression once and caches it by its text.
@@ -39,7 +39,7 @@
 //!   evaluated with the accumulator at its largest; the accumulator's growth is taken from
 //!   one step. Unknown functions are charged for every argument they touch. The estimate is
 //!   deliberately pessimistic: nested loops over big list literals, or strings doubled
-//!   through `cel.bind`, blow past the limit, while DeviceClass selectors cost tens of units.
+//!   through `cel.bind`, blow past the limit, while `DeviceClass` selectors cost tens of units.
 
 mod cost;
 mod library;

@@ -2,6 +2,12 @@
 //! strings extension: Kubernetes' quantity, semver and lists libraries, `sets.*`, and the
 //! `cel.bind` macro.
 
+#![allow(
+    clippy::needless_pass_by_value,
+    clippy::unnecessary_wraps,
+    reason = "overloads must match the cel crate's `Function` signature"
+)]
+
 use std::cmp::Ordering;
 
 use cel::common::ast::{ComprehensionExpr, Expr, IdedExpr, ListExpr, LiteralValue};
@@ -438,8 +444,8 @@ fn list_max<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
     list_extreme(&args, "max", Ordering::Greater)
 }
 
-fn position(list: &[Box<dyn Val + '_>], needle: &dyn Val, last: bool) -> i64 {
-    let found = if last {
+fn position(list: &[Box<dyn Val + '_>], needle: &dyn Val, from_end: bool) -> i64 {
+    let found = if from_end {
         list.iter().rposition(|v| v.equals(needle))
     } else {
         list.iter().position(|v| v.equals(needle))

@@ -139,7 +139,7 @@ fn unknown_domain_is_an_empty_map() {
     check(r#""gpu.tessera.dev" in device.attributes"#);
     check(r#"!("other.example.com" in device.attributes)"#);
     check(r#"!has(device.attributes["gpu.tessera.dev"].nope)"#);
-    check(r#"device.attributes.all(d, size(device.attributes[d]) > 0)"#);
+    check("device.attributes.all(d, size(device.attributes[d]) > 0)");
 }
 
 #[test]
@@ -364,12 +364,9 @@ fn cache_compiles_once_and_is_bounded() {
     cache.compile("false").unwrap();
     cache.compile("device.driver == \"x\"").unwrap();
     assert_eq!(cache.len(), 2);
-    assert!(
-        !CelCache::new()
-            .compile("true")
-            .unwrap()
-            .evaluate(&device())
-            .is_err()
+    assert_eq!(
+        CelCache::new().compile("true").unwrap().evaluate(&device()),
+        Ok(true)
     );
 }
 
