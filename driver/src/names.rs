@@ -88,3 +88,16 @@ pub const SCHEDULING_GATE: &str = "gpu.tessera.dev/allocation";
 pub const CLAIM_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 /// Well-known node label holding the node's name.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// Device taint key the kubelet plugin puts on GPUs it finds unhealthy.
+pub const TAINT_UNHEALTHY: &str = "gpu.tessera.dev/unhealthy";
+/// Device taint effect: do not allocate the device to claims that do not tolerate the taint.
+pub const TAINT_EFFECT_NO_SCHEDULE: &str = "NoSchedule";
+/// The `resource.k8s.io/v1` API version (Kubernetes 1.34+).
+pub const RESOURCE_API_V1: &str = "resource.k8s.io/v1";
+/// The `resource.k8s.io/v1beta2` API version (Kubernetes 1.33).
+pub const RESOURCE_API_V1BETA2: &str = "resource.k8s.io/v1beta2";
+/// The `resource.k8s.io/v1beta1` API version (Kubernetes 1.32).
+pub const RESOURCE_API_V1BETA1: &str = "resource.k8s.io/v1beta1";
+/// The core `v1` API version (Nodes, Pods).
+pub const CORE_API_V1: &str = "v1";
