@@ -167,3 +167,6 @@ impl MigInstance {
         u32::try_from(stepped).unwrap_or(100)
     }
 }
+
+#[cfg(test)]
+mod tests;
