@@ -1,1 +1,172 @@
-//! Placeholder: being built.
+//! The GPU inventory model, and the fake-inventory file format that fills it.
+//!
+//! [`Inventory`], [`NodeInventory`], [`Gpu`] and [`MigInstance`] are plain resolved data with
+//! every field known: the NVML backend fills them from a real node, and
+//! [`Inventory::from_yaml`] fills them from a fake-inventory file (documented in
+//! docs/inventory.md), defaulting every field that file leaves out deterministically.
+
+mod file;
+mod mig;
+pub mod models;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+pub use models::{GpuModel, MigProfile};
+
+/// Every node of an inventory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Inventory {
+    /// The nodes, in file order.
+    pub nodes: Vec<NodeInventory>,
+}
+
+impl Inventory {
+    /// Reads a fake-inventory file (YAML, format in docs/inventory.md).
+    ///
+    /// Errors are [`Error::Inventory`] naming the field (`nodes[1].gpus[0].model`) and the rule.
+    pub fn from_yaml(text: &str) -> Result<Self> {
+        file::parse(text)
+    }
+
+    /// The node with this name.
+    pub fn node(&self, name: &str) -> Option<&NodeInventory> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+/// The GPUs of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInventory {
+    /// The Kubernetes node name; also the name of the node's resource pool.
+    pub name: String,
+    /// Node labels the inventory declares (used by simulations and demos).
+    pub labels: BTreeMap<String, String>,
+    /// The GPUs, ordered by index.
+    pub gpus: Vec<Gpu>,
+}
+
+/// How a GPU is offered to claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum GpuMode {
+    /// The whole GPU goes to one claim.
+    #[default]
+    Exclusive,
+    /// Many claims share the GPU, each with a share of memory and compute.
+    Shared,
+    /// The GPU is split into MIG instances; the instances are the devices.
+    Mig,
+}
+
+impl GpuMode {
+    /// The mode as written in inventory files and plugin configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+            Self::Mig => "mig",
+        }
+    }
+}
+
+impl fmt::Display for GpuMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for GpuMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "exclusive" => Ok(Self::Exclusive),
+            "shared" => Ok(Self::Shared),
+            "mig" => Ok(Self::Mig),
+            other => Err(Error::Inventory {
+                field: "mode".into(),
+                message: format!("unknown mode {other:?}; expected exclusive, shared or mig"),
+            }),
+        }
+    }
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Index on the node (NVML's index), unique per node.
+    pub index: u32,
+    /// NVML UUID, `GPU-<uuid>`.
+    pub uuid: String,
+    /// Short lower-case model id, e.g. `a100-80g` (see [`models::MODELS`]).
+    pub model: String,
+    /// Product name as NVML reports it.
+    pub product_name: String,
+    /// Brand as NVML reports it.
+    pub brand: String,
+    /// Architecture, e.g. `Ampere`.
+    pub architecture: String,
+    /// CUDA compute capability, `major.minor` (e.g. `8.0`).
+    pub compute_capability: String,
+    /// Usable memory in bytes.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Whether the GPU can be split into MIG instances.
+    pub mig_capable: bool,
+    /// PCI bus id, `dddd:bb:dd.f`, lower case.
+    pub pci_bus_id: String,
+    /// `PCIe` root complex, `pci<domain>:<bus>` (e.g. `pci0000:00`).
+    pub pcie_root: String,
+    /// NUMA node the GPU is attached to, when known.
+    pub numa_node: Option<u32>,
+    /// Id shared by the GPUs NVLink-connected to this one; `None` when it is on no island.
+    pub nvlink_domain: Option<String>,
+    /// How the GPU is offered.
+    pub mode: GpuMode,
+    /// The MIG instances (only in [`GpuMode::Mig`]), ordered by placement.
+    pub mig_instances: Vec<MigInstance>,
+    /// NVIDIA driver version, as the driver reports it (e.g. `550.54.15`).
+    pub driver_version: String,
+    /// CUDA driver version, as the driver reports it (e.g. `12.4`).
+    pub cuda_driver_version: String,
+    /// Whether the GPU is healthy; unhealthy GPUs are published with a taint.
+    pub healthy: bool,
+}
+
+/// One MIG instance (a GPU instance with its full compute instance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInstance {
+    /// Profile name, e.g. `1g.10gb`.
+    pub profile: String,
+    /// Start placement, in memory slices.
+    pub placement: u32,
+    /// NVML UUID, `MIG-<uuid>`.
+    pub uuid: String,
+    /// Usable memory in bytes.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Compute slices the instance takes.
+    pub compute_slices: u32,
+    /// The instance's share of the parent's compute in percent: its compute slices over the
+    /// parent's, rounded down to a multiple of 5 (so a `1g` of 7 is 10, a `7g` is 100).
+    pub compute_percent: u32,
+}
+
+impl MigInstance {
+    /// The compute percent of `compute_slices` out of `total_slices`, rounded down to a
+    /// multiple of 5 (the share step), at most 100.
+    pub fn compute_percent_of(compute_slices: u32, total_slices: u32) -> u32 {
+        if total_slices == 0 {
+            return 0;
+        }
+        let raw = u64::from(compute_slices) * 100 / u64::from(total_slices);
+        let stepped = (raw / 5 * 5).min(100);
+        u32::try_from(stepped).unwrap_or(100)
+    }
+}
+
+#[cfg(test)]
+mod tests;

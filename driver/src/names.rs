@@ -91,3 +91,15 @@ pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// Annotation on a DeviceClass marking it as a class of Tessera shares (value `"true"`).
 pub const ANNOTATION_SHARE_CLASS: &str = "gpu.tessera.dev/share-class";
+/// Device taint key the kubelet plugin puts on GPUs it finds unhealthy.
+pub const TAINT_UNHEALTHY: &str = "gpu.tessera.dev/unhealthy";
+/// Device taint effect: do not allocate the device to claims that do not tolerate the taint.
+pub const TAINT_EFFECT_NO_SCHEDULE: &str = "NoSchedule";
+/// The `resource.k8s.io/v1` API version (Kubernetes 1.34+).
+pub const RESOURCE_API_V1: &str = "resource.k8s.io/v1";
+/// The `resource.k8s.io/v1beta2` API version (Kubernetes 1.33).
+pub const RESOURCE_API_V1BETA2: &str = "resource.k8s.io/v1beta2";
+/// The `resource.k8s.io/v1beta1` API version (Kubernetes 1.32).
+pub const RESOURCE_API_V1BETA1: &str = "resource.k8s.io/v1beta1";
+/// The core `v1` API version (Nodes, Pods).
+pub const CORE_API_V1: &str = "v1";
