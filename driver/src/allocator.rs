@@ -1,1 +1,662 @@
-//! Placeholder: being built.
+//! Structured allocation with Tessera's shares and placement policies.
+//!
+//! The allocator is pure: it reads a [`Snapshot`] (devices and their use) and returns where a
+//! pod's claims go, or why they cannot go anywhere.
+//!
+//! ```text
+//! let mut snapshot = Snapshot::new(&slices, &classes, &allocated_claims)?;      // or for_driver
+//! let allocator = Allocator::new(AllocatorOptions { policy: Policy::Binpack, ..Default::default() });
+//! match allocator.allocate(&snapshot, &[&claim_a, &claim_b], &candidate_nodes) {
+//!     Ok(placement) => {                         // placement.node, placement.allocations[i]
+//!         for (claim, a) in claims.iter().zip(&placement.allocations) { snapshot.commit(claim, a) }
+//!     }
+//!     Err(unsatisfiable) => { /* a normal result: unsatisfiable.to_string() says why */ }
+//! }
+//! snapshot.release(&claim_key(&claim));          // when a claim is deallocated
+//! ```
+//!
+//! Kubernetes semantics, as kube-scheduler's structured allocator implements them: class and
+//! request CEL selectors, `exactly` with `count` or `allocationMode: All`, `firstAvailable`
+//! (results named `request/subrequest`), `adminAccess` (consumes nothing), `matchAttribute`
+//! and `distinctAttribute` constraints, device taints (`NoSchedule`/`NoExecute` need a
+//! toleration), class then claim config propagation, the result's node selector, consumable
+//! capacity (`allowMultipleAllocations`, request policies, `consumedCapacity`, `shareID`) and
+//! partitionable devices (shared counters). The search is kube-scheduler's depth-first
+//! backtracking in its device order, bounded by a step budget.
+//!
+//! Tessera adds shares: a request is a share when a `GpuShare` opaque config for Tessera's
+//! driver applies to it (class or claim config) or when its `capacity.requests` land on a
+//! Tessera device. A share needs `count` distinct `sharing=shared` GPUs on one node, each
+//! with the free memory and compute of its per-card share. The result records the resolved
+//! share as `consumedCapacity` (+ `shareID`) where the device allows multiple allocations,
+//! and always as an `AllocatedShares` config entry for Tessera's driver.
+//!
+//! Placement: all claims of one pod land on one node. The [`Policy`] orders candidate nodes
+//! and devices: first-fit keeps kube-scheduler's order; binpack and spread prefer the fullest
+//! and the emptiest, and for multi-device requests one NVLink island, then one NUMA node.
+//!
+//! A claim that does not fit is an [`Unsatisfiable`] result naming the claim, the request,
+//! the rule and device counts; only inconsistent snapshot input is an [`Error`](crate::Error).
+
+mod capacity;
+mod nodeselect;
+mod policy;
+mod reason;
+mod request;
+mod search;
+mod snapshot;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+
+pub use policy::{DeviceView, NodeView, PlacementPolicy, Policy};
+pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable};
+pub use request::validate_shares;
+pub use snapshot::{Snapshot, claim_key, claim_name};
+
+use crate::config::{AllocatedShares, DeviceShare};
+use crate::names;
+use crate::quantity::Quantity;
+use nodeselect::{FIELD_NODE_NAME, NodeScope};
+use request::{ClaimSpec, ReqSpec, SpecError};
+use search::{Abort, Outcome, Pick, Search};
+
+/// Source of a config copied from a `DeviceClass`.
+const SOURCE_CLASS: &str = "FromClass";
+/// Source of a config copied from the claim.
+const SOURCE_CLAIM: &str = "FromClaim";
+/// Default step budget of one allocation call.
+pub const DEFAULT_MAX_STEPS: u64 = 200_000;
+
+/// How the allocator behaves.
+#[derive(Debug, Clone)]
+pub struct AllocatorOptions {
+    /// Tessera's DRA driver name (the owner of shares and `AllocatedShares` records).
+    pub driver_name: String,
+    /// How nodes and devices are chosen among those that fit.
+    pub policy: Policy,
+    /// Search steps one [`Allocator::allocate`] call may take before giving up.
+    pub max_steps: u64,
+}
+
+impl Default for AllocatorOptions {
+    fn default() -> Self {
+        Self {
+            driver_name: names::DEFAULT_DRIVER_NAME.to_owned(),
+            policy: Policy::FirstFit,
+            max_steps: DEFAULT_MAX_STEPS,
+        }
+    }
+}
+
+/// Where a pod's claims go.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// The chosen node.
+    pub node: String,
+    /// One allocation per claim, in the order given (no `allocationTimestamp`: the writer sets it).
+    pub allocations: Vec<res::AllocationResult>,
+}
+
+/// The allocator; cheap to share, holds no cluster state.
+#[derive(Debug)]
+pub struct Allocator {
+    options: AllocatorOptions,
+    policy: Box<dyn PlacementPolicy>,
+}
+
+impl Allocator {
+    /// An allocator with one of the built-in policies.
+    pub fn new(options: AllocatorOptions) -> Self {
+        let policy = Box::new(options.policy);
+        Self { options, policy }
+    }
+
+    /// An allocator with a custom placement policy (`options.policy` is then ignored).
+    pub fn with_policy(options: AllocatorOptions, policy: Box<dyn PlacementPolicy>) -> Self {
+        Self { options, policy }
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &AllocatorOptions {
+        &self.options
+    }
+
+    /// Places all `claims` of one pod together on one of `candidates`, or says why not.
+    pub fn allocate(
+        &self,
+        snapshot: &Snapshot,
+        claims: &[&res::ResourceClaim],
+        candidates: &[Node],
+    ) -> Result<Placement, Unsatisfiable> {
+        let mut cache = snapshot.selectors();
+        let mut specs = Vec::with_capacity(claims.len());
+        for claim in claims {
+            match request::prepare_claim(snapshot, &mut cache, &self.options.driver_name, claim) {
+                Ok(s) => specs.push(s),
+                Err(SpecError { request, message }) => {
+                    return Err(single(
+                        claim_name(claim),
+                        request,
+                        FailureKind::Invalid(message),
+                    ));
+                }
+            }
+        }
+        let first = specs.first().map(|s| s.name.clone()).unwrap_or_default();
+        if candidates.is_empty() {
+            return Err(single(first, None, FailureKind::NoNodes));
+        }
+        let need = quick_need(snapshot, &mut cache, &specs);
+        let mut order: Vec<(i64, usize)> = Vec::with_capacity(candidates.len());
+        for (pos, node) in candidates.iter().enumerate() {
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let summary = snapshot.summaries.get(name).cloned().unwrap_or_default();
+            if snapshot.global.is_empty() && !need.may_fit(&summary) {
+                continue;
+            }
+            let score = self.policy.node_score(&NodeView {
+                name,
+                position: pos,
+                devices: summary.devices,
+                used_permille: summary.used_permille,
+            });
+            order.push((score, pos));
+        }
+        order.sort_by_key(|&(score, pos)| (score, pos));
+        let mut budget = self.options.max_steps;
+        for &(_, pos) in &order {
+            let node = &candidates[pos];
+            let devices = node_devices(snapshot, node);
+            let mut search = Search::new(
+                snapshot,
+                &mut cache,
+                &specs,
+                self.policy.as_ref(),
+                node,
+                devices,
+                budget,
+            );
+            let outcome = search.run();
+            budget = budget.saturating_sub(search.steps);
+            match outcome {
+                Ok(true) => {
+                    let node_name = node.metadata.name.clone().unwrap_or_default();
+                    let allocations = specs
+                        .iter()
+                        .zip(claims)
+                        .enumerate()
+                        .map(|(i, (spec, claim))| {
+                            self.build(
+                                snapshot,
+                                spec,
+                                claim,
+                                &search.picks[i],
+                                &search.selected[i],
+                                &node_name,
+                            )
+                        })
+                        .collect();
+                    return Ok(Placement {
+                        node: node_name,
+                        allocations,
+                    });
+                }
+                Ok(false) => {}
+                Err(Abort::Budget) => {
+                    return Err(single(
+                        first,
+                        None,
+                        FailureKind::SearchLimit(self.options.max_steps),
+                    ));
+                }
+                Err(Abort::Cel(e)) => {
+                    return Err(single(first, None, FailureKind::CelRuntime(e.to_string())));
+                }
+                Err(Abort::Fatal(m)) => return Err(single(first, None, FailureKind::Invalid(m))),
+            }
+        }
+        Err(diagnose(snapshot, &mut cache, &specs, candidates))
+    }
+
+    fn build(
+        &self,
+        snap: &Snapshot,
+        spec: &ClaimSpec,
+        claim: &res::ResourceClaim,
+        picks: &[Pick],
+        selected: &[usize],
+        node: &str,
+    ) -> res::AllocationResult {
+        let driver = &self.options.driver_name;
+        let mut results = Vec::with_capacity(picks.len());
+        let mut shares = Vec::new();
+        let mut share_requests: Vec<String> = Vec::new();
+        for (i, pick) in picks.iter().enumerate() {
+            let req = &spec.requests[pick.req][pick.alt];
+            let entry = &snap.devices[pick.device];
+            let consumed = pick.consumed.as_ref().map(|c| {
+                c.iter()
+                    .map(|(k, v)| (status_name(entry, k), v.to_k8s()))
+                    .collect::<BTreeMap<_, _>>()
+            });
+            let share_id = (entry.multi && !req.admin).then(|| {
+                let name = format!("{}/{}/{}/{i}", spec.uid, req.full, entry.id());
+                uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, name.as_bytes()).to_string()
+            });
+            results.push(res::DeviceRequestAllocationResult {
+                request: req.full.clone(),
+                driver: entry.driver.clone(),
+                pool: entry.pool.clone(),
+                device: entry.device.name.clone(),
+                admin_access: req.admin.then_some(true),
+                tolerations: (!req.tolerations.is_empty()).then(|| req.tolerations.clone()),
+                share_id,
+                consumed_capacity: consumed,
+                binding_conditions: entry.device.binding_conditions.clone(),
+                binding_failure_conditions: entry.device.binding_failure_conditions.clone(),
+            });
+            if let Some(per) = pick.share.filter(|_| entry.tessera_shared && !req.admin) {
+                shares.push(DeviceShare {
+                    request: req.full.clone(),
+                    pool: entry.pool.clone(),
+                    device: entry.device.name.clone(),
+                    memory: Quantity::from_bytes(per.memory_bytes),
+                    compute: per.compute_percent,
+                });
+                if !share_requests.contains(&req.full) {
+                    share_requests.push(req.full.clone());
+                }
+            }
+        }
+        let mut config = config_for(snap, spec, claim, selected);
+        if !shares.is_empty()
+            && let Ok(parameters) = serde_json::to_value(AllocatedShares::new(shares))
+        {
+            config.push(res::DeviceAllocationConfiguration {
+                source: SOURCE_CLAIM.to_owned(),
+                requests: Some(share_requests),
+                opaque: Some(res::OpaqueDeviceConfiguration {
+                    driver: driver.clone(),
+                    parameters: RawExtension(parameters),
+                }),
+            });
+        }
+        res::AllocationResult {
+            allocation_timestamp: None,
+            devices: Some(res::DeviceAllocationResult {
+                config: (!config.is_empty()).then_some(config),
+                results: Some(results),
+            }),
+            node_selector: result_node_selector(snap, picks, node),
+        }
+    }
+}
+
+fn single(claim: String, request: Option<String>, kind: FailureKind) -> Unsatisfiable {
+    Unsatisfiable {
+        failures: vec![ClaimFailure {
+            claim,
+            request,
+            kind,
+            counts: DeviceCounts::default(),
+            notes: Vec::new(),
+        }],
+    }
+}
+
+/// The capacity name to write in a result: as the device spells it.
+fn status_name(entry: &snapshot::DeviceEntry, fq: &str) -> String {
+    let raw = entry.device.capacity.as_ref();
+    if raw.is_some_and(|c| c.contains_key(fq)) {
+        return fq.to_owned();
+    }
+    fq.strip_prefix(&format!("{}/", entry.driver))
+        .unwrap_or(fq)
+        .to_owned()
+}
+
+/// Class configs once per class (naming the requests that use it), then claim configs that
+/// apply to an allocated request or subrequest, as kube-scheduler writes them.
+fn config_for(
+    snap: &Snapshot,
+    spec: &ClaimSpec,
+    claim: &res::ResourceClaim,
+    selected: &[usize],
+) -> Vec<res::DeviceAllocationConfiguration> {
+    let mut out: Vec<res::DeviceAllocationConfiguration> = Vec::new();
+    let mut class_ranges: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let chosen: Vec<&ReqSpec> = spec
+        .requests
+        .iter()
+        .zip(selected)
+        .filter_map(|(alts, &a)| alts.get(a))
+        .collect();
+    for req in &chosen {
+        if let Some(&(start, end)) = class_ranges.get(req.class.as_str()) {
+            for cfg in &mut out[start..end] {
+                cfg.requests
+                    .get_or_insert_with(Vec::new)
+                    .push(req.full.clone());
+            }
+            continue;
+        }
+        let start = out.len();
+        if let Some(class) = snap.classes.get(&req.class) {
+            for cfg in class.spec.config.iter().flatten() {
+                out.push(res::DeviceAllocationConfiguration {
+                    source: SOURCE_CLASS.to_owned(),
+                    requests: Some(vec![req.full.clone()]),
+                    opaque: cfg.opaque.clone(),
+                });
+            }
+        }
+        class_ranges.insert(req.class.as_str(), (start, out.len()));
+    }
+    let devices = claim.spec.devices.as_ref();
+    for cfg in devices
+        .and_then(|d| d.config.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let names = cfg.requests.as_deref().unwrap_or_default();
+        let entry = || res::DeviceAllocationConfiguration {
+            source: SOURCE_CLAIM.to_owned(),
+            requests: cfg.requests.clone(),
+            opaque: cfg.opaque.clone(),
+        };
+        if names.is_empty() {
+            out.push(entry());
+            continue;
+        }
+        for req in &chosen {
+            if names.contains(&req.base) || (req.sub.is_some() && names.contains(&req.full)) {
+                out.push(entry());
+            }
+        }
+    }
+    out
+}
+
+/// The node selector of an allocation: the node when any device is local to it; else the
+/// requirements of node-selector slices; none for devices every node reaches.
+fn result_node_selector(snap: &Snapshot, picks: &[Pick], node: &str) -> Option<NodeSelector> {
+    let mut fields: Vec<NodeSelectorRequirement> = Vec::new();
+    let mut exprs: Vec<NodeSelectorRequirement> = Vec::new();
+    for pick in picks {
+        let entry = &snap.devices[pick.device];
+        if matches!(entry.scope, NodeScope::Node(_)) || entry.device.binds_to_node == Some(true) {
+            return Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: None,
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: FIELD_NODE_NAME.to_owned(),
+                        operator: "In".to_owned(),
+                        values: Some(vec![node.to_owned()]),
+                    }]),
+                }],
+            });
+        }
+        if let NodeScope::Selector(s) = &entry.scope
+            && let [term] = s.node_selector_terms.as_slice()
+        {
+            for r in term.match_fields.iter().flatten() {
+                if !fields.contains(r) {
+                    fields.push(r.clone());
+                }
+            }
+            for r in term.match_expressions.iter().flatten() {
+                if !exprs.contains(r) {
+                    exprs.push(r.clone());
+                }
+            }
+        }
+    }
+    if fields.is_empty() && exprs.is_empty() {
+        return None;
+    }
+    Some(NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_expressions: (!exprs.is_empty()).then_some(exprs),
+            match_fields: (!fields.is_empty()).then_some(fields),
+        }],
+    })
+}
+
+/// The devices a node can use, in kube-scheduler's order.
+fn node_devices(snap: &Snapshot, node: &Node) -> Vec<usize> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let local = snap
+        .by_node
+        .get(name)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if snap.global.is_empty() {
+        return local.to_vec();
+    }
+    let mut all: Vec<usize> = local
+        .iter()
+        .copied()
+        .chain(
+            snap.global
+                .iter()
+                .copied()
+                .filter(|&d| snap.devices[d].scope.matches(node)),
+        )
+        .collect();
+    all.sort_unstable();
+    all
+}
+
+/// A sound lower bound of what a pod needs of one node, to skip nodes without searching.
+#[derive(Debug, Default)]
+struct QuickNeed {
+    plain: u32,
+    share_cards: u32,
+    share_memory: u64,
+}
+
+impl QuickNeed {
+    fn may_fit(&self, s: &snapshot::NodeSummary) -> bool {
+        s.free_plain >= self.plain
+            && (self.share_cards == 0
+                || (s.share_avail >= self.share_cards && s.share_max_free >= self.share_memory))
+    }
+}
+
+fn quick_need(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    specs: &[ClaimSpec],
+) -> QuickNeed {
+    let mut need = QuickNeed::default();
+    for claim in specs {
+        for (alts, &fa) in claim.requests.iter().zip(&claim.first_available) {
+            let [req] = alts.as_slice() else { continue };
+            if fa || req.admin || req.all {
+                continue;
+            }
+            let count = u32::try_from(req.count).unwrap_or(u32::MAX);
+            if let Some(share) = &req.share {
+                need.share_cards = need.share_cards.max(share.cards);
+                if let crate::share::MemoryAsk::Bytes(b) = share.memory {
+                    need.share_memory = need.share_memory.max(b);
+                }
+            } else if req.capacity.is_none() && !class_matches_multi(snap, cache, req) {
+                need.plain += count;
+            }
+        }
+    }
+    need
+}
+
+/// Whether a request's class selects any device with `allowMultipleAllocations` (cached).
+fn class_matches_multi(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    req: &ReqSpec,
+) -> bool {
+    if let Some(&hit) = cache.class_matches_multi.get(&req.class) {
+        return hit;
+    }
+    let mut hit = false;
+    for (idx, d) in snap.devices.iter().enumerate() {
+        if !(d.multi || d.tessera_shared) {
+            continue;
+        }
+        let mut all = true;
+        for &e in &req.class_selectors {
+            match snap.eval(cache, e, idx) {
+                Ok(true) => {}
+                Ok(false) => {
+                    all = false;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if all {
+            hit = true;
+            break;
+        }
+    }
+    cache.class_matches_multi.insert(req.class.clone(), hit);
+    hit
+}
+
+fn wanted(req: &ReqSpec) -> String {
+    match req
+        .share
+        .as_ref()
+        .or_else(|| req.capacity_share.as_ref().and_then(|r| r.as_ref().ok()))
+    {
+        Some(share) => {
+            let memory = match share.memory {
+                crate::share::MemoryAsk::Bytes(b) => format!("{} free", Quantity::from_bytes(b)),
+                crate::share::MemoryAsk::Percent(p) => format!("{p}% of its memory free"),
+            };
+            if share.compute > 0 {
+                format!("GPU with {memory} and {}% compute", share.compute)
+            } else {
+                format!("GPU with {memory}")
+            }
+        }
+        None => "free device that matches".to_owned(),
+    }
+}
+
+/// Explains a failure: per request, how the reachable devices fare on their own.
+fn diagnose(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    specs: &[ClaimSpec],
+    candidates: &[Node],
+) -> Unsatisfiable {
+    let mut reachable = vec![false; snap.devices.len()];
+    for node in candidates {
+        for d in node_devices(snap, node) {
+            reachable[d] = true;
+        }
+    }
+    let notes: Vec<String> = snap
+        .pools
+        .iter()
+        .filter(|p| {
+            p.unusable.is_some()
+                && p.scopes
+                    .iter()
+                    .any(|s| candidates.iter().any(|n| s.matches(n)))
+        })
+        .filter_map(|p| p.unusable.clone())
+        .collect();
+    let mut failures = Vec::new();
+    for claim in specs {
+        let mut fallback = None;
+        let mut failure = None;
+        for alts in &claim.requests {
+            let Some(req) = alts.last() else { continue };
+            let mut counts = DeviceCounts::default();
+            let mut share_error = None;
+            for (dev, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
+                counts.considered += 1;
+                let outcome = match search::classify(snap, cache, req, dev) {
+                    Ok(o) => o,
+                    Err(Abort::Cel(e)) => {
+                        failure = Some((req, FailureKind::CelRuntime(e.to_string()), counts));
+                        break;
+                    }
+                    Err(Abort::Fatal(m)) => {
+                        failure = Some((req, FailureKind::Invalid(m), counts));
+                        break;
+                    }
+                    Err(Abort::Budget) => continue,
+                };
+                if outcome == Outcome::NotShared
+                    && let Some(Err(e)) = req.share_on(snap.devices[dev].tessera)
+                {
+                    share_error = Some(e.to_string());
+                }
+                match outcome {
+                    Outcome::ClassMismatch => counts.class_mismatch += 1,
+                    Outcome::SelectorMismatch => counts.selector_mismatch += 1,
+                    Outcome::NotShared => counts.not_shared += 1,
+                    Outcome::Tainted => counts.tainted += 1,
+                    Outcome::InUse => counts.in_use += 1,
+                    Outcome::TooFull => counts.too_full += 1,
+                    Outcome::Counters => counts.counters_exhausted += 1,
+                    Outcome::Fits => counts.fit += 1,
+                }
+            }
+            if failure.is_some() {
+                break;
+            }
+            if let Some(m) = share_error.filter(|_| counts.fit == 0) {
+                failure = Some((req, FailureKind::Invalid(m), counts));
+                break;
+            }
+            let needed = if req.all {
+                1
+            } else {
+                u32::try_from(req.count).unwrap_or(u32::MAX)
+            };
+            if counts.fit < needed {
+                failure = Some((
+                    req,
+                    FailureKind::NoDevice {
+                        wanted: wanted(req),
+                        needed,
+                    },
+                    counts,
+                ));
+                break;
+            }
+            if fallback.is_none() {
+                fallback = Some((req, counts));
+            }
+        }
+        let (request, kind, counts) = match (failure, fallback) {
+            (Some((req, kind, counts)), _) => (Some(req.base.clone()), kind, counts),
+            (None, Some((req, counts))) => {
+                (Some(req.base.clone()), FailureKind::NotTogether, counts)
+            }
+            (None, None) => (None, FailureKind::NotTogether, DeviceCounts::default()),
+        };
+        failures.push(ClaimFailure {
+            claim: claim.name.clone(),
+            request,
+            kind,
+            counts,
+            notes: notes.clone(),
+        });
+    }
+    if failures.iter().any(|f| f.kind != FailureKind::NotTogether) {
+        failures.retain(|f| f.kind != FailureKind::NotTogether);
+    }
+    Unsatisfiable { failures }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+//! Why claims could not be placed: structured, countable, and readable.
+
+use std::fmt;
+
+/// How the devices a request could reach fared, summed over the candidate nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Devices reachable from the candidate nodes.
+    pub considered: u32,
+    /// Rejected by the class's selectors.
+    pub class_mismatch: u32,
+    /// Matched the class but not the request's selectors.
+    pub selector_mismatch: u32,
+    /// Not a shared GPU, for a share request.
+    pub not_shared: u32,
+    /// Carrying a taint the request does not tolerate.
+    pub tainted: u32,
+    /// Held by other claims.
+    pub in_use: u32,
+    /// Without enough free capacity (memory, compute, or other consumable capacity).
+    pub too_full: u32,
+    /// Their pool's shared counters are used up.
+    pub counters_exhausted: u32,
+    /// Could take the request on their own.
+    pub fit: u32,
+}
+
+impl DeviceCounts {
+    /// Devices that matched the class.
+    pub fn matched_class(&self) -> u32 {
+        self.considered - self.class_mismatch
+    }
+}
+
+/// The rule a claim failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Too few devices fit one request.
+    NoDevice {
+        /// What was looked for, e.g. `GPU with 10Gi free`.
+        wanted: String,
+        /// How many were needed.
+        needed: u32,
+    },
+    /// Each request fits alone, but no node fits all of them (constraints, counts, other claims).
+    NotTogether,
+    /// No candidate node was given or reachable.
+    NoNodes,
+    /// The claim is malformed or asks for something that cannot exist (a rule is named).
+    Invalid(String),
+    /// A CEL selector failed at runtime.
+    CelRuntime(String),
+    /// The search exceeded its step budget.
+    SearchLimit(u64),
+}
+
+/// Why one claim could not be placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimFailure {
+    /// `namespace/name`.
+    pub claim: String,
+    /// The request the failure is about, if one.
+    pub request: Option<String>,
+    /// The failed rule.
+    pub kind: FailureKind,
+    /// Device counts for the request (zero when not applicable).
+    pub counts: DeviceCounts,
+    /// Extra context, e.g. pools that are being updated.
+    pub notes: Vec<String>,
+}
+
+/// The claims of a pod could not be placed together; one entry per failed claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsatisfiable {
+    /// The failures, in claim order.
+    pub failures: Vec<ClaimFailure>,
+}
+
+fn plural(n: u32, word: &str) -> String {
+    if n == 1 {
+        format!("{n} {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+impl fmt::Display for ClaimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "claim {}", self.claim)?;
+        if let Some(r) = &self.request {
+            write!(f, " request {r}")?;
+        }
+        let c = &self.counts;
+        match &self.kind {
+            FailureKind::NoDevice { wanted, needed } => {
+                if *needed > 1 {
+                    write!(f, ": fewer than {needed} of {wanted}")?;
+                } else {
+                    write!(f, ": no {wanted}")?;
+                }
+                let noun = if wanted.starts_with("GPU") {
+                    "GPU"
+                } else {
+                    "device"
+                };
+                write!(f, ": {} matched the class", plural(c.matched_class(), noun))?;
+                for (n, what) in [
+                    (c.selector_mismatch, "rejected by the request's selectors"),
+                    (c.not_shared, "not shared"),
+                    (c.in_use, "in use"),
+                    (c.too_full, "too full"),
+                    (c.tainted, "tainted"),
+                    (c.counters_exhausted, "out of shared counters"),
+                    (c.fit, "free"),
+                ] {
+                    if n > 0 {
+                        write!(f, ", {n} {what}")?;
+                    }
+                }
+            }
+            FailureKind::NotTogether => write!(
+                f,
+                ": no node fits all requests of the pod's claims together (constraints, counts or capacity): {} fit on their own",
+                plural(c.fit, "device")
+            )?,
+            FailureKind::NoNodes => write!(f, ": no candidate node")?,
+            FailureKind::Invalid(m) => write!(f, ": {m}")?,
+            FailureKind::CelRuntime(m) => write!(f, ": {m}")?,
+            FailureKind::SearchLimit(n) => {
+                write!(f, ": unsatisfiable: search limit of {n} steps reached")?
+            }
+        }
+        for n in &self.notes {
+            write!(f, "; {n}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Unsatisfiable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, failure) in self.failures.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{failure}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Unsatisfiable {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_like_the_operator_would_say_it() {
+        let failure = ClaimFailure {
+            claim: "default/train".into(),
+            request: Some("gpus".into()),
+            kind: FailureKind::NoDevice {
+                wanted: "GPU with 10Gi free".into(),
+                needed: 1,
+            },
+            counts: DeviceCounts {
+                considered: 14,
+                class_mismatch: 2,
+                too_full: 9,
+                tainted: 3,
+                ..DeviceCounts::default()
+            },
+            notes: vec![],
+        };
+        assert_eq!(
+            failure.to_string(),
+            "claim default/train request gpus: no GPU with 10Gi free: 12 GPUs matched the class, 9 too full, 3 tainted"
+        );
+    }
+}

@@ -1,0 +1,686 @@
+//! The backtracking search on one node, as kube-scheduler's structured allocator does it.
+//!
+//! Claims are allocated one after another, requests in order, devices one at a time; each
+//! pick is checked (in use, capacity, counters, constraints) and undone when the rest cannot
+//! be completed. The first complete solution wins. Candidates are tried in kube-scheduler's
+//! order unless the placement policy reorders them. A step budget bounds the work.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1 as res;
+
+use super::capacity::{self, Amounts};
+use super::policy::{DeviceView, PlacementPolicy};
+use super::request::{ClaimSpec, MAX_RESULTS, ReqSpec};
+use super::snapshot::{SelectorCache, Snapshot};
+use crate::error::Error;
+use crate::quantity::Quantity;
+use crate::share::PerDeviceShare;
+
+/// Why a search stopped without an answer for this node.
+#[derive(Debug)]
+pub(crate) enum Abort {
+    /// The step budget ran out.
+    Budget,
+    /// A selector failed at runtime.
+    Cel(Error),
+    /// The claim can never be allocated (a rule is broken).
+    Fatal(String),
+}
+
+type Step = Result<bool, Abort>;
+
+/// One device picked for one request.
+#[derive(Debug, Clone)]
+pub(crate) struct Pick {
+    pub(crate) req: usize,
+    pub(crate) alt: usize,
+    pub(crate) device: usize,
+    /// Consumed capacity recorded in the result (devices with `allowMultipleAllocations`).
+    pub(crate) consumed: Option<Amounts>,
+    /// Tessera's resolved share on a shared GPU.
+    pub(crate) share: Option<PerDeviceShare>,
+    /// Amounts this pick holds in-flight on the device (shares and multi-allocation devices).
+    inflight: Option<Amounts>,
+    exclusive: bool,
+    counters: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum AttrValue {
+    Bool(bool),
+    Int(i64),
+    Str(String),
+    Version(String),
+}
+
+#[derive(Debug, Clone)]
+enum ConstraintState {
+    Match { value: Option<AttrValue>, n: usize },
+    Distinct { values: Vec<(usize, AttrValue)> },
+}
+
+fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrValue> {
+    let entry = &snap.devices[dev];
+    let attrs = entry.device.attributes.as_ref()?;
+    let attr = attrs.get(name).or_else(|| {
+        let (domain, id) = name.split_once('/')?;
+        if domain == entry.driver {
+            attrs.get(id)
+        } else {
+            None
+        }
+    })?;
+    if let Some(s) = &attr.string {
+        Some(AttrValue::Str(s.clone()))
+    } else if let Some(i) = attr.int {
+        Some(AttrValue::Int(i))
+    } else if let Some(b) = attr.bool {
+        Some(AttrValue::Bool(b))
+    } else {
+        attr.version.clone().map(AttrValue::Version)
+    }
+}
+
+/// Whether `toleration` tolerates `taint`, as Kubernetes decides it.
+pub(crate) fn tolerates(toleration: &res::DeviceToleration, taint: &res::DeviceTaint) -> bool {
+    if let Some(effect) = toleration.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        "Equal" | "" => {
+            !key.is_empty()
+                && toleration.value.as_deref().unwrap_or_default()
+                    == taint.value.as_deref().unwrap_or_default()
+        }
+        _ => false,
+    }
+}
+
+/// How one device fares for one request, ignoring other picks of the same search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    ClassMismatch,
+    SelectorMismatch,
+    NotShared,
+    Tainted,
+    InUse,
+    TooFull,
+    Counters,
+    Fits,
+}
+
+/// Static checks of a device for a request: selectors, taints, share eligibility.
+pub(crate) fn static_outcome(
+    snap: &Snapshot,
+    cache: &mut SelectorCache,
+    spec: &ReqSpec,
+    dev: usize,
+) -> Result<Outcome, Abort> {
+    for &e in &spec.class_selectors {
+        if !snap.eval(cache, e, dev).map_err(Abort::Cel)? {
+            return Ok(Outcome::ClassMismatch);
+        }
+    }
+    for &e in &spec.selectors {
+        if !snap.eval(cache, e, dev).map_err(Abort::Cel)? {
+            return Ok(Outcome::SelectorMismatch);
+        }
+    }
+    let entry = &snap.devices[dev];
+    if let Some(share) = spec.share_on(entry.tessera)
+        && (!entry.tessera_shared || share.is_err())
+    {
+        return Ok(Outcome::NotShared);
+    }
+    if entry
+        .taints
+        .iter()
+        .any(|t| !spec.tolerations.iter().any(|tol| tolerates(tol, t)))
+    {
+        return Ok(Outcome::Tainted);
+    }
+    Ok(Outcome::Fits)
+}
+
+/// The search state for one node.
+pub(crate) struct Search<'a> {
+    snap: &'a Snapshot,
+    cache: &'a mut SelectorCache,
+    specs: &'a [ClaimSpec],
+    policy: &'a dyn PlacementPolicy,
+    node: &'a Node,
+    node_devices: Vec<usize>,
+    pub(crate) steps: u64,
+    budget: u64,
+    cands: HashMap<(usize, usize, usize), Rc<Vec<usize>>>,
+    excl: Vec<(usize, usize)>,
+    inflight: HashMap<usize, Amounts>,
+    holders: HashMap<usize, u32>,
+    counters: HashMap<(usize, String), Amounts>,
+    pub(crate) picks: Vec<Vec<Pick>>,
+    constraints: Vec<Vec<ConstraintState>>,
+    pub(crate) selected: Vec<Vec<usize>>,
+}
+
+impl<'a> Search<'a> {
+    #[allow(clippy::too_many_arguments)] // Reason: internal constructor with distinct parts.
+    pub(crate) fn new(
+        snap: &'a Snapshot,
+        cache: &'a mut SelectorCache,
+        specs: &'a [ClaimSpec],
+        policy: &'a dyn PlacementPolicy,
+        node: &'a Node,
+        node_devices: Vec<usize>,
+        budget: u64,
+    ) -> Self {
+        let constraints = specs
+            .iter()
+            .map(|c| {
+                c.constraints
+                    .iter()
+                    .map(|k| {
+                        if k.distinct {
+                            ConstraintState::Distinct { values: Vec::new() }
+                        } else {
+                            ConstraintState::Match { value: None, n: 0 }
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Self {
+            snap,
+            cache,
+            specs,
+            policy,
+            node,
+            node_devices,
+            steps: 0,
+            budget,
+            cands: HashMap::new(),
+            excl: Vec::new(),
+            inflight: HashMap::new(),
+            holders: HashMap::new(),
+            counters: HashMap::new(),
+            picks: vec![Vec::new(); specs.len()],
+            constraints,
+            selected: specs.iter().map(|c| vec![0; c.requests.len()]).collect(),
+        }
+    }
+
+    /// Runs the search; `Ok(true)` when every claim got its devices.
+    pub(crate) fn run(&mut self) -> Step {
+        self.step(0, 0, None, 0)
+    }
+
+    fn candidates(&mut self, c: usize, r: usize, a: usize) -> Result<Rc<Vec<usize>>, Abort> {
+        if let Some(list) = self.cands.get(&(c, r, a)) {
+            return Ok(Rc::clone(list));
+        }
+        let spec = &self.specs[c].requests[r][a];
+        let mut list = Vec::new();
+        for &dev in &self.node_devices {
+            // "All" takes every selectable device; taints are checked when it is taken.
+            let outcome = static_outcome(self.snap, self.cache, spec, dev)?;
+            if outcome == Outcome::Fits || (spec.all && outcome == Outcome::Tainted) {
+                list.push(dev);
+            }
+        }
+        if !spec.all {
+            self.order(spec, &mut list);
+        }
+        let list = Rc::new(list);
+        self.cands.insert((c, r, a), Rc::clone(&list));
+        Ok(list)
+    }
+
+    fn order(&self, spec: &ReqSpec, list: &mut [usize]) {
+        let topology = spec.count > 1 && self.policy.prefers_topology();
+        let group_ok = |key: &dyn Fn(usize) -> Option<&'a String>, dev: usize| -> bool {
+            key(dev)
+                .is_some_and(|g| list.iter().filter(|&&d| key(d) == Some(g)).count() >= spec.count)
+        };
+        let snap = self.snap;
+        let mut keyed: Vec<(bool, bool, i64, usize, usize)> = list
+            .iter()
+            .enumerate()
+            .map(|(pos, &dev)| {
+                let island = topology && group_ok(&|d| snap.devices[d].nvlink.as_ref(), dev);
+                let numa = topology && group_ok(&|d| snap.devices[d].numa.as_ref(), dev);
+                let score = self.policy.device_score(&DeviceView {
+                    position: pos,
+                    used_permille: snap.fullness(dev),
+                });
+                (!island, !numa, score, pos, dev)
+            })
+            .collect();
+        keyed.sort_unstable();
+        for (slot, k) in list.iter_mut().zip(keyed) {
+            *slot = k.4;
+        }
+    }
+
+    fn step(&mut self, c: usize, r: usize, alt: Option<usize>, d: usize) -> Step {
+        self.steps += 1;
+        if self.steps > self.budget {
+            return Err(Abort::Budget);
+        }
+        if c >= self.specs.len() {
+            return Ok(true);
+        }
+        let claim = &self.specs[c];
+        if r >= claim.requests.len() {
+            return self.step(c + 1, 0, None, 0);
+        }
+        let Some(a) = alt else {
+            if claim.first_available[r] {
+                for a in 0..claim.requests[r].len() {
+                    if self.step(c, r, Some(a), 0)? {
+                        self.selected[c][r] = a;
+                        return Ok(true);
+                    }
+                }
+                return Ok(false);
+            }
+            return self.step(c, r, Some(0), d);
+        };
+        let spec = &claim.requests[r][a];
+        let cands = self.candidates(c, r, a)?;
+        let needed = if spec.all { cands.len() } else { spec.count };
+        if spec.all && needed == 0 {
+            return Ok(false);
+        }
+        if d >= needed {
+            return self.step(c, r + 1, None, 0);
+        }
+        if self.picks[c].len() + needed - d > MAX_RESULTS {
+            return Ok(false);
+        }
+        if spec.all {
+            if spec.all && self.all_blocked() {
+                return Ok(false);
+            }
+            let dev = cands[d];
+            if !self.take(c, r, a, dev)? {
+                return Ok(false);
+            }
+            if self.step(c, r, Some(a), d + 1)? {
+                return Ok(true);
+            }
+            self.untake(c);
+            return Ok(false);
+        }
+        for &dev in cands.iter() {
+            if !self.take(c, r, a, dev)? {
+                continue;
+            }
+            match self.step(c, r, Some(a), d + 1) {
+                Ok(true) => return Ok(true),
+                Ok(false) => self.untake(c),
+                Err(e) => {
+                    self.untake(c);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether an incomplete or invalid pool concerns this node ("All" must see every device).
+    fn all_blocked(&self) -> bool {
+        self.snap
+            .pools
+            .iter()
+            .any(|p| p.unusable.is_some() && p.scopes.iter().any(|s| s.matches(self.node)))
+    }
+
+    fn used_with_inflight(&self, dev: usize) -> Amounts {
+        let mut used = self.snap.uses[dev].consumed.clone();
+        if let Some(i) = self.inflight.get(&dev) {
+            capacity::add_into(&mut used, i);
+        }
+        used
+    }
+
+    /// Tries to pick `dev` for claim `c`, request `r`, alternative `a`.
+    fn take(&mut self, c: usize, r: usize, a: usize, dev: usize) -> Result<bool, Abort> {
+        let spec = &self.specs[c].requests[r][a];
+        let entry = &self.snap.devices[dev];
+        let u = &self.snap.uses[dev];
+        let inflight_holders = self.holders.get(&dev).copied().unwrap_or(0);
+        let excl_any = self.excl.iter().any(|&(d, _)| d == dev);
+        let mut consumed = None;
+        let mut inflight = None;
+        let mut share = None;
+        let mut exclusive = false;
+        if spec.admin {
+            if !entry.multi && self.excl.iter().any(|&(d, cl)| d == dev && cl == c) {
+                return Ok(false);
+            }
+        } else if let Some(share_req) = spec.share_on(entry.tessera) {
+            let Ok(share_req) = share_req else {
+                return Ok(false);
+            };
+            if !entry.tessera_shared || u.exclusive > 0 || excl_any {
+                return Ok(false);
+            }
+            // Each card of a share is a distinct GPU.
+            if self.picks[c].iter().any(|p| p.device == dev && p.req == r) {
+                return Ok(false);
+            }
+            let Ok(per) = share_req.per_device(entry.memory) else {
+                return Ok(false);
+            };
+            let (free_mem, free_compute) = self.snap.share_free(dev, self.inflight.get(&dev));
+            if per.memory_bytes > free_mem || per.compute_percent > free_compute {
+                return Ok(false);
+            }
+            let (mem, comp) = entry.share_names();
+            let asked: Amounts = [
+                (mem, Quantity::from_bytes(per.memory_bytes)),
+                (comp, Quantity::from_units(per.compute_percent)),
+            ]
+            .into();
+            if entry.multi {
+                let used = self.used_with_inflight(dev);
+                let requests: Amounts = asked
+                    .into_iter()
+                    .filter(|(k, _)| entry.capacity.contains_key(k))
+                    .collect();
+                match capacity::try_consume(&entry.capacity, &requests, &[&used]) {
+                    Err(m) => return Err(Abort::Fatal(m)),
+                    Ok(None) => return Ok(false),
+                    Ok(Some(x)) => {
+                        consumed = Some(x.clone());
+                        inflight = Some(x);
+                    }
+                }
+            } else {
+                inflight = Some(asked);
+            }
+            share = Some(per);
+        } else {
+            if entry.multi {
+                if u.exclusive > 0 || excl_any {
+                    return Ok(false);
+                }
+            } else if u.holders() > 0 || inflight_holders > 0 {
+                return Ok(false);
+            }
+            let empty = Amounts::new();
+            let requests = match &spec.capacity {
+                None => Some(empty),
+                Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
+                    .map_err(Abort::Fatal)?,
+            };
+            let Some(requests) = requests else {
+                return Ok(false);
+            };
+            let used = if entry.multi {
+                self.used_with_inflight(dev)
+            } else {
+                Amounts::new()
+            };
+            match capacity::try_consume(&entry.capacity, &requests, &[&used]) {
+                Err(m) => return Err(Abort::Fatal(m)),
+                Ok(None) => return Ok(false),
+                Ok(Some(x)) if entry.multi => {
+                    consumed = Some(x.clone());
+                    inflight = Some(x);
+                }
+                Ok(Some(_)) => exclusive = true,
+            }
+            if entry.tessera_shared && entry.multi {
+                // A default share on a Tessera GPU is still a share the node must enforce.
+                let (mem, comp) = entry.share_names();
+                let x = consumed.as_ref();
+                let bytes = x
+                    .and_then(|x| x.get(&mem))
+                    .and_then(|q| q.as_units())
+                    .and_then(|v| u64::try_from(v).ok())
+                    .unwrap_or(0);
+                let pct = x
+                    .and_then(|x| x.get(&comp))
+                    .and_then(|q| q.as_units())
+                    .unwrap_or(0);
+                share = Some(PerDeviceShare {
+                    memory_bytes: bytes,
+                    compute_percent: pct,
+                });
+            }
+        }
+        let holds = !spec.admin;
+        // Counters are consumed when a device goes from free to held.
+        let counters =
+            holds && !entry.consumes.is_empty() && u.holders() == 0 && inflight_holders == 0;
+        if counters && !self.counters_fit(dev) {
+            return Ok(false);
+        }
+        if !self.add_constraints(c, r, a, dev) {
+            return Ok(false);
+        }
+        if counters {
+            for (set, amounts) in &entry.consumes {
+                let slot = self
+                    .counters
+                    .entry((entry.pool_idx, set.clone()))
+                    .or_default();
+                capacity::add_into(slot, amounts);
+            }
+        }
+        let mark = !entry.multi && (exclusive || spec.admin);
+        if mark {
+            self.excl.push((dev, c));
+        }
+        if holds {
+            *self.holders.entry(dev).or_default() += 1;
+        }
+        if let Some(x) = &inflight {
+            capacity::add_into(self.inflight.entry(dev).or_default(), x);
+        }
+        self.picks[c].push(Pick {
+            req: r,
+            alt: a,
+            device: dev,
+            consumed,
+            share,
+            inflight,
+            exclusive: mark,
+            counters,
+        });
+        Ok(true)
+    }
+
+    fn untake(&mut self, c: usize) {
+        let Some(pick) = self.picks[c].pop() else {
+            return;
+        };
+        let dev = pick.device;
+        let spec = &self.specs[c].requests[pick.req][pick.alt];
+        self.remove_constraints(c, pick.req, pick.alt, dev);
+        if pick.exclusive
+            && let Some(pos) = self.excl.iter().rposition(|&(d, cl)| d == dev && cl == c)
+        {
+            self.excl.remove(pos);
+        }
+        if !spec.admin
+            && let Some(h) = self.holders.get_mut(&dev)
+        {
+            *h = h.saturating_sub(1);
+        }
+        if let Some(x) = &pick.inflight
+            && let Some(slot) = self.inflight.get_mut(&dev)
+        {
+            capacity::sub_from(slot, x);
+        }
+        if pick.counters {
+            let entry = &self.snap.devices[dev];
+            for (set, amounts) in &entry.consumes {
+                if let Some(slot) = self.counters.get_mut(&(entry.pool_idx, set.clone())) {
+                    capacity::sub_from(slot, amounts);
+                }
+            }
+        }
+    }
+
+    fn counters_fit(&self, dev: usize) -> bool {
+        let entry = &self.snap.devices[dev];
+        let pool = &self.snap.pools[entry.pool_idx];
+        for (set, amounts) in &entry.consumes {
+            let total = pool.counters.get(set);
+            let used = self.snap.counters_used[entry.pool_idx].get(set);
+            let flight = self.counters.get(&(entry.pool_idx, set.clone()));
+            for (name, q) in amounts {
+                let get = |m: Option<&Amounts>| {
+                    m.and_then(|m| m.get(name))
+                        .copied()
+                        .unwrap_or(Quantity::ZERO)
+                };
+                let need = get(used).saturating_add(get(flight)).saturating_add(*q);
+                if need > get(total) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn add_constraints(&mut self, c: usize, r: usize, a: usize, dev: usize) -> bool {
+        let spec = &self.specs[c].requests[r][a];
+        for (i, k) in self.specs[c].constraints.iter().enumerate() {
+            if !k.applies(&spec.base, &spec.full) {
+                continue;
+            }
+            let value = lookup_attr(self.snap, dev, &k.attribute);
+            let ok = match (&self.constraints[c][i], &value) {
+                (_, None) => false,
+                (ConstraintState::Match { value: v, n }, Some(x)) => {
+                    *n == 0 || v.as_ref() == Some(x)
+                }
+                (ConstraintState::Distinct { values }, Some(x)) => {
+                    values.iter().all(|(_, y)| y != x)
+                }
+            };
+            if !ok {
+                for j in 0..i {
+                    self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
+                }
+                return false;
+            }
+            match (&mut self.constraints[c][i], value) {
+                (ConstraintState::Match { value: v, n }, Some(x)) => {
+                    if *n == 0 {
+                        *v = Some(x);
+                    }
+                    *n += 1;
+                }
+                (ConstraintState::Distinct { values }, Some(x)) => values.push((dev, x)),
+                _ => {}
+            }
+        }
+        true
+    }
+
+    fn remove_one(&mut self, c: usize, i: usize, base: &str, full: &str, dev: usize) {
+        if !self.specs[c].constraints[i].applies(base, full) {
+            return;
+        }
+        match &mut self.constraints[c][i] {
+            ConstraintState::Match { value, n } => {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    *value = None;
+                }
+            }
+            ConstraintState::Distinct { values } => {
+                if let Some(pos) = values.iter().rposition(|(d, _)| *d == dev) {
+                    values.remove(pos);
+                }
+            }
+        }
+    }
+
+    fn remove_constraints(&mut self, c: usize, r: usize, a: usize, dev: usize) {
+        let base = self.specs[c].requests[r][a].base.clone();
+        let full = self.specs[c].requests[r][a].full.clone();
+        for i in 0..self.specs[c].constraints.len() {
+            self.remove_one(c, i, &base, &full, dev);
+        }
+    }
+}
+
+/// How one device fares for one request against committed use only (for failure reasons).
+pub(crate) fn classify(
+    snap: &Snapshot,
+    cache: &mut SelectorCache,
+    spec: &ReqSpec,
+    dev: usize,
+) -> Result<Outcome, Abort> {
+    let o = static_outcome(snap, cache, spec, dev)?;
+    if o != Outcome::Fits || spec.admin {
+        return Ok(o);
+    }
+    let entry = &snap.devices[dev];
+    let u = &snap.uses[dev];
+    if let Some(Ok(share)) = spec.share_on(entry.tessera) {
+        if u.exclusive > 0 {
+            return Ok(Outcome::InUse);
+        }
+        let Ok(per) = share.per_device(entry.memory) else {
+            return Ok(Outcome::TooFull);
+        };
+        let (m, c) = snap.share_free(dev, None);
+        if per.memory_bytes > m || per.compute_percent > c {
+            return Ok(Outcome::TooFull);
+        }
+    } else if (entry.multi && u.exclusive > 0) || (!entry.multi && u.holders() > 0) {
+        return Ok(Outcome::InUse);
+    } else {
+        let requests = match &spec.capacity {
+            None => Some(Amounts::new()),
+            Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
+                .map_err(Abort::Fatal)?,
+        };
+        let Some(requests) = requests else {
+            return Ok(Outcome::TooFull);
+        };
+        let used = if entry.multi {
+            u.consumed.clone()
+        } else {
+            Amounts::new()
+        };
+        if !matches!(
+            capacity::try_consume(&entry.capacity, &requests, &[&used]),
+            Ok(Some(_))
+        ) {
+            return Ok(Outcome::TooFull);
+        }
+    }
+    if !entry.consumes.is_empty() && u.holders() == 0 {
+        let pool = &snap.pools[entry.pool_idx];
+        for (set, amounts) in &entry.consumes {
+            for (name, q) in amounts {
+                let get = |m: Option<&Amounts>| {
+                    m.and_then(|m| m.get(name))
+                        .copied()
+                        .unwrap_or(Quantity::ZERO)
+                };
+                let used = get(snap.counters_used[entry.pool_idx].get(set));
+                if used.saturating_add(*q) > get(pool.counters.get(set)) {
+                    return Ok(Outcome::Counters);
+                }
+            }
+        }
+    }
+    Ok(Outcome::Fits)
+}

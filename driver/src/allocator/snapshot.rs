@@ -1,0 +1,727 @@
+//! The snapshot: an indexed view of the cluster's devices and of what is already allocated.
+//!
+//! Built from `ResourceSlices`, `DeviceClasses` and allocated `ResourceClaims`; updated in place
+//! with [`Snapshot::commit`] after a claim is placed and [`Snapshot::release`] when it goes.
+//!
+//! Pools follow Kubernetes: only the newest generation of a pool counts; a pool with fewer
+//! slices at that generation than `resourceSliceCount` is incomplete and none of its devices
+//! are used; a pool with duplicate device names or broken counter references is invalid and
+//! skipped. Devices are kept in kube-scheduler's search order (pools by driver and name,
+//! slices by name, devices as listed), so first-fit picks exactly what kube-scheduler picks.
+//!
+//! Use of a device comes from allocation results: a result with `adminAccess` consumes
+//! nothing; a result with a `shareID` (or, on a Tessera `sharing=shared` GPU, one with an
+//! `AllocatedShares` record) is a share and consumes its `consumedCapacity`, else the amounts
+//! of Tessera's record, else the whole device; any other result holds the device whole.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use k8s_openapi::api::resource::v1 as res;
+
+use super::capacity::{self, Amounts, Capacity};
+use super::nodeselect::NodeScope;
+use crate::cel::{CelCache, CelDevice, CompiledExpression};
+use crate::config::{self, TesseraConfig};
+use crate::error::{Error, Result};
+use crate::names;
+use crate::quantity::Quantity;
+
+/// Taint effects that keep a device from new allocations unless tolerated.
+const BLOCKING_EFFECTS: [&str; 2] = ["NoSchedule", "NoExecute"];
+
+/// One device of a complete, valid pool.
+#[derive(Debug)]
+pub(crate) struct DeviceEntry {
+    pub(crate) driver: String,
+    pub(crate) pool: String,
+    pub(crate) pool_idx: usize,
+    pub(crate) device: res::Device,
+    pub(crate) scope: NodeScope,
+    pub(crate) capacity: BTreeMap<String, Capacity>,
+    /// `allowMultipleAllocations`.
+    pub(crate) multi: bool,
+    /// Published by Tessera's driver.
+    pub(crate) tessera: bool,
+    /// A Tessera GPU with `sharing=shared`.
+    pub(crate) tessera_shared: bool,
+    /// Tessera memory capacity in bytes (0 when not declared).
+    pub(crate) memory: u64,
+    /// Tessera compute capacity in percent (100 when not declared).
+    pub(crate) compute: i64,
+    pub(crate) taints: Vec<res::DeviceTaint>,
+    pub(crate) consumes: Vec<(String, Amounts)>,
+    pub(crate) nvlink: Option<String>,
+    pub(crate) numa: Option<String>,
+    cel: OnceLock<CelDevice>,
+}
+
+impl DeviceEntry {
+    /// `driver/pool/device`, for messages.
+    pub(crate) fn id(&self) -> String {
+        format!("{}/{}/{}", self.driver, self.pool, self.device.name)
+    }
+
+    /// The CEL view of the device, built on first use.
+    pub(crate) fn cel(&self) -> &CelDevice {
+        self.cel
+            .get_or_init(|| CelDevice::new(&self.driver, &self.device))
+    }
+
+    /// Fully qualified memory and compute capacity names of this device's driver.
+    pub(crate) fn share_names(&self) -> (String, String) {
+        (
+            capacity::qualify(names::CAP_MEMORY, &self.driver),
+            capacity::qualify(names::CAP_COMPUTE, &self.driver),
+        )
+    }
+}
+
+/// A pool as gathered from its newest generation.
+#[derive(Debug)]
+pub(crate) struct PoolEntry {
+    /// Why the pool is not used, if it is not.
+    pub(crate) unusable: Option<String>,
+    /// Node scopes of the pool's slices, to tell which nodes an unusable pool concerns.
+    pub(crate) scopes: Vec<NodeScope>,
+    /// Shared counter sets: set name -> counter -> total.
+    pub(crate) counters: BTreeMap<String, Amounts>,
+}
+
+/// What is held on one device.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeviceUse {
+    /// Allocations holding the whole device.
+    pub(crate) exclusive: u32,
+    /// Share allocations.
+    pub(crate) shares: u32,
+    /// Capacity consumed by shares, by fully qualified name.
+    pub(crate) consumed: Amounts,
+}
+
+impl DeviceUse {
+    pub(crate) fn holders(&self) -> u32 {
+        self.exclusive + self.shares
+    }
+}
+
+/// One device's part of a committed allocation.
+#[derive(Debug, Clone)]
+struct Contribution {
+    device: usize,
+    exclusive: bool,
+    consumed: Amounts,
+}
+
+/// Per-node figures that let the allocator skip nodes that cannot fit a claim.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NodeSummary {
+    /// Devices on the node.
+    pub(crate) devices: u32,
+    /// Devices without `allowMultipleAllocations` that nobody holds.
+    pub(crate) free_plain: u32,
+    /// Tessera shared GPUs not held whole with some memory free.
+    pub(crate) share_avail: u32,
+    /// The most free memory on one Tessera shared GPU.
+    pub(crate) share_max_free: u64,
+    /// Sum of each device's fullness in permille.
+    pub(crate) used_permille: u64,
+}
+
+/// Compiled selectors and their per-device results, shared by every allocation on a snapshot.
+#[derive(Debug, Default)]
+pub(crate) struct SelectorCache {
+    ids: HashMap<String, usize>,
+    exprs: Vec<Arc<CompiledExpression>>,
+    /// Per expression, per device: 0 unknown, 1 false, 2 true, 3 error.
+    results: Vec<Vec<u8>>,
+    errors: HashMap<(usize, usize), Error>,
+    /// Per class: whether its selectors match any device with `allowMultipleAllocations`.
+    pub(crate) class_matches_multi: HashMap<String, bool>,
+}
+
+/// An indexed view of devices and their use; see the module docs.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub(crate) tessera_driver: String,
+    pub(crate) devices: Vec<DeviceEntry>,
+    index: HashMap<(String, String, String), usize>,
+    pub(crate) by_node: HashMap<String, Vec<usize>>,
+    /// Devices usable from more than one node (allNodes or a node selector).
+    pub(crate) global: Vec<usize>,
+    pub(crate) pools: Vec<PoolEntry>,
+    pub(crate) classes: HashMap<String, res::DeviceClass>,
+    pub(crate) uses: Vec<DeviceUse>,
+    /// Per pool: counter set -> counter -> consumed.
+    pub(crate) counters_used: Vec<BTreeMap<String, Amounts>>,
+    claims: HashMap<String, Vec<Contribution>>,
+    pub(crate) summaries: HashMap<String, NodeSummary>,
+    cel: CelCache,
+    selectors: Mutex<SelectorCache>,
+}
+
+/// The key a claim is tracked by: its UID, else `namespace/name`.
+pub fn claim_key(claim: &res::ResourceClaim) -> String {
+    match claim.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => claim_name(claim),
+    }
+}
+
+/// `namespace/name` of a claim, for messages.
+pub fn claim_name(claim: &res::ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn attr_text(device: &res::Device, driver: &str, name: &str) -> Option<String> {
+    let attrs = device.attributes.as_ref()?;
+    let attr = attrs
+        .get(name)
+        .or_else(|| attrs.get(&format!("{driver}/{name}")))?;
+    attr.string
+        .clone()
+        .or_else(|| attr.int.map(|i| i.to_string()))
+        .or_else(|| attr.version.clone())
+        .or_else(|| attr.bool.map(|b| b.to_string()))
+}
+
+fn slice_scope(spec: &res::ResourceSliceSpec) -> NodeScope {
+    NodeScope::from_fields(
+        spec.node_name.as_ref(),
+        spec.all_nodes,
+        spec.node_selector.as_ref(),
+    )
+}
+
+impl Snapshot {
+    /// A snapshot for Tessera's default driver name.
+    pub fn new(
+        slices: &[res::ResourceSlice],
+        classes: &[res::DeviceClass],
+        allocated: &[res::ResourceClaim],
+    ) -> Result<Self> {
+        Self::for_driver(names::DEFAULT_DRIVER_NAME, slices, classes, allocated)
+    }
+
+    /// A snapshot where `tessera_driver` is the name Tessera's devices are published under.
+    /// Claims without `status.allocation` in `allocated` are ignored.
+    pub fn for_driver(
+        tessera_driver: &str,
+        slices: &[res::ResourceSlice],
+        classes: &[res::DeviceClass],
+        allocated: &[res::ResourceClaim],
+    ) -> Result<Self> {
+        let mut snap = Self {
+            tessera_driver: tessera_driver.to_owned(),
+            devices: Vec::new(),
+            index: HashMap::new(),
+            by_node: HashMap::new(),
+            global: Vec::new(),
+            pools: Vec::new(),
+            classes: HashMap::new(),
+            uses: Vec::new(),
+            counters_used: Vec::new(),
+            claims: HashMap::new(),
+            summaries: HashMap::new(),
+            cel: CelCache::new(),
+            selectors: Mutex::new(SelectorCache::default()),
+        };
+        for class in classes {
+            let name = class.metadata.name.clone().unwrap_or_default();
+            if snap.classes.insert(name.clone(), class.clone()).is_some() {
+                return Err(Error::Snapshot(format!("two DeviceClasses named {name:?}")));
+            }
+        }
+        snap.gather_pools(slices)?;
+        snap.uses = vec![DeviceUse::default(); snap.devices.len()];
+        snap.counters_used = vec![BTreeMap::new(); snap.pools.len()];
+        let nodes: Vec<String> = snap.by_node.keys().cloned().collect();
+        for node in nodes {
+            snap.refresh_summary(&node);
+        }
+        for claim in allocated {
+            if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+                snap.commit(claim, allocation);
+            }
+        }
+        Ok(snap)
+    }
+
+    fn gather_pools(&mut self, slices: &[res::ResourceSlice]) -> Result<()> {
+        let mut seen_names = std::collections::HashSet::new();
+        let mut groups: BTreeMap<(String, String), Vec<&res::ResourceSlice>> = BTreeMap::new();
+        for slice in slices {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            if !name.is_empty() && !seen_names.insert(name.clone()) {
+                return Err(Error::Snapshot(format!(
+                    "two ResourceSlices named {name:?}"
+                )));
+            }
+            let key = (slice.spec.driver.clone(), slice.spec.pool.name.clone());
+            groups.entry(key).or_default().push(slice);
+        }
+        for ((driver, pool_name), group) in groups {
+            let newest = group
+                .iter()
+                .map(|s| s.spec.pool.generation)
+                .max()
+                .unwrap_or_default();
+            let mut current: Vec<&res::ResourceSlice> = group
+                .into_iter()
+                .filter(|s| s.spec.pool.generation == newest)
+                .collect();
+            current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            let pool_idx = self.pools.len();
+            let mut pool = PoolEntry {
+                unusable: None,
+                scopes: current.iter().map(|s| slice_scope(&s.spec)).collect(),
+                counters: BTreeMap::new(),
+            };
+            let expected = current[0].spec.pool.resource_slice_count;
+            if i64::try_from(current.len()).ok() != Some(expected) {
+                pool.unusable = Some(format!(
+                    "resource pool {driver}/{pool_name} is currently being updated ({} of {expected} slices at generation {newest})",
+                    current.len()
+                ));
+                self.pools.push(pool);
+                continue;
+            }
+            if let Err(why) = Self::check_pool(&current, &mut pool.counters) {
+                pool.unusable = Some(format!(
+                    "resource pool {driver}/{pool_name} is invalid: {why}"
+                ));
+                self.pools.push(pool);
+                continue;
+            }
+            self.pools.push(pool);
+            for slice in current {
+                let object = format!(
+                    "ResourceSlice {}",
+                    slice.metadata.name.as_deref().unwrap_or_default()
+                );
+                let per_device = slice.spec.per_device_node_selection == Some(true);
+                let scope = slice_scope(&slice.spec);
+                for device in slice.spec.devices.iter().flatten() {
+                    let scope = if per_device {
+                        NodeScope::from_fields(
+                            device.node_name.as_ref(),
+                            device.all_nodes,
+                            device.node_selector.as_ref(),
+                        )
+                    } else {
+                        scope.clone()
+                    };
+                    self.add_device(&object, &driver, &pool_name, pool_idx, device, scope)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks device names and counter references of a pool's newest slices.
+    fn check_pool(
+        slices: &[&res::ResourceSlice],
+        counters: &mut BTreeMap<String, Amounts>,
+    ) -> std::result::Result<(), String> {
+        for slice in slices {
+            for set in slice.spec.shared_counters.iter().flatten() {
+                let mut amounts = Amounts::new();
+                for (name, c) in &set.counters {
+                    let q = Quantity::from_k8s(&c.value).map_err(|e| e.to_string())?;
+                    amounts.insert(name.clone(), q);
+                }
+                if counters.insert(set.name.clone(), amounts).is_some() {
+                    return Err(format!("duplicate counter set name {}", set.name));
+                }
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for slice in slices {
+            for device in slice.spec.devices.iter().flatten() {
+                if !names.insert(device.name.as_str()) {
+                    return Err(format!("duplicate device name {}", device.name));
+                }
+                for consumption in device.consumes_counters.iter().flatten() {
+                    let Some(set) = counters.get(&consumption.counter_set) else {
+                        return Err(format!("counter set {} not found", consumption.counter_set));
+                    };
+                    for name in consumption.counters.keys() {
+                        if !set.contains_key(name) {
+                            return Err(format!(
+                                "counter {name} not found in counter set {}",
+                                consumption.counter_set
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add_device(
+        &mut self,
+        object: &str,
+        driver: &str,
+        pool: &str,
+        pool_idx: usize,
+        device: &res::Device,
+        scope: NodeScope,
+    ) -> Result<()> {
+        let object = format!("{object}: device {}", device.name);
+        let capacity = capacity::parse_device_capacity(device, driver, &object)?;
+        let tessera = driver == self.tessera_driver;
+        let tessera_shared = tessera
+            && attr_text(device, driver, names::ATTR_SHARING).as_deref()
+                == Some(names::SHARING_SHARED);
+        let memory = capacity
+            .get(&capacity::qualify(names::CAP_MEMORY, driver))
+            .and_then(|c| c.value.as_units())
+            .and_then(|v| u64::try_from(v).ok())
+            .unwrap_or(0);
+        let compute = capacity
+            .get(&capacity::qualify(names::CAP_COMPUTE, driver))
+            .and_then(|c| c.value.as_units())
+            .unwrap_or(100);
+        let mut consumes = Vec::new();
+        for c in device.consumes_counters.iter().flatten() {
+            let mut amounts = Amounts::new();
+            for (name, v) in &c.counters {
+                let q = Quantity::from_k8s(&v.value).map_err(|e| {
+                    Error::invalid(&object, format!("consumesCounters.{name}"), e.to_string())
+                })?;
+                amounts.insert(name.clone(), q);
+            }
+            consumes.push((c.counter_set.clone(), amounts));
+        }
+        let idx = self.devices.len();
+        let key = (driver.to_owned(), pool.to_owned(), device.name.clone());
+        if self.index.insert(key, idx).is_some() {
+            return Err(Error::Snapshot(format!("{object}: listed twice")));
+        }
+        match &scope {
+            NodeScope::Node(n) => self.by_node.entry(n.clone()).or_default().push(idx),
+            NodeScope::All | NodeScope::Selector(_) => self.global.push(idx),
+            NodeScope::Unknown => {}
+        }
+        self.devices.push(DeviceEntry {
+            driver: driver.to_owned(),
+            pool: pool.to_owned(),
+            pool_idx,
+            scope,
+            capacity,
+            multi: device.allow_multiple_allocations == Some(true),
+            tessera,
+            tessera_shared,
+            memory,
+            compute,
+            taints: device
+                .taints
+                .iter()
+                .flatten()
+                .filter(|t| BLOCKING_EFFECTS.contains(&t.effect.as_str()))
+                .cloned()
+                .collect(),
+            consumes,
+            nvlink: attr_text(device, driver, names::ATTR_NVLINK_DOMAIN),
+            numa: attr_text(device, driver, names::ATTR_NUMA_NODE),
+            device: device.clone(),
+            cel: OnceLock::new(),
+        });
+        Ok(())
+    }
+
+    /// The index of a device, if the snapshot has it.
+    pub(crate) fn device_index(&self, driver: &str, pool: &str, device: &str) -> Option<usize> {
+        self.index
+            .get(&(driver.to_owned(), pool.to_owned(), device.to_owned()))
+            .copied()
+    }
+
+    /// Records `allocation` as held by `claim` (replacing what the claim held before).
+    /// Results naming devices the snapshot does not know are kept out of the accounting.
+    pub fn commit(&mut self, claim: &res::ResourceClaim, allocation: &res::AllocationResult) {
+        let key = claim_key(claim);
+        self.release(&key);
+        let records = self.share_records(allocation);
+        let mut contributions = Vec::new();
+        let Some(devices) = allocation.devices.as_ref() else {
+            return;
+        };
+        for result in devices.results.iter().flatten() {
+            if result.admin_access == Some(true) {
+                continue;
+            }
+            let Some(idx) = self.device_index(&result.driver, &result.pool, &result.device) else {
+                continue;
+            };
+            let entry = &self.devices[idx];
+            let record = records.get(&(
+                result.request.clone(),
+                result.pool.clone(),
+                result.device.clone(),
+            ));
+            let shared = result.share_id.is_some() || (entry.tessera_shared && record.is_some());
+            let contribution = if !shared {
+                Contribution {
+                    device: idx,
+                    exclusive: true,
+                    consumed: Amounts::new(),
+                }
+            } else if let Some(cc) = result.consumed_capacity.as_ref().filter(|c| !c.is_empty()) {
+                let mut consumed = Amounts::new();
+                for (name, q) in cc {
+                    // A value we cannot read counts as the whole capacity.
+                    let key = capacity::qualify(name, &entry.driver);
+                    let value = Quantity::from_k8s(q)
+                        .ok()
+                        .or_else(|| entry.capacity.get(&key).map(|c| c.value));
+                    if let Some(v) = value {
+                        consumed.insert(key, v);
+                    }
+                }
+                Contribution {
+                    device: idx,
+                    exclusive: false,
+                    consumed,
+                }
+            } else if let Some(rec) = record {
+                let (mem, comp) = entry.share_names();
+                let consumed: Amounts = [(mem, rec.0), (comp, Quantity::from_units(rec.1))].into();
+                Contribution {
+                    device: idx,
+                    exclusive: false,
+                    consumed,
+                }
+            } else if entry.capacity.is_empty() {
+                Contribution {
+                    device: idx,
+                    exclusive: true,
+                    consumed: Amounts::new(),
+                }
+            } else {
+                let consumed = entry
+                    .capacity
+                    .iter()
+                    .map(|(k, c)| (k.clone(), c.value))
+                    .collect();
+                Contribution {
+                    device: idx,
+                    exclusive: false,
+                    consumed,
+                }
+            };
+            contributions.push(contribution);
+        }
+        for c in &contributions {
+            self.apply(c, true);
+        }
+        self.claims.insert(key, contributions);
+    }
+
+    /// Tessera's `AllocatedShares` records in an allocation: (request, pool, device) ->
+    /// (memory, compute).
+    fn share_records(
+        &self,
+        allocation: &res::AllocationResult,
+    ) -> HashMap<(String, String, String), (Quantity, i64)> {
+        let mut out = HashMap::new();
+        let configs = allocation.devices.as_ref().and_then(|d| d.config.as_ref());
+        for cfg in configs.into_iter().flatten() {
+            let Some(opaque) = cfg
+                .opaque
+                .as_ref()
+                .filter(|o| o.driver == self.tessera_driver)
+            else {
+                continue;
+            };
+            if let Ok(TesseraConfig::AllocatedShares(rec)) =
+                config::decode(&opaque.parameters.0, "allocation")
+            {
+                for d in rec.devices {
+                    out.insert((d.request, d.pool, d.device), (d.memory, d.compute));
+                }
+            }
+        }
+        out
+    }
+
+    /// Forgets what the claim with this key (its UID, else `namespace/name`) held.
+    pub fn release(&mut self, claim_key: &str) {
+        if let Some(contributions) = self.claims.remove(claim_key) {
+            for c in &contributions {
+                self.apply(c, false);
+            }
+        }
+    }
+
+    /// Whether the snapshot tracks an allocation for this claim key.
+    pub fn is_allocated(&self, claim_key: &str) -> bool {
+        self.claims.contains_key(claim_key)
+    }
+
+    /// Number of devices in usable pools.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Reasons why pools are not used (incomplete or invalid), one line each.
+    pub fn unusable_pools(&self) -> Vec<String> {
+        self.pools
+            .iter()
+            .filter_map(|p| p.unusable.clone())
+            .collect()
+    }
+
+    fn apply(&mut self, c: &Contribution, add: bool) {
+        let before = self.uses[c.device].holders();
+        let u = &mut self.uses[c.device];
+        match (c.exclusive, add) {
+            (true, true) => u.exclusive += 1,
+            (true, false) => u.exclusive = u.exclusive.saturating_sub(1),
+            (false, true) => {
+                u.shares += 1;
+                capacity::add_into(&mut u.consumed, &c.consumed);
+            }
+            (false, false) => {
+                u.shares = u.shares.saturating_sub(1);
+                capacity::sub_from(&mut u.consumed, &c.consumed);
+            }
+        }
+        let after = self.uses[c.device].holders();
+        let entry = &self.devices[c.device];
+        // Counters are consumed while anybody holds the device.
+        if (before == 0) != (after == 0) && !entry.consumes.is_empty() {
+            let used = &mut self.counters_used[entry.pool_idx];
+            for (set, amounts) in &entry.consumes {
+                let slot = used.entry(set.clone()).or_default();
+                if after > 0 {
+                    capacity::add_into(slot, amounts);
+                } else {
+                    capacity::sub_from(slot, amounts);
+                }
+            }
+        }
+        if let NodeScope::Node(node) = &self.devices[c.device].scope {
+            let node = node.clone();
+            self.refresh_summary(&node);
+        }
+    }
+
+    /// Fullness of a device in permille: 1000 when held whole.
+    pub(crate) fn fullness(&self, idx: usize) -> u64 {
+        let u = &self.uses[idx];
+        let e = &self.devices[idx];
+        if u.exclusive > 0 || (!e.multi && !e.tessera_shared && u.holders() > 0) {
+            return 1000;
+        }
+        let mut worst = 0;
+        for (name, used) in &u.consumed {
+            if let Some(cap) = e.capacity.get(name)
+                && cap.value.nanos() > 0
+            {
+                let p = used.nanos().saturating_mul(1000) / cap.value.nanos();
+                worst = worst.max(u64::try_from(p.clamp(0, 1000)).unwrap_or(1000));
+            }
+        }
+        if worst == 0 && u.shares > 0 {
+            worst = 1;
+        }
+        worst
+    }
+
+    /// Free Tessera memory (bytes) and compute (percent) of a shared GPU, committed use only.
+    pub(crate) fn share_free(&self, idx: usize, inflight: Option<&Amounts>) -> (u64, i64) {
+        let e = &self.devices[idx];
+        let (mem, comp) = e.share_names();
+        let used = |name: &str| {
+            let a = self.uses[idx]
+                .consumed
+                .get(name)
+                .copied()
+                .unwrap_or(Quantity::ZERO);
+            let b = inflight
+                .and_then(|i| i.get(name))
+                .copied()
+                .unwrap_or(Quantity::ZERO);
+            a.saturating_add(b).ceil_units()
+        };
+        let mem_used = u64::try_from(used(&mem)).unwrap_or(0);
+        (e.memory.saturating_sub(mem_used), e.compute - used(&comp))
+    }
+
+    fn refresh_summary(&mut self, node: &str) {
+        let mut s = NodeSummary::default();
+        for &idx in self
+            .by_node
+            .get(node)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let e = &self.devices[idx];
+            let u = &self.uses[idx];
+            s.devices += 1;
+            if !e.multi && u.holders() == 0 {
+                s.free_plain += 1;
+            }
+            if e.tessera_shared && u.exclusive == 0 {
+                let (free, _) = self.share_free(idx, None);
+                if free > 0 {
+                    s.share_avail += 1;
+                    s.share_max_free = s.share_max_free.max(free);
+                }
+            }
+            s.used_permille += self.fullness(idx);
+        }
+        self.summaries.insert(node.to_owned(), s);
+    }
+
+    /// Locks the selector cache for one allocation run.
+    pub(crate) fn selectors(&self) -> MutexGuard<'_, SelectorCache> {
+        self.selectors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Compiles (once) an expression and returns its id in the cache.
+    pub(crate) fn compile(&self, cache: &mut SelectorCache, expression: &str) -> Result<usize> {
+        if let Some(&id) = cache.ids.get(expression) {
+            return Ok(id);
+        }
+        let compiled = self.cel.compile(expression)?;
+        let id = cache.exprs.len();
+        cache.exprs.push(compiled);
+        cache.results.push(vec![0; self.devices.len()]);
+        cache.ids.insert(expression.to_owned(), id);
+        Ok(id)
+    }
+
+    /// Whether expression `expr` selects device `idx` (evaluated once, then cached).
+    pub(crate) fn eval(&self, cache: &mut SelectorCache, expr: usize, idx: usize) -> Result<bool> {
+        match cache.results[expr][idx] {
+            1 => return Ok(false),
+            2 => return Ok(true),
+            3 => {
+                if let Some(e) = cache.errors.get(&(expr, idx)) {
+                    return Err(e.clone());
+                }
+            }
+            _ => {}
+        }
+        match cache.exprs[expr].evaluate(self.devices[idx].cel()) {
+            Ok(b) => {
+                cache.results[expr][idx] = if b { 2 } else { 1 };
+                Ok(b)
+            }
+            Err(e) => {
+                cache.results[expr][idx] = 3;
+                cache.errors.insert((expr, idx), e.clone());
+                Err(e)
+            }
+        }
+    }
+}
