@@ -45,6 +45,7 @@ mod reason;
 mod request;
 mod search;
 mod snapshot;
+mod usage;
 
 use std::collections::BTreeMap;
 
@@ -56,6 +57,7 @@ pub use policy::{DeviceView, NodeView, PlacementPolicy, Policy};
 pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable};
 pub use request::validate_shares;
 pub use snapshot::{Snapshot, claim_key, claim_name};
+pub use usage::DeviceUsage;
 
 use crate::config::{AllocatedShares, DeviceShare};
 use crate::names;

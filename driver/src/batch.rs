@@ -118,8 +118,12 @@ fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
 pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<Vec<ClaimOutcome>> {
     let allocated: Vec<res::ResourceClaim> =
         input.claims.iter().filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some())).cloned().collect();
-    let mut snapshot = Snapshot::new(input.slices, input.classes, &allocated)?;
-    let allocator = Allocator::new(AllocatorOptions::new(&options.driver_name, options.policy));
+    let mut snapshot = Snapshot::for_driver(&options.driver_name, input.slices, input.classes, &allocated)?;
+    let allocator = Allocator::new(AllocatorOptions {
+        driver_name: options.driver_name.clone(),
+        policy: options.policy,
+        ..AllocatorOptions::default()
+    });
     let nodes = candidate_nodes(input, options.node.as_deref());
 
     let pending: Vec<&res::ResourceClaim> =
@@ -156,8 +160,8 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
             nodes.iter().filter(|n| pod.is_none_or(|p| pod_fits_node(p, n))).cloned().collect();
         match allocator.allocate(&snapshot, &group, &candidates) {
             Ok(placement) => {
-                for (c, result) in group.iter().zip(placement.results) {
-                    snapshot.commit(c, &result)?;
+                for (c, result) in group.iter().zip(placement.allocations) {
+                    snapshot.commit(c, &result);
                     let (namespace, name) = key(&c.metadata);
                     outcomes.insert(
                         (namespace.clone(), name.clone()),
@@ -167,7 +171,7 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
                             allocated: true,
                             allocation: Some(result),
                             reason: None,
-                            node: placement.node.clone(),
+                            node: Some(placement.node.clone()),
                         },
                     );
                 }

@@ -155,7 +155,26 @@ pub struct MigInstance {
     pub compute_percent: u32,
 }
 
+impl Gpu {
+    /// The device name this GPU is published under: `gpu-<index>`. Stable across restarts.
+    pub fn device_name(&self) -> String {
+        format!("gpu-{}", self.index)
+    }
+}
+
 impl MigInstance {
+    /// The device name this instance is published under:
+    /// `gpu-<parent index>-mig-<profile>-<placement>`, the profile made a DNS label
+    /// (`1g.10gb` becomes `1g-10gb`). Stable across restarts.
+    pub fn device_name(&self, gpu_index: u32) -> String {
+        let profile: String = self
+            .profile
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .collect();
+        format!("gpu-{gpu_index}-mig-{profile}-{}", self.placement)
+    }
+
     /// The compute percent of `compute_slices` out of `total_slices`, rounded down to a
     /// multiple of 5 (the share step), at most 100.
     pub fn compute_percent_of(compute_slices: u32, total_slices: u32) -> u32 {

@@ -307,7 +307,7 @@ fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
     c.insert(names::CAP_COMPUTE.to_owned(), compute);
 
     Device {
-        name: format!("gpu-{}", gpu.index),
+        name: gpu.device_name(),
         attributes: Some(a),
         capacity: Some(c),
         allow_multiple_allocations: consumable.then_some(true),
@@ -331,20 +331,6 @@ fn policy(
         }),
         valid_values: None,
     }
-}
-
-/// `1g.10gb` becomes `1g-10gb`, so the device name is a DNS label.
-fn profile_slug(profile: &str) -> String {
-    profile
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
 }
 
 fn mig_device(gpu: &Gpu, mig: &MigInstance) -> Device {
@@ -372,12 +358,7 @@ fn mig_device(gpu: &Gpu, mig: &MigInstance) -> Device {
         capacity(Quantity::from_units(i64::from(mig.multiprocessors))),
     );
     Device {
-        name: format!(
-            "gpu-{}-mig-{}-{}",
-            gpu.index,
-            profile_slug(&mig.profile),
-            mig.placement
-        ),
+        name: mig.device_name(gpu.index),
         attributes: Some(a),
         capacity: Some(c),
         taints: unhealthy_taints(gpu),

@@ -154,19 +154,26 @@ fn allocated_claims(claims: &[res::ResourceClaim], outcomes: &[ClaimOutcome]) ->
 
 fn usage_section(driver: &str, objects: &Objects, allocated: &[res::ResourceClaim], out: &mut String) -> Result<()> {
     let snapshot = Snapshot::for_driver(driver, &objects.slices, &objects.classes, allocated)?;
-    let _ = writeln!(out, "GPUs in use");
-    let _ = writeln!(out, "  {:<28} {:>19}  {:>8}  CLAIMS", "DEVICE", "MEMORY USED/TOTAL", "COMPUTE");
-    for usage in snapshot.device_usage() {
-        if usage.claims.is_empty() {
-            continue;
+    let mut holders: std::collections::BTreeMap<(String, String), Vec<String>> = std::collections::BTreeMap::new();
+    for claim in allocated {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let results = claim.status.iter().filter_map(|s| s.allocation.as_ref()).flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()));
+        for r in results {
+            holders.entry((r.pool.clone(), r.device.clone())).or_default().push(name.clone());
         }
+    }
+    let _ = writeln!(out, "GPUs in use");
+    let _ = writeln!(out, "  {:<32} {:>17}  {:>7}  CLAIMS", "DEVICE", "MEMORY USED/TOTAL", "COMPUTE");
+    for usage in snapshot.device_usage() {
+        let Some(claims) = holders.get(&(usage.pool.clone(), usage.device.clone())) else { continue };
+        let how = if usage.exclusive > 0 { "whole" } else { "shared" };
         let _ = writeln!(
             out,
-            "  {:<28} {:>19}  {:>7}%  {}",
+            "  {:<32} {:>17}  {:>6}%  {} ({how})",
             format!("{}/{}", usage.pool, usage.device),
             format!("{}/{}", usage.memory_used, usage.memory_total),
             usage.compute_used,
-            usage.claims.join(", ")
+            claims.join(", ")
         );
     }
     let _ = writeln!(out);

@@ -32,10 +32,10 @@ impl Objects {
         match object {
             Object::DeviceClass(o) => self.classes.push(o),
             Object::ResourceSlice(o) => self.slices.push(o),
-            Object::ResourceClaim(o) => self.claims.push(*o),
+            Object::ResourceClaim(o) => self.claims.push(o),
             Object::ResourceClaimTemplate(o) => self.templates.push(o),
-            Object::Node(o) => self.nodes.push(*o),
-            Object::Pod(o) => self.pods.push(*o),
+            Object::Node(o) => self.nodes.push(o),
+            Object::Pod(o) => self.pods.push(o),
         }
     }
 
