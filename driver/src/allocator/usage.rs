@@ -1,7 +1,7 @@
 //! What every device has in use: the operator's view of a snapshot (`tessera demo`, and the
 //! controller's inspect view).
 
-use crate::quantity::Quantity;
+use crate::quantity::{Format, Quantity};
 
 use super::Snapshot;
 
@@ -49,6 +49,8 @@ impl Snapshot {
                 } else {
                     used.consumed.get(&compute_name).and_then(|q| q.as_units()).unwrap_or(0)
                 };
+                // Memory prints as bytes do (`47Gi`), whatever style the shares were written in.
+                let memory_used = Quantity::from_nanos(memory_used.nanos(), Format::BinarySi);
                 DeviceUsage {
                     driver: entry.driver.clone(),
                     pool: entry.pool.clone(),
