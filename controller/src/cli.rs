@@ -81,7 +81,11 @@ impl Cli {
         let mut out = String::new();
         let result = cli.run(&mut out);
         let mut stdout = std::io::stdout().lock();
-        if stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+        if stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
             return ExitCode::from(1);
         }
         match result {
@@ -99,9 +103,15 @@ impl Cli {
     pub fn run(&self, out: &mut String) -> Result<()> {
         match &self.command {
             Command::Demo { policy } => demo::run(&self.driver_name, *policy, out),
-            Command::Allocate { files, node, policy, output } => {
+            Command::Allocate {
+                files,
+                node,
+                policy,
+                output,
+            } => {
                 let objects = input::Objects::load(files)?;
-                let outcomes = allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
+                let outcomes =
+                    allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
                 output::write(&outcomes, *output, out)
             }
             Command::Validate { files } => {

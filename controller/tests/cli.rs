@@ -5,11 +5,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera")).args(args).current_dir(repo()).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap()
 }
 
 fn write_temp(name: &str, text: &str) -> PathBuf {
@@ -20,7 +27,7 @@ fn write_temp(name: &str, text: &str) -> PathBuf {
     path
 }
 
-const SLICE: &str = r#"
+const SLICE: &str = r"
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
 metadata:
@@ -37,7 +44,7 @@ spec:
       model: {string: a100-80g}
     capacity:
       memory: {value: 80Gi}
-"#;
+";
 
 const CLASS: &str = r#"
 apiVersion: resource.k8s.io/v1
@@ -70,17 +77,37 @@ spec:
 
 #[test]
 fn allocate_prints_the_documented_json_shape() {
-    let file = write_temp("one-gpu.yaml", &format!("{SLICE}---{CLASS}---{}---{}", claim("first"), claim("second")));
+    let file = write_temp(
+        "one-gpu.yaml",
+        &format!(
+            "{SLICE}---{CLASS}---{}---{}",
+            claim("first"),
+            claim("second")
+        ),
+    );
     let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = json["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     assert_eq!(results[0]["name"], "first");
     assert_eq!(results[0]["allocated"], true);
-    assert_eq!(results[0]["allocation"]["devices"]["results"][0]["device"], "gpu-0");
-    assert_eq!(results[1]["allocated"], false, "the only GPU is taken: {json}");
-    assert!(results[1]["reason"].as_str().unwrap().contains("second"), "{json}");
+    assert_eq!(
+        results[0]["allocation"]["devices"]["results"][0]["device"],
+        "gpu-0"
+    );
+    assert_eq!(
+        results[1]["allocated"], false,
+        "the only GPU is taken: {json}"
+    );
+    assert!(
+        results[1]["reason"].as_str().unwrap().contains("second"),
+        "{json}"
+    );
 }
 
 #[test]
@@ -94,7 +121,10 @@ fn unsatisfiable_claims_are_results_not_errors() {
 
 #[test]
 fn malformed_input_exits_2_naming_file_object_and_field() {
-    let bad = CLASS.replace("name: gpu.tessera.dev\nspec:", "name: gpu.tessera.dev\nspec:\n  selectors: 5\n  x:");
+    let bad = CLASS.replace(
+        "name: gpu.tessera.dev\nspec:",
+        "name: gpu.tessera.dev\nspec:\n  selectors: 5\n  x:",
+    );
     let file = write_temp("bad-class.yaml", &bad);
     let out = tessera(&["allocate", "-f", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
@@ -114,7 +144,11 @@ fn malformed_input_exits_2_naming_file_object_and_field() {
 fn validate_accepts_the_shipped_classes_and_examples() {
     let out = tessera(&["validate", "-f", "deviceclasses", "-f", "examples/claims"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.starts_with("ok:"), "{text}");
 }
 
@@ -144,19 +178,38 @@ spec:
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ResourceClaim default/bad-share"), "{text}");
-    assert!(text.contains("memory 10Gi over 3 cards is not a whole number of GiB per card"), "{text}");
-    assert!(text.contains("spec.devices.requests[0].exactly.selectors[0].cel.expression"), "{text}");
+    assert!(
+        text.contains("memory 10Gi over 3 cards is not a whole number of GiB per card"),
+        "{text}"
+    );
+    assert!(
+        text.contains("spec.devices.requests[0].exactly.selectors[0].cel.expression"),
+        "{text}"
+    );
 }
 
 #[test]
 fn demo_reports_every_example_claim() {
     let out = tessera(&["demo"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for entry in std::fs::read_dir(repo().join("examples/claims")).unwrap() {
         let yaml = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        let name = yaml.lines().find_map(|l| l.trim().strip_prefix("name: ")).unwrap();
-        assert!(text.contains(name), "demo report does not mention claim {name}:\n{text}");
+        let name = yaml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name: "))
+            .unwrap();
+        assert!(
+            text.contains(name),
+            "demo report does not mention claim {name}:\n{text}"
+        );
     }
-    assert!(text.contains("cdiVersion"), "the report shows a CDI spec:\n{text}");
+    assert!(
+        text.contains("cdiVersion"),
+        "the report shows a CDI spec:\n{text}"
+    );
 }

@@ -65,7 +65,12 @@ pub struct BatchOptions {
 }
 
 fn key(meta: &ObjectMeta) -> (String, String) {
-    (meta.namespace.clone().unwrap_or_else(|| "default".to_owned()), meta.name.clone().unwrap_or_default())
+    (
+        meta.namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        meta.name.clone().unwrap_or_default(),
+    )
 }
 
 /// A Node object with just a name and the hostname label, for nodes that only slices name.
@@ -73,7 +78,10 @@ pub fn bare_node(name: &str) -> core::Node {
     core::Node {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
-            labels: Some(BTreeMap::from([(names::LABEL_HOSTNAME.to_owned(), name.to_owned())])),
+            labels: Some(BTreeMap::from([(
+                names::LABEL_HOSTNAME.to_owned(),
+                name.to_owned(),
+            )])),
             ..ObjectMeta::default()
         },
         ..core::Node::default()
@@ -91,7 +99,9 @@ fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node
     }
     for slice in input.slices {
         if let Some(name) = &slice.spec.node_name {
-            by_name.entry(name.clone()).or_insert_with(|| bare_node(name));
+            by_name
+                .entry(name.clone())
+                .or_insert_with(|| bare_node(name));
         }
     }
     if let Some(only) = only {
@@ -104,21 +114,32 @@ fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node
 /// `spec.nodeSelector`.
 fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
     let Some(spec) = &pod.spec else { return true };
-    if let Some(name) = &spec.node_name {
-        if node.metadata.name.as_ref() != Some(name) {
+    if let Some(name) = &spec.node_name
+        && node.metadata.name.as_ref() != Some(name) {
             return false;
         }
-    }
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    spec.node_selector.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
+    spec.node_selector
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// Allocates every pending claim of `input`, returning one outcome per pending claim in input
 /// order.
 pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<Vec<ClaimOutcome>> {
-    let allocated: Vec<res::ResourceClaim> =
-        input.claims.iter().filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some())).cloned().collect();
-    let mut snapshot = Snapshot::for_driver(&options.driver_name, input.slices, input.classes, &allocated)?;
+    let allocated: Vec<res::ResourceClaim> = input
+        .claims
+        .iter()
+        .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+        .cloned()
+        .collect();
+    let mut snapshot = Snapshot::for_driver(
+        &options.driver_name,
+        input.slices,
+        input.classes,
+        &allocated,
+    )?;
     let allocator = Allocator::new(AllocatorOptions {
         driver_name: options.driver_name.clone(),
         policy: options.policy,
@@ -126,14 +147,26 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
     });
     let nodes = candidate_nodes(input, options.node.as_deref());
 
-    let pending: Vec<&res::ResourceClaim> =
-        input.claims.iter().filter(|c| c.status.as_ref().is_none_or(|s| s.allocation.is_none())).collect();
-    let pending_keys: BTreeSet<(String, String)> = pending.iter().map(|c| key(&c.metadata)).collect();
+    let pending: Vec<&res::ResourceClaim> = input
+        .claims
+        .iter()
+        .filter(|c| c.status.as_ref().is_none_or(|s| s.allocation.is_none()))
+        .collect();
+    let pending_keys: BTreeSet<(String, String)> =
+        pending.iter().map(|c| key(&c.metadata)).collect();
     // claim -> index of the pod that owns it
     let mut owner: BTreeMap<(String, String), usize> = BTreeMap::new();
     for (i, pod) in input.pods.iter().enumerate() {
-        let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned());
-        for rc in pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        for rc in pod
+            .spec
+            .iter()
+            .flat_map(|s| s.resource_claims.iter().flatten())
+        {
             if let Some(name) = &rc.resource_claim_name {
                 let k = (ns.clone(), name.clone());
                 if pending_keys.contains(&k) {
@@ -151,13 +184,20 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
         }
         let (group, pod): (Vec<&res::ResourceClaim>, Option<&core::Pod>) = match owner.get(&k) {
             Some(&p) => (
-                pending.iter().copied().filter(|c| owner.get(&key(&c.metadata)) == Some(&p)).collect(),
+                pending
+                    .iter()
+                    .copied()
+                    .filter(|c| owner.get(&key(&c.metadata)) == Some(&p))
+                    .collect(),
                 input.pods.get(p),
             ),
             None => (vec![*claim], None),
         };
-        let candidates: Vec<core::Node> =
-            nodes.iter().filter(|n| pod.is_none_or(|p| pod_fits_node(p, n))).cloned().collect();
+        let candidates: Vec<core::Node> = nodes
+            .iter()
+            .filter(|n| pod.is_none_or(|p| pod_fits_node(p, n)))
+            .cloned()
+            .collect();
         match allocator.allocate(&snapshot, &group, &candidates) {
             Ok(placement) => {
                 for (c, result) in group.iter().zip(placement.allocations) {
@@ -182,11 +222,21 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
                     let (namespace, name) = key(&c.metadata);
                     outcomes.insert(
                         (namespace.clone(), name.clone()),
-                        ClaimOutcome { namespace, name, allocated: false, allocation: None, reason: Some(reason.clone()), node: None },
+                        ClaimOutcome {
+                            namespace,
+                            name,
+                            allocated: false,
+                            allocation: None,
+                            reason: Some(reason.clone()),
+                            node: None,
+                        },
                     );
                 }
             }
         }
     }
-    Ok(pending.iter().filter_map(|c| outcomes.remove(&key(&c.metadata))).collect())
+    Ok(pending
+        .iter()
+        .filter_map(|c| outcomes.remove(&key(&c.metadata)))
+        .collect())
 }

@@ -41,7 +41,7 @@ pub struct ShareInput<'a> {
     pub request: &'a str,
     /// The request's `count` (absent means 1).
     pub count: Option<i64>,
-    /// The request's `allocationMode` (absent means ExactCount).
+    /// The request's `allocationMode` (absent means `ExactCount`).
     pub allocation_mode: Option<&'a str>,
     /// The request's `capacity.requests`.
     pub capacity: Option<&'a res::CapacityRequirements>,
@@ -63,7 +63,11 @@ pub fn request_share(
     share_classes: &[&str],
 ) -> Result<Option<ShareRequest>, Error> {
     let mut gpu_share = None;
-    for cfg in class_configs.iter().chain(claim_configs).filter(|c| c.opaque.driver == driver) {
+    for cfg in class_configs
+        .iter()
+        .chain(claim_configs)
+        .filter(|c| c.opaque.driver == driver)
+    {
         if !cfg.applies_to(input.request) {
             continue;
         }
@@ -78,7 +82,10 @@ pub fn request_share(
             }
         }
     }
-    let capacity = input.capacity.and_then(|c| c.requests.as_ref()).filter(|r| !r.is_empty());
+    let capacity = input
+        .capacity
+        .and_then(|c| c.requests.as_ref())
+        .filter(|r| !r.is_empty());
     let is_share_class = share_classes.contains(&class_name);
     if gpu_share.is_none() && !(capacity.is_some() && is_share_class) {
         return Ok(None);
@@ -90,17 +97,23 @@ pub fn request_share(
         });
     }
     let count = input.count.unwrap_or(1);
-    let count = u32::try_from(count).ok().filter(|c| *c >= 1).ok_or_else(|| Error::Share {
-        field: format!("{}.count", input.field),
-        message: format!("count {count} must be at least 1"),
-    })?;
+    let count = u32::try_from(count)
+        .ok()
+        .filter(|c| *c >= 1)
+        .ok_or_else(|| Error::Share {
+            field: format!("{}.count", input.field),
+            message: format!("count {count} must be at least 1"),
+        })?;
     match (gpu_share, capacity) {
         (Some(_), Some(_)) => Err(Error::Share {
             field: format!("{}.capacity.requests", input.field),
-            message: "a share is sized either by capacity.requests or by a GpuShare config, not both"
-                .to_owned(),
+            message:
+                "a share is sized either by capacity.requests or by a GpuShare config, not both"
+                    .to_owned(),
         }),
-        (Some((share, context)), None) => ShareRequest::from_gpu_share(&share, count, &context).map(Some),
+        (Some((share, context)), None) => {
+            ShareRequest::from_gpu_share(&share, count, &context).map(Some)
+        }
         (None, Some(requests)) => {
             let field = format!("{}.capacity.requests", input.field);
             let mut parsed = std::collections::BTreeMap::new();
@@ -115,14 +128,20 @@ pub fn request_share(
 
 /// Checks a DeviceClass: its selectors compile and its Tessera configs decode.
 pub fn validate_device_class(class: &res::DeviceClass, driver: &str, cel: &CelCache) -> Vec<Error> {
-    let object = format!("DeviceClass {}", class.metadata.name.as_deref().unwrap_or("<unnamed>"));
+    let object = format!(
+        "DeviceClass {}",
+        class.metadata.name.as_deref().unwrap_or("<unnamed>")
+    );
     let mut errors = Vec::new();
     for (i, selector) in class.spec.selectors.iter().flatten().enumerate() {
-        if let Some(sel) = &selector.cel {
-            if let Err(e) = cel.compile(&sel.expression) {
-                errors.push(Error::invalid(&object, format!("spec.selectors[{i}].cel.expression"), e.to_string()));
+        if let Some(sel) = &selector.cel
+            && let Err(e) = cel.compile(&sel.expression) {
+                errors.push(Error::invalid(
+                    &object,
+                    format!("spec.selectors[{i}].cel.expression"),
+                    e.to_string(),
+                ));
             }
-        }
     }
     for (i, cfg) in class.spec.config.iter().flatten().enumerate() {
         if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) {
@@ -159,9 +178,12 @@ pub fn validate_claim_spec(
     cel: &CelCache,
 ) -> Vec<Error> {
     let mut errors = Vec::new();
-    let Some(devices) = &spec.devices else { return errors };
-    let claim_fields: Vec<String> =
-        (0..devices.config.as_ref().map_or(0, Vec::len)).map(|i| format!("spec.devices.config[{i}]")).collect();
+    let Some(devices) = &spec.devices else {
+        return errors;
+    };
+    let claim_fields: Vec<String> = (0..devices.config.as_ref().map_or(0, Vec::len))
+        .map(|i| format!("spec.devices.config[{i}]"))
+        .collect();
     let claim_configs: Vec<AppliedConfig<'_>> = devices
         .config
         .iter()
@@ -176,11 +198,12 @@ pub fn validate_claim_spec(
         })
         .collect();
     for (field, cfg) in claim_fields.iter().zip(devices.config.iter().flatten()) {
-        if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) {
-            if let Err(e) = config::decode(&opaque.parameters.0, &format!("{field}.opaque.parameters")) {
+        if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver)
+            && let Err(e) =
+                config::decode(&opaque.parameters.0, &format!("{field}.opaque.parameters"))
+            {
                 errors.push(Error::invalid(object, field.clone(), e.to_string()));
             }
-        }
     }
     for (i, request) in devices.requests.iter().flatten().enumerate() {
         let field = format!("spec.devices.requests[{i}]");
@@ -192,13 +215,20 @@ pub fn validate_claim_spec(
                          mode: Option<&str>,
                          capacity: Option<&res::CapacityRequirements>| {
             for (j, sel) in selectors.into_iter().flatten().enumerate() {
-                if let Some(cel_sel) = &sel.cel {
-                    if let Err(e) = cel.compile(&cel_sel.expression) {
-                        errors.push(Error::invalid(object, format!("{field}.selectors[{j}].cel.expression"), e.to_string()));
+                if let Some(cel_sel) = &sel.cel
+                    && let Err(e) = cel.compile(&cel_sel.expression) {
+                        errors.push(Error::invalid(
+                            object,
+                            format!("{field}.selectors[{j}].cel.expression"),
+                            e.to_string(),
+                        ));
                     }
-                }
             }
-            for (qname, q) in capacity.and_then(|c| c.requests.as_ref()).into_iter().flatten() {
+            for (qname, q) in capacity
+                .and_then(|c| c.requests.as_ref())
+                .into_iter()
+                .flatten()
+            {
                 match Quantity::from_k8s(q) {
                     Ok(v) if v.is_negative() => errors.push(Error::invalid(
                         object,
@@ -206,7 +236,11 @@ pub fn validate_claim_spec(
                         format!("{} is negative; capacity requests must be at least 0", q.0),
                     )),
                     Ok(_) => {}
-                    Err(e) => errors.push(Error::invalid(object, format!("{field}.capacity.requests.{qname}"), e.to_string())),
+                    Err(e) => errors.push(Error::invalid(
+                        object,
+                        format!("{field}.capacity.requests.{qname}"),
+                        e.to_string(),
+                    )),
                 }
             }
             let class = classes(class_name);
@@ -220,10 +254,29 @@ pub fn validate_claim_spec(
                 .iter()
                 .flat_map(|c| c.spec.config.iter().flatten())
                 .zip(&class_fields)
-                .filter_map(|(c, f)| c.opaque.as_ref().map(|opaque| AppliedConfig { requests: &[], opaque, field: f }))
+                .filter_map(|(c, f)| {
+                    c.opaque.as_ref().map(|opaque| AppliedConfig {
+                        requests: &[],
+                        opaque,
+                        field: f,
+                    })
+                })
                 .collect();
-            let input = ShareInput { request: &name, count, allocation_mode: mode, capacity, field: &field };
-            if let Err(e) = request_share(driver, &input, class_name, &class_configs, &claim_configs, share_classes) {
+            let input = ShareInput {
+                request: &name,
+                count,
+                allocation_mode: mode,
+                capacity,
+                field: &field,
+            };
+            if let Err(e) = request_share(
+                driver,
+                &input,
+                class_name,
+                &class_configs,
+                &claim_configs,
+                share_classes,
+            ) {
                 errors.push(Error::invalid(object, field.clone(), e.to_string()));
             }
         };
@@ -271,11 +324,10 @@ pub fn share_classes(classes: &[res::DeviceClass]) -> Vec<String> {
             .as_ref()
             .and_then(|a| a.get(crate::names::ANNOTATION_SHARE_CLASS))
             .is_some_and(|v| v == "true");
-        if let (true, Some(name)) = (marked, &class.metadata.name) {
-            if !names.contains(name) {
+        if let (true, Some(name)) = (marked, &class.metadata.name)
+            && !names.contains(name) {
                 names.push(name.clone());
             }
-        }
     }
     names
 }

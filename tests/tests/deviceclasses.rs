@@ -18,7 +18,10 @@ fn repo() -> &'static Path {
 
 fn classes() -> Vec<res::DeviceClass> {
     let mut classes = Vec::new();
-    let mut paths: Vec<_> = std::fs::read_dir(repo().join("deviceclasses")).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut paths: Vec<_> = std::fs::read_dir(repo().join("deviceclasses"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     paths.sort();
     for path in paths {
         let text = std::fs::read_to_string(&path).unwrap();
@@ -26,7 +29,10 @@ fn classes() -> Vec<res::DeviceClass> {
             let value = serde_json::Value::deserialize(doc).unwrap();
             match decode_document(value, &path.display().to_string()).unwrap() {
                 Object::DeviceClass(class) => classes.push(class),
-                _ => panic!("{} holds something other than a DeviceClass", path.display()),
+                _ => panic!(
+                    "{} holds something other than a DeviceClass",
+                    path.display()
+                ),
             }
         }
     }
@@ -35,9 +41,13 @@ fn classes() -> Vec<res::DeviceClass> {
 
 /// (pool/device) of every device of the demo cluster, rendered for 1.34+ and for 1.32.
 fn demo_devices(consumable_capacity: bool) -> Vec<(String, res::Device)> {
-    let text = std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
+    let text =
+        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
     let inventory = Inventory::from_yaml(&text).unwrap();
-    let opts = RenderOptions { consumable_capacity, ..RenderOptions::default() };
+    let opts = RenderOptions {
+        consumable_capacity,
+        ..RenderOptions::default()
+    };
     let mut devices = Vec::new();
     for node in &inventory.nodes {
         for slice in slices::render(node, &opts).unwrap() {
@@ -49,7 +59,11 @@ fn demo_devices(consumable_capacity: bool) -> Vec<(String, res::Device)> {
     devices
 }
 
-fn selected(class: &res::DeviceClass, devices: &[(String, res::Device)], cel: &CelCache) -> BTreeSet<String> {
+fn selected(
+    class: &res::DeviceClass,
+    devices: &[(String, res::Device)],
+    cel: &CelCache,
+) -> BTreeSet<String> {
     let exprs: Vec<_> = class
         .spec
         .selectors
@@ -79,7 +93,11 @@ fn every_class_selects_exactly_its_devices() {
     let mut shared = names("t4-node", &["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
     shared.extend(names("h100-node", &["gpu-0", "gpu-1", "gpu-2", "gpu-3"]));
     let mut mig: Vec<String> = (0..7).map(|p| format!("gpu-0-mig-1g-5gb-{p}")).collect();
-    mig.extend(["gpu-1-mig-3g-20gb-4".to_owned(), "gpu-1-mig-2g-10gb-0".to_owned(), "gpu-1-mig-2g-10gb-2".to_owned()]);
+    mig.extend([
+        "gpu-1-mig-3g-20gb-4".to_owned(),
+        "gpu-1-mig-2g-10gb-0".to_owned(),
+        "gpu-1-mig-2g-10gb-2".to_owned(),
+    ]);
     let mig: Vec<&str> = mig.iter().map(String::as_str).collect();
 
     let mut expected: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
@@ -94,14 +112,20 @@ fn every_class_selects_exactly_its_devices() {
             let name = class.metadata.name.clone().unwrap();
             let got = selected(&class, &devices, &cel);
             let want = expected.get(name.as_str()).cloned().unwrap_or_default();
-            assert_eq!(got, want, "class {name} (consumable capacity {consumable_capacity})");
+            assert_eq!(
+                got, want,
+                "class {name} (consumable capacity {consumable_capacity})"
+            );
         }
     }
 }
 
 #[test]
 fn every_model_has_a_class() {
-    let classes: BTreeSet<String> = classes().into_iter().filter_map(|c| c.metadata.name).collect();
+    let classes: BTreeSet<String> = classes()
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
     for model in tessera_driver::inventory::models::MODELS {
         let class = format!("{}.gpu.tessera.dev", model.id);
         assert!(classes.contains(&class), "no DeviceClass {class}");

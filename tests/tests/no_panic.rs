@@ -12,8 +12,14 @@ use tessera_driver::allocator::Policy;
 fn corpus() -> String {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut docs = Vec::new();
-    for dir in ["deviceclasses", "examples/claims", "tests/fixtures/no-panic"] {
-        let Ok(entries) = std::fs::read_dir(repo.join(dir)) else { continue };
+    for dir in [
+        "deviceclasses",
+        "examples/claims",
+        "tests/fixtures/no-panic",
+    ] {
+        let Ok(entries) = std::fs::read_dir(repo.join(dir)) else {
+            continue;
+        };
         let mut paths: Vec<_> = entries.map(|e| e.unwrap().path()).collect();
         paths.sort();
         for p in paths {
@@ -24,9 +30,26 @@ fn corpus() -> String {
 }
 
 const ODD_VALUES: &[&str] = &[
-    "-1", "0", "-5Gi", "1e99999", "99999999999999999999999", "null", "[]", "{}", "\"\"", "true",
-    "0.0000000001", "1Ei", "\"device.attributes[\\\"x\\\"].y\"", "[1, [2, [3]]]", "\"a\\u0000b\"",
-    "\"gpu.tessera.dev/v1alpha1\"", "All", "\"*\"", "7", "1Gi",
+    "-1",
+    "0",
+    "-5Gi",
+    "1e99999",
+    "99999999999999999999999",
+    "null",
+    "[]",
+    "{}",
+    "\"\"",
+    "true",
+    "0.0000000001",
+    "1Ei",
+    "\"device.attributes[\\\"x\\\"].y\"",
+    "[1, [2, [3]]]",
+    "\"a\\u0000b\"",
+    "\"gpu.tessera.dev/v1alpha1\"",
+    "All",
+    "\"*\"",
+    "7",
+    "1Gi",
 ];
 
 /// Replaces the value after the first `:` on a line, drops a line, or duplicates one.

@@ -7,7 +7,12 @@ use crate::cli::input::Objects;
 use crate::error::Result;
 
 /// Allocates every pending claim of `objects` in input order.
-pub fn run(objects: &Objects, driver: &str, policy: Policy, node: Option<&str>) -> Result<Vec<ClaimOutcome>> {
+pub fn run(
+    objects: &Objects,
+    driver: &str,
+    policy: Policy,
+    node: Option<&str>,
+) -> Result<Vec<ClaimOutcome>> {
     let input = BatchInput {
         classes: &objects.classes,
         slices: &objects.slices,
@@ -15,6 +20,10 @@ pub fn run(objects: &Objects, driver: &str, policy: Policy, node: Option<&str>) 
         nodes: &objects.nodes,
         pods: &objects.pods,
     };
-    let options = BatchOptions { driver_name: driver.to_owned(), policy, node: node.map(str::to_owned) };
+    let options = BatchOptions {
+        driver_name: driver.to_owned(),
+        policy,
+        node: node.map(str::to_owned),
+    };
     Ok(allocate_batch(&input, &options)?)
 }

@@ -24,16 +24,34 @@ const INVENTORY: &str = include_str!("../../../examples/inventory/demo-cluster.y
 
 /// The DeviceClasses admins install, as shipped in `deviceclasses/`.
 const CLASSES: &[(&str, &str)] = &[
-    ("deviceclasses/gpu.yaml", include_str!("../../../deviceclasses/gpu.yaml")),
-    ("deviceclasses/shared-gpu.yaml", include_str!("../../../deviceclasses/shared-gpu.yaml")),
-    ("deviceclasses/mig.yaml", include_str!("../../../deviceclasses/mig.yaml")),
-    ("deviceclasses/model-a100-80g.yaml", include_str!("../../../deviceclasses/model-a100-80g.yaml")),
-    ("deviceclasses/model-h100-80g.yaml", include_str!("../../../deviceclasses/model-h100-80g.yaml")),
+    (
+        "deviceclasses/gpu.yaml",
+        include_str!("../../../deviceclasses/gpu.yaml"),
+    ),
+    (
+        "deviceclasses/shared-gpu.yaml",
+        include_str!("../../../deviceclasses/shared-gpu.yaml"),
+    ),
+    (
+        "deviceclasses/mig.yaml",
+        include_str!("../../../deviceclasses/mig.yaml"),
+    ),
+    (
+        "deviceclasses/model-a100-80g.yaml",
+        include_str!("../../../deviceclasses/model-a100-80g.yaml"),
+    ),
+    (
+        "deviceclasses/model-h100-80g.yaml",
+        include_str!("../../../deviceclasses/model-h100-80g.yaml"),
+    ),
 ];
 
 /// The example claims, in the order they are allocated.
 const CLAIMS: &[(&str, &str)] = &[
-    ("examples/claims/01-whole-gpu.yaml", include_str!("../../../examples/claims/01-whole-gpu.yaml")),
+    (
+        "examples/claims/01-whole-gpu.yaml",
+        include_str!("../../../examples/claims/01-whole-gpu.yaml"),
+    ),
     (
         "examples/claims/02-four-gpus-one-nvlink-island.yaml",
         include_str!("../../../examples/claims/02-four-gpus-one-nvlink-island.yaml"),
@@ -42,13 +60,34 @@ const CLAIMS: &[(&str, &str)] = &[
         "examples/claims/03-share-capacity-requests.yaml",
         include_str!("../../../examples/claims/03-share-capacity-requests.yaml"),
     ),
-    ("examples/claims/04-share-opaque-config.yaml", include_str!("../../../examples/claims/04-share-opaque-config.yaml")),
-    ("examples/claims/05-share-memory-only.yaml", include_str!("../../../examples/claims/05-share-memory-only.yaml")),
-    ("examples/claims/06-share-memory-percent.yaml", include_str!("../../../examples/claims/06-share-memory-percent.yaml")),
-    ("examples/claims/07-share-over-two-cards.yaml", include_str!("../../../examples/claims/07-share-over-two-cards.yaml")),
-    ("examples/claims/08-mig-instance.yaml", include_str!("../../../examples/claims/08-mig-instance.yaml")),
-    ("examples/claims/09-specific-model.yaml", include_str!("../../../examples/claims/09-specific-model.yaml")),
-    ("examples/claims/10-any-a100-or-h100.yaml", include_str!("../../../examples/claims/10-any-a100-or-h100.yaml")),
+    (
+        "examples/claims/04-share-opaque-config.yaml",
+        include_str!("../../../examples/claims/04-share-opaque-config.yaml"),
+    ),
+    (
+        "examples/claims/05-share-memory-only.yaml",
+        include_str!("../../../examples/claims/05-share-memory-only.yaml"),
+    ),
+    (
+        "examples/claims/06-share-memory-percent.yaml",
+        include_str!("../../../examples/claims/06-share-memory-percent.yaml"),
+    ),
+    (
+        "examples/claims/07-share-over-two-cards.yaml",
+        include_str!("../../../examples/claims/07-share-over-two-cards.yaml"),
+    ),
+    (
+        "examples/claims/08-mig-instance.yaml",
+        include_str!("../../../examples/claims/08-mig-instance.yaml"),
+    ),
+    (
+        "examples/claims/09-specific-model.yaml",
+        include_str!("../../../examples/claims/09-specific-model.yaml"),
+    ),
+    (
+        "examples/claims/10-any-a100-or-h100.yaml",
+        include_str!("../../../examples/claims/10-any-a100-or-h100.yaml"),
+    ),
     (
         "examples/claims/11-too-big-for-one-island.yaml",
         include_str!("../../../examples/claims/11-too-big-for-one-island.yaml"),
@@ -68,7 +107,11 @@ fn description(text: &str) -> String {
 pub fn run(driver: &str, policy: Policy, out: &mut String) -> Result<()> {
     let inventory = Inventory::from_yaml(INVENTORY)?;
     let mut objects = Objects::default();
-    let render = RenderOptions { driver_name: driver.to_owned(), consumable_capacity: true, ..RenderOptions::default() };
+    let render = RenderOptions {
+        driver_name: driver.to_owned(),
+        consumable_capacity: true,
+        ..RenderOptions::default()
+    };
     for node in &inventory.nodes {
         objects.slices.extend(slices::render(node, &render)?);
     }
@@ -82,10 +125,18 @@ pub fn run(driver: &str, policy: Policy, out: &mut String) -> Result<()> {
         nodes: &objects.nodes,
         pods: &objects.pods,
     };
-    let options = BatchOptions { driver_name: driver.to_owned(), policy, node: None };
+    let options = BatchOptions {
+        driver_name: driver.to_owned(),
+        policy,
+        node: None,
+    };
     let outcomes = allocate_batch(&input, &options)?;
 
-    let _ = writeln!(out, "Tessera demo: {} nodes, placement policy {policy}\n", inventory.nodes.len());
+    let _ = writeln!(
+        out,
+        "Tessera demo: {} nodes, placement policy {policy}\n",
+        inventory.nodes.len()
+    );
     cluster_section(&inventory, &objects.slices, out);
     claims_section(&outcomes, out);
     let allocated: Vec<res::ResourceClaim> = allocated_claims(&objects.claims, &outcomes);
@@ -105,15 +156,27 @@ fn cluster_section(inventory: &Inventory, slices: &[res::ResourceSlice], out: &m
                 _ => groups.push((gpu.model.clone(), mode, 1)),
             }
         }
-        let gpus: Vec<String> = groups.iter().map(|(model, mode, n)| format!("{n} x {model} ({mode})")).collect();
+        let gpus: Vec<String> = groups
+            .iter()
+            .map(|(model, mode, n)| format!("{n} x {model} ({mode})"))
+            .collect();
         let devices: usize = slices
             .iter()
             .filter(|s| s.spec.node_name.as_deref() == Some(node.name.as_str()))
             .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
             .sum();
-        let _ = writeln!(out, "  {:<10} {}  ->  {devices} devices published", node.name, gpus.join(", "));
+        let _ = writeln!(
+            out,
+            "  {:<10} {}  ->  {devices} devices published",
+            node.name,
+            gpus.join(", ")
+        );
     }
-    let _ = writeln!(out, "  ({} ResourceSlices in resource.k8s.io/v1, with consumable capacity)\n", slices.len());
+    let _ = writeln!(
+        out,
+        "  ({} ResourceSlices in resource.k8s.io/v1, with consumable capacity)\n",
+        slices.len()
+    );
 }
 
 fn claims_section(outcomes: &[ClaimOutcome], out: &mut String) {
@@ -132,41 +195,76 @@ fn claims_section(outcomes: &[ClaimOutcome], out: &mut String) {
                 }
             }
             None => {
-                let _ = writeln!(out, "      NOT ALLOCATED  {}", outcome.reason.as_deref().unwrap_or("no reason given"));
+                let _ = writeln!(
+                    out,
+                    "      NOT ALLOCATED  {}",
+                    outcome.reason.as_deref().unwrap_or("no reason given")
+                );
             }
         }
     }
     let _ = writeln!(out);
 }
 
-fn allocated_claims(claims: &[res::ResourceClaim], outcomes: &[ClaimOutcome]) -> Vec<res::ResourceClaim> {
+fn allocated_claims(
+    claims: &[res::ResourceClaim],
+    outcomes: &[ClaimOutcome],
+) -> Vec<res::ResourceClaim> {
     claims
         .iter()
         .filter_map(|claim| {
-            let outcome = outcomes.iter().find(|o| Some(&o.name) == claim.metadata.name.as_ref())?;
+            let outcome = outcomes
+                .iter()
+                .find(|o| Some(&o.name) == claim.metadata.name.as_ref())?;
             let mut claim = claim.clone();
             claim.metadata.uid = Some(format!("demo-{}", outcome.name));
-            claim.status = Some(res::ResourceClaimStatus { allocation: outcome.allocation.clone(), ..Default::default() });
+            claim.status = Some(res::ResourceClaimStatus {
+                allocation: outcome.allocation.clone(),
+                ..Default::default()
+            });
             outcome.allocation.is_some().then_some(claim)
         })
         .collect()
 }
 
-fn usage_section(driver: &str, objects: &Objects, allocated: &[res::ResourceClaim], out: &mut String) -> Result<()> {
+fn usage_section(
+    driver: &str,
+    objects: &Objects,
+    allocated: &[res::ResourceClaim],
+    out: &mut String,
+) -> Result<()> {
     let snapshot = Snapshot::for_driver(driver, &objects.slices, &objects.classes, allocated)?;
-    let mut holders: std::collections::BTreeMap<(String, String), Vec<String>> = std::collections::BTreeMap::new();
+    let mut holders: std::collections::BTreeMap<(String, String), Vec<String>> =
+        std::collections::BTreeMap::new();
     for claim in allocated {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let results = claim.status.iter().filter_map(|s| s.allocation.as_ref()).flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()));
+        let results = claim
+            .status
+            .iter()
+            .filter_map(|s| s.allocation.as_ref())
+            .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()));
         for r in results {
-            holders.entry((r.pool.clone(), r.device.clone())).or_default().push(name.clone());
+            holders
+                .entry((r.pool.clone(), r.device.clone()))
+                .or_default()
+                .push(name.clone());
         }
     }
     let _ = writeln!(out, "GPUs in use");
-    let _ = writeln!(out, "  {:<32} {:>17}  {:>7}  CLAIMS", "DEVICE", "MEMORY USED/TOTAL", "COMPUTE");
+    let _ = writeln!(
+        out,
+        "  {:<32} {:>17}  {:>7}  CLAIMS",
+        "DEVICE", "MEMORY USED/TOTAL", "COMPUTE"
+    );
     for usage in snapshot.device_usage() {
-        let Some(claims) = holders.get(&(usage.pool.clone(), usage.device.clone())) else { continue };
-        let how = if usage.exclusive > 0 { "whole" } else { "shared" };
+        let Some(claims) = holders.get(&(usage.pool.clone(), usage.device.clone())) else {
+            continue;
+        };
+        let how = if usage.exclusive > 0 {
+            "whole"
+        } else {
+            "shared"
+        };
         let _ = writeln!(
             out,
             "  {:<32} {:>17}  {:>6}%  {} ({how})",
@@ -180,9 +278,17 @@ fn usage_section(driver: &str, objects: &Objects, allocated: &[res::ResourceClai
     Ok(())
 }
 
-fn cdi_section(driver: &str, inventory: &Inventory, allocated: &[res::ResourceClaim], out: &mut String) -> Result<()> {
+fn cdi_section(
+    driver: &str,
+    inventory: &Inventory,
+    allocated: &[res::ResourceClaim],
+    out: &mut String,
+) -> Result<()> {
     let share = allocated.iter().find(|c| {
-        c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some_and(|a| device_lines(a).iter().any(|l| l.contains('(')))
+        c.status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_some_and(|a| device_lines(a).iter().any(|l| l.contains('(')))
     });
     let Some(claim) = share else { return Ok(()) };
     let enforcement = Enforcement::Mps {

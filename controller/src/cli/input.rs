@@ -44,9 +44,15 @@ impl Objects {
         let mut objects = Self::default();
         for path in expand(paths)? {
             let text = if path.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin()).map_err(|source| Error::Read { path: path.clone(), source })?
+                std::io::read_to_string(std::io::stdin()).map_err(|source| Error::Read {
+                    path: path.clone(),
+                    source,
+                })?
             } else {
-                std::fs::read_to_string(&path).map_err(|source| Error::Read { path: path.clone(), source })?
+                std::fs::read_to_string(&path).map_err(|source| Error::Read {
+                    path: path.clone(),
+                    source,
+                })?
             };
             objects.load_text(&path.display().to_string(), &text)?;
         }
@@ -69,13 +75,18 @@ impl Objects {
             return Ok(());
         }
         if value.get("kind").and_then(serde_json::Value::as_str) == Some("List") {
-            let items = value.get("items").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+            let items = value
+                .get("items")
+                .and_then(serde_json::Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             for (i, item) in items.into_iter().enumerate() {
                 self.load_value(&format!("{context}: items[{i}]"), item)?;
             }
             return Ok(());
         }
-        let object = decode_document(value, context).map_err(|e| Error::Malformed(e.to_string()))?;
+        let object =
+            decode_document(value, context).map_err(|e| Error::Malformed(e.to_string()))?;
         self.push(object);
         Ok(())
     }
@@ -86,7 +97,10 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            let read = |source| Error::Read { path: path.clone(), source };
+            let read = |source| Error::Read {
+                path: path.clone(),
+                source,
+            };
             let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(read)?
                 .filter_map(std::result::Result::ok)
@@ -104,5 +118,8 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 fn is_manifest(path: &Path) -> bool {
     path.is_file()
-        && path.extension().and_then(|e| e.to_str()).is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
+        && path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
 }

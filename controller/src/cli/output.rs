@@ -20,7 +20,8 @@ pub fn write(outcomes: &[ClaimOutcome], format: OutputFormat, out: &mut String) 
     let report = Report { results: outcomes };
     match format {
         OutputFormat::Json => {
-            let text = serde_json::to_string_pretty(&report).map_err(|e| Error::Output(e.to_string()))?;
+            let text =
+                serde_json::to_string_pretty(&report).map_err(|e| Error::Output(e.to_string()))?;
             out.push_str(&text);
             out.push('\n');
         }
@@ -36,25 +37,42 @@ pub fn write(outcomes: &[ClaimOutcome], format: OutputFormat, out: &mut String) 
 /// One line per allocated device: `request -> pool/device (share)`.
 pub fn device_lines(allocation: &res::AllocationResult) -> Vec<String> {
     let mut shares = std::collections::BTreeMap::new();
-    for cfg in allocation.devices.iter().flat_map(|d| d.config.iter().flatten()) {
-        if let Some(opaque) = &cfg.opaque {
-            if let Ok(TesseraConfig::AllocatedShares(record)) = config::decode(&opaque.parameters.0, "config") {
+    for cfg in allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.config.iter().flatten())
+    {
+        if let Some(opaque) = &cfg.opaque
+            && let Ok(TesseraConfig::AllocatedShares(record)) =
+                config::decode(&opaque.parameters.0, "config")
+            {
                 for d in record.devices {
                     shares.insert((d.pool.clone(), d.device.clone()), (d.memory, d.compute));
                 }
             }
-        }
     }
     allocation
         .devices
         .iter()
         .flat_map(|d| d.results.iter().flatten())
         .map(|r| {
-            let share = shares.get(&(r.pool.clone(), r.device.clone())).map(|(memory, compute)| {
-                if *compute > 0 { format!(" ({memory}, {compute}% compute)") } else { format!(" ({memory})") }
-            });
+            let share = shares
+                .get(&(r.pool.clone(), r.device.clone()))
+                .map(|(memory, compute)| {
+                    if *compute > 0 {
+                        format!(" ({memory}, {compute}% compute)")
+                    } else {
+                        format!(" ({memory})")
+                    }
+                });
             let consumed = share.is_none().then(|| consumed_text(r)).flatten();
-            format!("{} -> {}/{}{}", r.request, r.pool, r.device, share.or(consumed).unwrap_or_default())
+            format!(
+                "{} -> {}/{}{}",
+                r.request,
+                r.pool,
+                r.device,
+                share.or(consumed).unwrap_or_default()
+            )
         })
         .collect()
 }
@@ -63,13 +81,23 @@ fn consumed_text(r: &res::DeviceRequestAllocationResult) -> Option<String> {
     let consumed = r.consumed_capacity.as_ref().filter(|c| !c.is_empty())?;
     let parts: Vec<String> = consumed
         .iter()
-        .map(|(k, v)| format!("{k}={}", Quantity::from_k8s(v).map_or_else(|_| v.0.clone(), |q| q.to_string())))
+        .map(|(k, v)| {
+            format!(
+                "{k}={}",
+                Quantity::from_k8s(v).map_or_else(|_| v.0.clone(), |q| q.to_string())
+            )
+        })
         .collect();
     Some(format!(" ({})", parts.join(", ")))
 }
 
 fn table(outcomes: &[ClaimOutcome], out: &mut String) {
-    let mut rows = vec![["CLAIM".to_owned(), "STATUS".to_owned(), "NODE".to_owned(), "DEVICES / REASON".to_owned()]];
+    let mut rows = vec![[
+        "CLAIM".to_owned(),
+        "STATUS".to_owned(),
+        "NODE".to_owned(),
+        "DEVICES / REASON".to_owned(),
+    ]];
     for o in outcomes {
         let claim = format!("{}/{}", o.namespace, o.name);
         match &o.allocation {
@@ -78,20 +106,47 @@ fn table(outcomes: &[ClaimOutcome], out: &mut String) {
                 let node = o.node.clone().unwrap_or_else(|| "-".to_owned());
                 for (i, line) in lines.iter().enumerate() {
                     if i == 0 {
-                        rows.push([claim.clone(), "allocated".to_owned(), node.clone(), line.clone()]);
+                        rows.push([
+                            claim.clone(),
+                            "allocated".to_owned(),
+                            node.clone(),
+                            line.clone(),
+                        ]);
                     } else {
                         rows.push([String::new(), String::new(), String::new(), line.clone()]);
                     }
                 }
                 if lines.is_empty() {
-                    rows.push([claim, "allocated".to_owned(), node, "(no devices)".to_owned()]);
+                    rows.push([
+                        claim,
+                        "allocated".to_owned(),
+                        node,
+                        "(no devices)".to_owned(),
+                    ]);
                 }
             }
-            None => rows.push([claim, "pending".to_owned(), "-".to_owned(), o.reason.clone().unwrap_or_default()]),
+            None => rows.push([
+                claim,
+                "pending".to_owned(),
+                "-".to_owned(),
+                o.reason.clone().unwrap_or_default(),
+            ]),
         }
     }
-    let widths: Vec<usize> = (0..3).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..3)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
     for row in rows {
-        let _ = writeln!(out, "{:w0$}  {:w1$}  {:w2$}  {}", row[0], row[1], row[2], row[3], w0 = widths[0], w1 = widths[1], w2 = widths[2]);
+        let _ = writeln!(
+            out,
+            "{:w0$}  {:w1$}  {:w2$}  {}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        );
     }
 }

@@ -14,7 +14,13 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
     let cel = CelCache::new();
     let shares = share_classes(&objects.classes);
     let shares: Vec<&str> = shares.iter().map(String::as_str).collect();
-    let lookup = |name: &str| objects.classes.iter().find(|c| c.metadata.name.as_deref() == Some(name)).cloned();
+    let lookup = |name: &str| {
+        objects
+            .classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .cloned()
+    };
     let mut problems = Vec::new();
     for class in &objects.classes {
         problems.extend(validate_device_class(class, driver, &cel));
@@ -25,7 +31,14 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             claim.metadata.namespace.as_deref().unwrap_or("default"),
             claim.metadata.name.as_deref().unwrap_or("<unnamed>")
         );
-        problems.extend(validate_claim_spec(&object, &claim.spec, driver, &shares, &lookup, &cel));
+        problems.extend(validate_claim_spec(
+            &object,
+            &claim.spec,
+            driver,
+            &shares,
+            &lookup,
+            &cel,
+        ));
     }
     for template in &objects.templates {
         let object = format!(
@@ -33,12 +46,19 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             template.metadata.namespace.as_deref().unwrap_or("default"),
             template.metadata.name.as_deref().unwrap_or("<unnamed>")
         );
-        let errors = validate_claim_spec(&object, &template.spec.spec, driver, &shares, &lookup, &cel);
+        let errors =
+            validate_claim_spec(&object, &template.spec.spec, driver, &shares, &lookup, &cel);
         // Template fields sit one level deeper than a claim's.
         problems.extend(errors.into_iter().map(|e| match e {
-            tessera_driver::Error::Invalid { object, field, message } => {
-                tessera_driver::Error::Invalid { object, field: format!("spec.{field}"), message }
-            }
+            tessera_driver::Error::Invalid {
+                object,
+                field,
+                message,
+            } => tessera_driver::Error::Invalid {
+                object,
+                field: format!("spec.{field}"),
+                message,
+            },
             other => other,
         }));
     }
@@ -50,7 +70,13 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
         let _ = writeln!(report, "ok: {checked} object(s) checked, no problems found");
         Ok(())
     } else {
-        let _ = writeln!(report, "{} problem(s) in {checked} object(s) checked", problems.len());
-        Err(Error::Findings { count: problems.len() })
+        let _ = writeln!(
+            report,
+            "{} problem(s) in {checked} object(s) checked",
+            problems.len()
+        );
+        Err(Error::Findings {
+            count: problems.len(),
+        })
     }
 }
