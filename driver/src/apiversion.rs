@@ -3,7 +3,7 @@
 //! The canonical model is resource.k8s.io/v1 (`k8s_openapi::api::resource::v1`). Documents in
 //! v1beta2 (structurally the same as v1) and v1beta1 (device fields nested under `basic`,
 //! request fields flat instead of under `exactly`, `nodeName`/`allNodes` as plain values) are
-//! converted to v1 on the way in, following the upstream conversion rules; ResourceSlices are
+//! converted to v1 on the way in, following the upstream conversion rules; `ResourceSlices` are
 //! converted back on the way out for API servers older than 1.34.
 
 use std::fmt;
@@ -74,6 +74,10 @@ fn supported() -> String {
 
 /// A decoded document, always in its v1 shape.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per input document and matched at once; boxing would burden every caller"
+)]
 pub enum Object {
     /// A `DeviceClass`.
     DeviceClass(v1::DeviceClass),
@@ -347,16 +351,16 @@ pub fn encode_slice(slice: &v1::ResourceSlice, version: ApiVersion) -> Result<Va
         "apiVersion".to_owned(),
         Value::String(version.as_str().to_owned()),
     );
-    if version == ApiVersion::V1beta1 {
-        if let Some(spec) = map.get_mut("spec").and_then(Value::as_object_mut) {
-            for device in array_mut(spec, "devices") {
-                let name = device.remove("name");
-                let basic = std::mem::take(device);
-                if let Some(name) = name {
-                    device.insert("name".to_owned(), name);
-                }
-                device.insert("basic".to_owned(), Value::Object(basic));
+    if version == ApiVersion::V1beta1
+        && let Some(spec) = map.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        for device in array_mut(spec, "devices") {
+            let name = device.remove("name");
+            let basic = std::mem::take(device);
+            if let Some(name) = name {
+                device.insert("name".to_owned(), name);
             }
+            device.insert("basic".to_owned(), Value::Object(basic));
         }
     }
     let round_trip = match version {
@@ -383,26 +387,28 @@ where
 }
 
 /// The path of the first value present in `a` and missing or different in `b`.
-fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => x.iter().find_map(|(k, v)| {
-            let p = if path.is_empty() {
-                k.clone()
-            } else {
-                format!("{path}.{k}")
-            };
-            match y.get(k) {
-                Some(w) => first_difference(v, w, p),
-                None => Some(p),
-            }
-        }),
-        (Value::Array(x), Value::Array(y)) => x
+fn first_difference(have: &Value, kept: &Value, path: String) -> Option<String> {
+    match (have, kept) {
+        (Value::Object(have_map), Value::Object(kept_map)) => {
+            have_map.iter().find_map(|(key, value)| {
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                match kept_map.get(key) {
+                    Some(other) => first_difference(value, other, child),
+                    None => Some(child),
+                }
+            })
+        }
+        (Value::Array(have_items), Value::Array(kept_items)) => have_items
             .iter()
-            .zip(y)
+            .zip(kept_items)
             .enumerate()
-            .find_map(|(i, (v, w))| first_difference(v, w, format!("{path}[{i}]")))
-            .or_else(|| (x.len() != y.len()).then(|| path.clone())),
-        _ => (a != b).then_some(path),
+            .find_map(|(i, (value, other))| first_difference(value, other, format!("{path}[{i}]")))
+            .or_else(|| (have_items.len() != kept_items.len()).then(|| path.clone())),
+        _ => (have != kept).then_some(path),
     }
 }
 
@@ -425,7 +431,7 @@ fn one_document(value: &Value) -> String {
     serde_yaml::to_string(&sorted(value)).unwrap_or_else(|e| format!("# {e}\n"))
 }
 
-/// Rebuilds maps in key order, so the output is sorted even if serde_json keeps insertion order.
+/// Rebuilds maps in key order, so the output is sorted even if `serde_json` keeps insertion order.
 fn sorted(value: &Value) -> Value {
     match value {
         Value::Object(map) => {

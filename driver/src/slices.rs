@@ -408,14 +408,14 @@ fn check_device(d: &Device, object: &str) -> Result<()> {
                 ));
             }
         }
-        if let Some(v) = &value.version {
-            if !limits::is_semver(v) {
-                return Err(Error::invalid(
-                    object,
-                    f(),
-                    format!("{v:?} is not a semantic version (semver.org 2.0.0)"),
-                ));
-            }
+        if let Some(v) = &value.version
+            && !limits::is_semver(v)
+        {
+            return Err(Error::invalid(
+                object,
+                f(),
+                format!("{v:?} is not a semantic version (semver.org 2.0.0)"),
+            ));
         }
     }
     for (name, cap) in capacities.into_iter().flatten() {

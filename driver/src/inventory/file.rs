@@ -217,27 +217,7 @@ fn resolve_group(
     if count == 0 {
         return Err(err(format!("{field}.count"), "must be at least 1"));
     }
-    let mode: GpuMode = match (group.mode, &group.mig) {
-        (Some(m), _) => m.into(),
-        (None, Some(_)) => GpuMode::Mig,
-        (None, None) => ctx
-            .node
-            .mode
-            .or(ctx.defaults.mode)
-            .map_or(GpuMode::Exclusive, Into::into),
-    };
-    if mode == GpuMode::Mig && !model.mig_capable() {
-        return Err(err(
-            format!("{field}.mode"),
-            format!("model {} is not MIG-capable", model.id),
-        ));
-    }
-    if mode != GpuMode::Mig && group.mig.is_some() {
-        return Err(err(
-            format!("{field}.mig"),
-            format!("MIG instances need mode mig, not {mode}"),
-        ));
-    }
+    let mode = group_mode(ctx, group, model, field)?;
     let mig_wanted = match &group.mig {
         Some(list) => mig_wanted(model, list, &format!("{field}.mig"))?,
         None => Vec::new(),
@@ -253,61 +233,12 @@ fn resolve_group(
     )?;
     check_list_len(group.uuids.as_ref(), count, &format!("{field}.uuids"))?;
     let nvlink = nvlink_rule(group, field)?;
-    let driver_version = pick_version(
-        [
-            &group.driver_version,
-            &ctx.node.driver_version,
-            &ctx.defaults.driver_version,
-        ],
-        DEFAULT_DRIVER_VERSION,
-        &format!("{field}.driverVersion"),
-    )?;
-    let cuda_driver_version = pick_version(
-        [
-            &group.cuda_driver_version,
-            &ctx.node.cuda_driver_version,
-            &ctx.defaults.cuda_driver_version,
-        ],
-        DEFAULT_CUDA_DRIVER_VERSION,
-        &format!("{field}.cudaDriverVersion"),
-    )?;
-
+    let (driver_version, cuda_driver_version) = versions(ctx, group, field)?;
     let first = u32::try_from(before.len()).map_err(|_| err(field, "too many GPUs"))?;
     let mut out = Vec::with_capacity(count as usize);
     for k in 0..count {
         let index = first + k;
-        let pci_bus_id = match &group.pci_bus_ids {
-            Some(ids) => normalize_pci_bus_id(&ids[k as usize]).ok_or_else(|| {
-                err(
-                    format!("{field}.pciBusIds[{k}]"),
-                    format!(
-                        "{:?} is not a PCI bus id (dddd:bb:dd.f, hexadecimal)",
-                        ids[k as usize]
-                    ),
-                )
-            })?,
-            None => default_pci_bus_id(index),
-        };
-        let pcie_root = match &group.pcie_root {
-            Some(root) => root.clone(),
-            None => pcie_root_of(&pci_bus_id),
-        };
-        let uuid = match &group.uuids {
-            Some(ids) => {
-                let id = &ids[k as usize];
-                if !id.starts_with("GPU-") || id.len() > 64 {
-                    return Err(err(
-                        format!("{field}.uuids[{k}]"),
-                        format!("{id:?} is not a GPU UUID (GPU-..., at most 64 characters)"),
-                    ));
-                }
-                id.clone()
-            }
-            None => format!(
-                "GPU-{}",
-                stable_uuid(&format!("{}/gpu/{index}", ctx.node.name))
-            ),
-        };
+        let (pci_bus_id, pcie_root, uuid) = identity(group, field, k, index, &ctx.node.name)?;
         let numa_node = Some(
             group
                 .numa_node
@@ -353,6 +284,102 @@ fn resolve_group(
         });
     }
     Ok(out)
+}
+
+/// Driver and CUDA driver versions: the group's, else the node's, else the file's defaults.
+fn versions(ctx: &NodeContext<'_>, group: &FileGpuGroup, field: &str) -> Result<(String, String)> {
+    let driver_version = pick_version(
+        [
+            &group.driver_version,
+            &ctx.node.driver_version,
+            &ctx.defaults.driver_version,
+        ],
+        DEFAULT_DRIVER_VERSION,
+        &format!("{field}.driverVersion"),
+    )?;
+    let cuda_driver_version = pick_version(
+        [
+            &group.cuda_driver_version,
+            &ctx.node.cuda_driver_version,
+            &ctx.defaults.cuda_driver_version,
+        ],
+        DEFAULT_CUDA_DRIVER_VERSION,
+        &format!("{field}.cudaDriverVersion"),
+    )?;
+
+    Ok((driver_version, cuda_driver_version))
+}
+
+/// The group's mode: its own, else implied by a `mig` list, else the node's or the file's.
+fn group_mode(
+    ctx: &NodeContext<'_>,
+    group: &FileGpuGroup,
+    model: &GpuModel,
+    field: &str,
+) -> Result<GpuMode> {
+    let mode: GpuMode = match (group.mode, &group.mig) {
+        (Some(m), _) => m.into(),
+        (None, Some(_)) => GpuMode::Mig,
+        (None, None) => ctx
+            .node
+            .mode
+            .or(ctx.defaults.mode)
+            .map_or(GpuMode::Exclusive, Into::into),
+    };
+    if mode == GpuMode::Mig && !model.mig_capable() {
+        return Err(err(
+            format!("{field}.mode"),
+            format!("model {} is not MIG-capable", model.id),
+        ));
+    }
+    if mode != GpuMode::Mig && group.mig.is_some() {
+        return Err(err(
+            format!("{field}.mig"),
+            format!("MIG instances need mode mig, not {mode}"),
+        ));
+    }
+    Ok(mode)
+}
+
+/// The PCI bus id, `PCIe` root and UUID of the `k`-th GPU of a group: as the file gives them,
+/// else derived from the node name and index.
+fn identity(
+    group: &FileGpuGroup,
+    field: &str,
+    k: u32,
+    index: u32,
+    node: &str,
+) -> Result<(String, String, String)> {
+    let pci_bus_id = match &group.pci_bus_ids {
+        Some(ids) => normalize_pci_bus_id(&ids[k as usize]).ok_or_else(|| {
+            err(
+                format!("{field}.pciBusIds[{k}]"),
+                format!(
+                    "{:?} is not a PCI bus id (dddd:bb:dd.f, hexadecimal)",
+                    ids[k as usize]
+                ),
+            )
+        })?,
+        None => default_pci_bus_id(index),
+    };
+    let pcie_root = match &group.pcie_root {
+        Some(root) => root.clone(),
+        None => pcie_root_of(&pci_bus_id),
+    };
+    let uuid = match &group.uuids {
+        Some(ids) => {
+            let id = &ids[k as usize];
+            if !id.starts_with("GPU-") || id.len() > 64 {
+                return Err(err(
+                    format!("{field}.uuids[{k}]"),
+                    format!("{id:?} is not a GPU UUID (GPU-..., at most 64 characters)"),
+                ));
+            }
+            id.clone()
+        }
+        None => format!("GPU-{}", stable_uuid(&format!("{node}/gpu/{index}"))),
+    };
+    Ok((pci_bus_id, pcie_root, uuid))
 }
 
 enum Nvlink {

@@ -49,12 +49,12 @@ pub(crate) fn check_qualified_name(name: &str) -> Result<(), String> {
         Some((d, i)) => (Some(d), i),
         None => (None, name),
     };
-    if let Some(d) = domain {
-        if !is_dns_subdomain(d, MAX_DOMAIN_LENGTH) {
-            return Err(format!(
-                "domain {d:?} must be a DNS subdomain of at most {MAX_DOMAIN_LENGTH} characters"
-            ));
-        }
+    if let Some(d) = domain
+        && !is_dns_subdomain(d, MAX_DOMAIN_LENGTH)
+    {
+        return Err(format!(
+            "domain {d:?} must be a DNS subdomain of at most {MAX_DOMAIN_LENGTH} characters"
+        ));
     }
     if !is_c_identifier(id) {
         return Err(format!("{id:?} must be a C identifier"));
