@@ -115,9 +115,10 @@ fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node
 fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
     let Some(spec) = &pod.spec else { return true };
     if let Some(name) = &spec.node_name
-        && node.metadata.name.as_ref() != Some(name) {
-            return false;
-        }
+        && node.metadata.name.as_ref() != Some(name)
+    {
+        return false;
+    }
     let labels = node.metadata.labels.clone().unwrap_or_default();
     spec.node_selector
         .iter()

@@ -170,7 +170,13 @@ impl MigInstance {
         let profile: String = self
             .profile
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .collect();
         format!("gpu-{gpu_index}-mig-{profile}-{}", self.placement)
     }

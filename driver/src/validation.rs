@@ -135,13 +135,14 @@ pub fn validate_device_class(class: &res::DeviceClass, driver: &str, cel: &CelCa
     let mut errors = Vec::new();
     for (i, selector) in class.spec.selectors.iter().flatten().enumerate() {
         if let Some(sel) = &selector.cel
-            && let Err(e) = cel.compile(&sel.expression) {
-                errors.push(Error::invalid(
-                    &object,
-                    format!("spec.selectors[{i}].cel.expression"),
-                    e.to_string(),
-                ));
-            }
+            && let Err(e) = cel.compile(&sel.expression)
+        {
+            errors.push(Error::invalid(
+                &object,
+                format!("spec.selectors[{i}].cel.expression"),
+                e.to_string(),
+            ));
+        }
     }
     for (i, cfg) in class.spec.config.iter().flatten().enumerate() {
         if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) {
@@ -201,9 +202,9 @@ pub fn validate_claim_spec(
         if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver)
             && let Err(e) =
                 config::decode(&opaque.parameters.0, &format!("{field}.opaque.parameters"))
-            {
-                errors.push(Error::invalid(object, field.clone(), e.to_string()));
-            }
+        {
+            errors.push(Error::invalid(object, field.clone(), e.to_string()));
+        }
     }
     for (i, request) in devices.requests.iter().flatten().enumerate() {
         let field = format!("spec.devices.requests[{i}]");
@@ -216,13 +217,14 @@ pub fn validate_claim_spec(
                          capacity: Option<&res::CapacityRequirements>| {
             for (j, sel) in selectors.into_iter().flatten().enumerate() {
                 if let Some(cel_sel) = &sel.cel
-                    && let Err(e) = cel.compile(&cel_sel.expression) {
-                        errors.push(Error::invalid(
-                            object,
-                            format!("{field}.selectors[{j}].cel.expression"),
-                            e.to_string(),
-                        ));
-                    }
+                    && let Err(e) = cel.compile(&cel_sel.expression)
+                {
+                    errors.push(Error::invalid(
+                        object,
+                        format!("{field}.selectors[{j}].cel.expression"),
+                        e.to_string(),
+                    ));
+                }
             }
             for (qname, q) in capacity
                 .and_then(|c| c.requests.as_ref())
@@ -325,9 +327,10 @@ pub fn share_classes(classes: &[res::DeviceClass]) -> Vec<String> {
             .and_then(|a| a.get(crate::names::ANNOTATION_SHARE_CLASS))
             .is_some_and(|v| v == "true");
         if let (true, Some(name)) = (marked, &class.metadata.name)
-            && !names.contains(name) {
-                names.push(name.clone());
-            }
+            && !names.contains(name)
+        {
+            names.push(name.clone());
+        }
     }
     names
 }

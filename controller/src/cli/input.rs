@@ -63,8 +63,13 @@ impl Objects {
     pub fn load_text(&mut self, name: &str, text: &str) -> Result<()> {
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let context = format!("{name}: document {}", i + 1);
-            let value = serde_json::Value::deserialize(doc)
+            // Through serde_yaml's own value first: it refuses duplicate keys, as kubectl does,
+            // where a JSON map would silently keep the last one.
+            let yaml = serde_yaml::Value::deserialize(doc)
                 .map_err(|e| Error::Malformed(format!("{context}: not valid YAML or JSON: {e}")))?;
+            let value = serde_json::to_value(&yaml).map_err(|e| {
+                Error::Malformed(format!("{context}: not a Kubernetes object: {e}"))
+            })?;
             self.load_value(&context, value)?;
         }
         Ok(())

@@ -45,11 +45,11 @@ pub fn device_lines(allocation: &res::AllocationResult) -> Vec<String> {
         if let Some(opaque) = &cfg.opaque
             && let Ok(TesseraConfig::AllocatedShares(record)) =
                 config::decode(&opaque.parameters.0, "config")
-            {
-                for d in record.devices {
-                    shares.insert((d.pool.clone(), d.device.clone()), (d.memory, d.compute));
-                }
+        {
+            for d in record.devices {
+                shares.insert((d.pool.clone(), d.device.clone()), (d.memory, d.compute));
             }
+        }
     }
     allocation
         .devices

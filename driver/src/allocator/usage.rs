@@ -42,12 +42,18 @@ impl Snapshot {
                 let memory_used = if whole {
                     memory_total
                 } else {
-                    used.consumed.get(&memory_name).copied().unwrap_or(Quantity::ZERO)
+                    used.consumed
+                        .get(&memory_name)
+                        .copied()
+                        .unwrap_or(Quantity::ZERO)
                 };
                 let compute_used = if whole {
                     100
                 } else {
-                    used.consumed.get(&compute_name).and_then(|q| q.as_units()).unwrap_or(0)
+                    used.consumed
+                        .get(&compute_name)
+                        .and_then(|q| q.as_units())
+                        .unwrap_or(0)
                 };
                 // Memory prints as bytes do (`47Gi`), whatever style the shares were written in.
                 let memory_used = Quantity::from_nanos(memory_used.nanos(), Format::BinarySi);
