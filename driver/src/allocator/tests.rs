@@ -641,7 +641,9 @@ fn multi_card_shares_use_distinct_gpus_on_one_node() {
         .unwrap()
         .config
         .as_ref()
-        .unwrap()[0]
+        .unwrap()
+        .last()
+        .unwrap()
         .opaque
         .as_ref()
         .unwrap()
