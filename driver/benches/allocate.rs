@@ -31,6 +31,7 @@ fn attr(v: &str) -> res::DeviceAttribute {
     }
 }
 
+#[allow(clippy::too_many_lines)] // Reason: one literal cluster, read top to bottom.
 fn cluster() -> (Vec<res::ResourceSlice>, Vec<res::DeviceClass>, Vec<Node>) {
     let policy = |default: &str, min: &str, max: &str, step: &str| res::CapacityRequestPolicy {
         default: Some(q(default)),
@@ -145,36 +146,39 @@ fn claim(i: usize) -> res::ResourceClaim {
         ..Default::default()
     };
     let mut devices = res::DeviceClaim::default();
-    let kind = i % 4;
-    if kind < 2 {
-        devices.requests = Some(vec![res::DeviceRequest {
-            name: "share".into(),
-            exactly: Some(exact("shared.gpu.tessera.dev", 1)),
-            ..Default::default()
-        }]);
-        let memory = 1 + (i * 7919) % 20;
-        devices.config = Some(vec![res::DeviceClaimConfiguration {
-            requests: None,
-            opaque: Some(res::OpaqueDeviceConfiguration {
-                driver: D.into(),
-                parameters: RawExtension(
-                    json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": format!("{memory}Gi")}),
-                ),
-            }),
-        }]);
-    } else if kind == 2 {
-        devices.requests = Some(vec![res::DeviceRequest {
-            name: "gpu".into(),
-            exactly: Some(exact("gpu.tessera.dev", 1)),
-            ..Default::default()
-        }]);
-    } else {
-        let count = 2 + i64::try_from(i % 3).unwrap_or(0);
-        devices.requests = Some(vec![res::DeviceRequest {
-            name: "gpus".into(),
-            exactly: Some(exact("gpu.tessera.dev", count)),
-            ..Default::default()
-        }]);
+    match i % 4 {
+        0 | 1 => {
+            devices.requests = Some(vec![res::DeviceRequest {
+                name: "share".into(),
+                exactly: Some(exact("shared.gpu.tessera.dev", 1)),
+                ..Default::default()
+            }]);
+            let memory = 1 + (i * 7919) % 20;
+            devices.config = Some(vec![res::DeviceClaimConfiguration {
+                requests: None,
+                opaque: Some(res::OpaqueDeviceConfiguration {
+                    driver: D.into(),
+                    parameters: RawExtension(
+                        json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": format!("{memory}Gi")}),
+                    ),
+                }),
+            }]);
+        }
+        2 => {
+            devices.requests = Some(vec![res::DeviceRequest {
+                name: "gpu".into(),
+                exactly: Some(exact("gpu.tessera.dev", 1)),
+                ..Default::default()
+            }]);
+        }
+        _ => {
+            let count = 2 + i64::try_from(i % 3).unwrap_or(0);
+            devices.requests = Some(vec![res::DeviceRequest {
+                name: "gpus".into(),
+                exactly: Some(exact("gpu.tessera.dev", count)),
+                ..Default::default()
+            }]);
+        }
     }
     res::ResourceClaim {
         metadata: ObjectMeta {

@@ -149,7 +149,7 @@ fn claim(i: usize, ask: &Ask) -> res::ResourceClaim {
                 exactly: Some(exact("shared", *count)),
                 ..Default::default()
             }]);
-            let mut p = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": format!("{}Gi", memory_gib * u64::try_from(*count).unwrap())});
+            let mut p = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": format!("{}Gi", memory_gib * u64::try_from(*count).expect("positive count"))});
             if *compute > 0 {
                 p["compute"] = json!(compute * count);
             }
