@@ -33,7 +33,7 @@
 //!
 //! Placement: all claims of one pod land on one node. The [`Policy`] orders candidate nodes
 //! and devices: first-fit keeps kube-scheduler's order; binpack and spread prefer the fullest
-//! and the emptiest, and for multi-device requests one NVLink island, then one NUMA node.
+//! and the emptiest, and for multi-device requests one `NVLink` island, then one NUMA node.
 //!
 //! A claim that does not fit is an [`Unsatisfiable`] result naming the claim, the request,
 //! the rule and device counts; only inconsistent snapshot input is an [`Error`](crate::Error).
@@ -551,6 +551,7 @@ fn wanted(req: &ReqSpec) -> String {
 }
 
 /// Explains a failure: per request, how the reachable devices fare on their own.
+#[allow(clippy::too_many_lines)] // Reason: one tally, read top to bottom.
 fn diagnose(
     snap: &Snapshot,
     cache: &mut snapshot::SelectorCache,

@@ -1,7 +1,7 @@
 //! Node selection: which nodes can reach a slice or a device.
 //!
-//! Implements the subset of `v1.NodeSelector` semantics that DRA uses: terms are ORed, the
-//! requirements of one term are ANDed, `matchExpressions` test node labels and `matchFields`
+//! Implements the subset of `v1.NodeSelector` semantics that DRA uses: terms are or-ed, the
+//! requirements of one term are and-ed, `matchExpressions` test node labels and `matchFields`
 //! test `metadata.name` (the only field Kubernetes supports there). A term without any
 //! requirement selects nothing, as in Kubernetes.
 

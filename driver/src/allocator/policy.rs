@@ -40,7 +40,7 @@ pub trait PlacementPolicy: fmt::Debug + Send + Sync {
     fn node_score(&self, node: &NodeView<'_>) -> i64;
     /// The score of a device.
     fn device_score(&self, device: &DeviceView) -> i64;
-    /// Whether multi-device requests prefer one NVLink island, then one NUMA node.
+    /// Whether multi-device requests prefer one `NVLink` island, then one NUMA node.
     fn prefers_topology(&self) -> bool;
 }
 

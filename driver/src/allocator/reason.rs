@@ -124,10 +124,9 @@ impl fmt::Display for ClaimFailure {
                 plural(c.fit, "device")
             )?,
             FailureKind::NoNodes => write!(f, ": no candidate node")?,
-            FailureKind::Invalid(m) => write!(f, ": {m}")?,
-            FailureKind::CelRuntime(m) => write!(f, ": {m}")?,
+            FailureKind::Invalid(m) | FailureKind::CelRuntime(m) => write!(f, ": {m}")?,
             FailureKind::SearchLimit(n) => {
-                write!(f, ": unsatisfiable: search limit of {n} steps reached")?
+                write!(f, ": unsatisfiable: search limit of {n} steps reached")?;
             }
         }
         for n in &self.notes {

@@ -150,7 +150,7 @@ struct RawRequest<'a> {
     capacity: Option<&'a res::CapacityRequirements>,
 }
 
-#[allow(clippy::too_many_arguments)] // Reason: one call site; the parts are all distinct.
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)] // Reason: one call site; each part of a request is checked in order.
 fn prepare_request(
     snap: &Snapshot,
     cache: &mut SelectorCache,

@@ -270,6 +270,7 @@ impl<'a> Search<'a> {
         }
     }
 
+    #[allow(clippy::many_single_char_names)] // Reason: c, r, a, d index claim, request, alternative, device throughout.
     fn step(&mut self, c: usize, r: usize, alt: Option<usize>, d: usize) -> Step {
         self.steps += 1;
         if self.steps > self.budget {
@@ -353,6 +354,7 @@ impl<'a> Search<'a> {
     }
 
     /// Tries to pick `dev` for claim `c`, request `r`, alternative `a`.
+    #[allow(clippy::many_single_char_names, clippy::too_many_lines)] // Reason: indices as in `step`; one decision read top to bottom.
     fn take(&mut self, c: usize, r: usize, a: usize, dev: usize) -> Result<bool, Abort> {
         let spec = &self.specs[c].requests[r][a];
         let entry = &self.snap.devices[dev];
@@ -555,6 +557,7 @@ impl<'a> Search<'a> {
         true
     }
 
+    #[allow(clippy::many_single_char_names)] // Reason: indices as in `step`.
     fn add_constraints(&mut self, c: usize, r: usize, a: usize, dev: usize) -> bool {
         let spec = &self.specs[c].requests[r][a];
         for (i, k) in self.specs[c].constraints.iter().enumerate() {
