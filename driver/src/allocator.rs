@@ -128,6 +128,7 @@ impl Allocator {
     }
 
     /// Places all `claims` of one pod together on one of `candidates`, or says why not.
+    #[allow(clippy::too_many_lines)] // Reason: the whole decision in one place: prepare, order, search, build.
     pub fn allocate(
         &self,
         snapshot: &Snapshot,
@@ -153,24 +154,39 @@ impl Allocator {
             return Err(single(first, None, FailureKind::NoNodes));
         }
         let need = quick_need(snapshot, &mut cache, &specs);
-        let mut order: Vec<(i64, usize)> = Vec::with_capacity(candidates.len());
-        for (pos, node) in candidates.iter().enumerate() {
+        let empty = snapshot::NodeSummary::default();
+        let may_fit = |node: &Node| {
             let name = node.metadata.name.as_deref().unwrap_or_default();
-            let summary = snapshot.summaries.get(name).cloned().unwrap_or_default();
-            if snapshot.global.is_empty() && !need.may_fit(&summary) {
-                continue;
+            let summary = snapshot.summaries.get(name).unwrap_or(&empty);
+            (!snapshot.global.is_empty() || need.may_fit(summary)).then_some(summary)
+        };
+        let order: Vec<usize> = if self.policy.orders_nodes() {
+            let mut scored: Vec<(i64, usize)> = Vec::with_capacity(candidates.len());
+            for (pos, node) in candidates.iter().enumerate() {
+                let Some(summary) = may_fit(node) else {
+                    continue;
+                };
+                let score = self.policy.node_score(&NodeView {
+                    name: node.metadata.name.as_deref().unwrap_or_default(),
+                    position: pos,
+                    devices: summary.devices,
+                    used_permille: summary.used_permille,
+                });
+                scored.push((score, pos));
             }
-            let score = self.policy.node_score(&NodeView {
-                name,
-                position: pos,
-                devices: summary.devices,
-                used_permille: summary.used_permille,
-            });
-            order.push((score, pos));
-        }
-        order.sort_by_key(|&(score, pos)| (score, pos));
+            scored.sort_unstable();
+            scored.into_iter().map(|(_, pos)| pos).collect()
+        } else {
+            Vec::new()
+        };
+        let lazy = (0..candidates.len()).filter(|&pos| may_fit(&candidates[pos]).is_some());
+        let positions: Box<dyn Iterator<Item = usize>> = if self.policy.orders_nodes() {
+            Box::new(order.into_iter())
+        } else {
+            Box::new(lazy)
+        };
         let mut budget = self.options.max_steps;
-        for &(_, pos) in &order {
+        for pos in positions {
             let node = &candidates[pos];
             let devices = node_devices(snapshot, node);
             let mut search = Search::new(

@@ -40,6 +40,11 @@ pub trait PlacementPolicy: fmt::Debug + Send + Sync {
     fn node_score(&self, node: &NodeView<'_>) -> i64;
     /// The score of a device.
     fn device_score(&self, device: &DeviceView) -> i64;
+    /// Whether the policy reorders nodes at all; when not, nodes are tried lazily in the
+    /// caller's order and the search stops at the first that fits.
+    fn orders_nodes(&self) -> bool {
+        true
+    }
     /// Whether multi-device requests prefer one `NVLink` island, then one NUMA node.
     fn prefers_topology(&self) -> bool;
 }
@@ -90,6 +95,10 @@ impl PlacementPolicy for Policy {
             Self::Binpack => -used,
             Self::Spread => used,
         }
+    }
+
+    fn orders_nodes(&self) -> bool {
+        !matches!(self, Self::FirstFit)
     }
 
     fn prefers_topology(&self) -> bool {
