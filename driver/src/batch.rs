@@ -126,15 +126,68 @@ fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
         .all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// Which pod (index into `input.pods`) owns each pending claim, by the pod's
+/// `spec.resourceClaims[].resourceClaimName`; the first pod naming a claim wins.
+fn pod_owners(
+    input: &BatchInput<'_>,
+    pending: &BTreeSet<(String, String)>,
+) -> BTreeMap<(String, String), usize> {
+    let mut owner = BTreeMap::new();
+    for (i, pod) in input.pods.iter().enumerate() {
+        let ns = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.resource_claims.iter().flatten())
+            .filter_map(|rc| rc.resource_claim_name.clone());
+        for name in names {
+            let k = (ns.clone(), name);
+            if pending.contains(&k) {
+                owner.entry(k).or_insert(i);
+            }
+        }
+    }
+    owner
+}
+
+/// The outcome of one claim of a group that was placed together (or not at all).
+fn outcome(
+    claim: &res::ResourceClaim,
+    result: std::result::Result<(&str, res::AllocationResult), &str>,
+) -> ClaimOutcome {
+    let (namespace, name) = key(&claim.metadata);
+    match result {
+        Ok((node, allocation)) => ClaimOutcome {
+            namespace,
+            name,
+            allocated: true,
+            allocation: Some(allocation),
+            reason: None,
+            node: Some(node.to_owned()),
+        },
+        Err(reason) => ClaimOutcome {
+            namespace,
+            name,
+            allocated: false,
+            allocation: None,
+            reason: Some(reason.to_owned()),
+            node: None,
+        },
+    }
+}
+
 /// Allocates every pending claim of `input`, returning one outcome per pending claim in input
 /// order.
 pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<Vec<ClaimOutcome>> {
-    let allocated: Vec<res::ResourceClaim> = input
+    let (allocated, pending): (Vec<&res::ResourceClaim>, Vec<&res::ResourceClaim>) = input
         .claims
         .iter()
-        .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-        .cloned()
-        .collect();
+        .partition(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()));
+    let allocated: Vec<res::ResourceClaim> = allocated.into_iter().cloned().collect();
     let mut snapshot = Snapshot::for_driver(
         &options.driver_name,
         input.slices,
@@ -147,35 +200,7 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
         ..AllocatorOptions::default()
     });
     let nodes = candidate_nodes(input, options.node.as_deref());
-
-    let pending: Vec<&res::ResourceClaim> = input
-        .claims
-        .iter()
-        .filter(|c| c.status.as_ref().is_none_or(|s| s.allocation.is_none()))
-        .collect();
-    let pending_keys: BTreeSet<(String, String)> =
-        pending.iter().map(|c| key(&c.metadata)).collect();
-    // claim -> index of the pod that owns it
-    let mut owner: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for (i, pod) in input.pods.iter().enumerate() {
-        let ns = pod
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned());
-        for rc in pod
-            .spec
-            .iter()
-            .flat_map(|s| s.resource_claims.iter().flatten())
-        {
-            if let Some(name) = &rc.resource_claim_name {
-                let k = (ns.clone(), name.clone());
-                if pending_keys.contains(&k) {
-                    owner.entry(k).or_insert(i);
-                }
-            }
-        }
-    }
+    let owner = pod_owners(input, &pending.iter().map(|c| key(&c.metadata)).collect());
 
     let mut outcomes: BTreeMap<(String, String), ClaimOutcome> = BTreeMap::new();
     for claim in &pending {
@@ -183,17 +208,16 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
         if outcomes.contains_key(&k) {
             continue;
         }
-        let (group, pod): (Vec<&res::ResourceClaim>, Option<&core::Pod>) = match owner.get(&k) {
-            Some(&p) => (
-                pending
-                    .iter()
-                    .copied()
-                    .filter(|c| owner.get(&key(&c.metadata)) == Some(&p))
-                    .collect(),
-                input.pods.get(p),
-            ),
-            None => (vec![*claim], None),
+        let pod = owner.get(&k).copied();
+        let group: Vec<&res::ResourceClaim> = match pod {
+            Some(p) => pending
+                .iter()
+                .copied()
+                .filter(|c| owner.get(&key(&c.metadata)) == Some(&p))
+                .collect(),
+            None => vec![*claim],
         };
+        let pod = pod.and_then(|p| input.pods.get(p));
         let candidates: Vec<core::Node> = nodes
             .iter()
             .filter(|n| pod.is_none_or(|p| pod_fits_node(p, n)))
@@ -203,35 +227,13 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
             Ok(placement) => {
                 for (c, result) in group.iter().zip(placement.allocations) {
                     snapshot.commit(c, &result);
-                    let (namespace, name) = key(&c.metadata);
-                    outcomes.insert(
-                        (namespace.clone(), name.clone()),
-                        ClaimOutcome {
-                            namespace,
-                            name,
-                            allocated: true,
-                            allocation: Some(result),
-                            reason: None,
-                            node: Some(placement.node.clone()),
-                        },
-                    );
+                    outcomes.insert(key(&c.metadata), outcome(c, Ok((&placement.node, result))));
                 }
             }
             Err(unsatisfiable) => {
                 let reason = unsatisfiable.to_string();
                 for c in &group {
-                    let (namespace, name) = key(&c.metadata);
-                    outcomes.insert(
-                        (namespace.clone(), name.clone()),
-                        ClaimOutcome {
-                            namespace,
-                            name,
-                            allocated: false,
-                            allocation: None,
-                            reason: Some(reason.clone()),
-                            node: None,
-                        },
-                    );
+                    outcomes.insert(key(&c.metadata), outcome(c, Err(&reason)));
                 }
             }
         }
