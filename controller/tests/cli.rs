@@ -213,3 +213,89 @@ fn demo_reports_every_example_claim() {
         "the report shows a CDI spec:\n{text}"
     );
 }
+
+#[test]
+fn allocate_reads_v1beta1_objects_as_a_1_32_cluster_writes_them() {
+    let old = r#"
+apiVersion: resource.k8s.io/v1beta1
+kind: ResourceSlice
+metadata: {name: node-1-gpus}
+spec:
+  driver: gpu.tessera.dev
+  nodeName: node-1
+  pool: {name: node-1, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    basic:
+      attributes:
+        type: {string: gpu}
+        sharing: {string: exclusive}
+      capacity:
+        memory: {value: 80Gi}
+---
+apiVersion: resource.k8s.io/v1beta1
+kind: DeviceClass
+metadata: {name: gpu.tessera.dev}
+spec:
+  selectors:
+  - cel: {expression: 'device.attributes["gpu.tessera.dev"].type == "gpu"'}
+---
+apiVersion: resource.k8s.io/v1beta1
+kind: ResourceClaim
+metadata: {name: old-style, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      deviceClassName: gpu.tessera.dev
+      count: 1
+"#;
+    let file = write_temp("v1beta1.yaml", old);
+    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["results"][0]["allocated"], true, "{json}");
+    assert_eq!(
+        json["results"][0]["allocation"]["devices"]["results"][0]["device"],
+        "gpu-0"
+    );
+}
+
+#[test]
+fn allocate_places_a_pods_claims_together_or_not_at_all() {
+    // Two claims of one pod need two GPUs on one node; each node has one, so neither is placed,
+    // and a later single claim still gets a GPU.
+    let second = SLICE.replace("node-1", "node-2");
+    let pod = r"
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: default}
+spec:
+  containers: [{name: main, image: busybox}]
+  resourceClaims:
+  - {name: a, resourceClaimName: first}
+  - {name: b, resourceClaimName: second}
+";
+    let text = format!(
+        "{SLICE}---{second}---{CLASS}---{}---{}---{}---{pod}",
+        claim("first"),
+        claim("second"),
+        claim("third")
+    );
+    let file = write_temp("pod.yaml", &text);
+    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results[0]["allocated"], false, "{json}");
+    assert_eq!(results[1]["allocated"], false, "{json}");
+    assert_eq!(results[2]["allocated"], true, "{json}");
+}
