@@ -1,7 +1,7 @@
 //! `tessera allocate`: the pending claims of the input, allocated against its slices.
 
 use tessera_driver::allocator::Policy;
-use tessera_driver::batch::{BatchInput, BatchOptions, ClaimOutcome, allocate_batch};
+use tessera_driver::batch::{BatchOptions, ClaimOutcome, allocate_batch};
 
 use crate::cli::input::Objects;
 use crate::error::Result;
@@ -13,13 +13,7 @@ pub fn run(
     policy: Policy,
     node: Option<&str>,
 ) -> Result<Vec<ClaimOutcome>> {
-    let input = BatchInput {
-        classes: &objects.classes,
-        slices: &objects.slices,
-        claims: &objects.claims,
-        nodes: &objects.nodes,
-        pods: &objects.pods,
-    };
+    let input = objects.batch_input();
     let options = BatchOptions {
         driver_name: driver.to_owned(),
         policy,

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::allocator::{Policy, Snapshot};
-use tessera_driver::batch::{BatchInput, BatchOptions, ClaimOutcome, allocate_batch};
+use tessera_driver::batch::{BatchOptions, ClaimOutcome, allocate_batch};
 use tessera_driver::cdi::{self, Enforcement};
 use tessera_driver::inventory::Inventory;
 use tessera_driver::prepare;
@@ -118,13 +118,7 @@ pub fn run(driver: &str, policy: Policy, out: &mut String) -> Result<()> {
     for (name, text) in CLASSES.iter().chain(CLAIMS) {
         objects.load_text(name, text)?;
     }
-    let input = BatchInput {
-        classes: &objects.classes,
-        slices: &objects.slices,
-        claims: &objects.claims,
-        nodes: &objects.nodes,
-        pods: &objects.pods,
-    };
+    let input = objects.batch_input();
     let options = BatchOptions {
         driver_name: driver.to_owned(),
         policy,

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize;
 use tessera_driver::apiversion::{Object, decode_document};
+use tessera_driver::batch::BatchInput;
 
 use crate::error::{Error, Result};
 
@@ -27,6 +28,17 @@ pub struct Objects {
 }
 
 impl Objects {
+    /// The objects as the batch allocator reads them.
+    pub fn batch_input(&self) -> BatchInput<'_> {
+        BatchInput {
+            classes: &self.classes,
+            slices: &self.slices,
+            claims: &self.claims,
+            nodes: &self.nodes,
+            pods: &self.pods,
+        }
+    }
+
     /// Adds one decoded object.
     pub fn push(&mut self, object: Object) {
         match object {
