@@ -17,7 +17,7 @@
 //! extension (`charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`,
 //! `split`, `substring`, `trim`, `join`, `strings.quote`, `reverse`, `format`), Kubernetes'
 //! quantity and semver libraries, its lists library (`isSorted`, `sum`, `min`, `max`,
-//! `indexOf`, `lastIndexOf`), `sets.contains|equivalent|intersects`, optional values and
+//! `indexOf`, `lastIndexOf`), `sets.contains|equivalent|intersects`, the regex library (`find`, `findAll`), optional values and
 //! `cel.bind`.
 //!
 //! # Bounding the work of a selector

@@ -335,6 +335,13 @@ fn call_shape(name: &str, args: &[Estimate], literal_key: Option<&str>) -> Estim
                     .saturating_add(a.size),
             )
         }
+        // One linear scan of the text per pattern character (the regex crate's bound).
+        "find" => Estimate::sized(per_chars(a.size.saturating_mul(1 + b.size)), a.size, 0),
+        "findAll" => Estimate::sized(
+            per_chars(a.size.saturating_mul(1 + b.size)),
+            a.size.saturating_add(1),
+            a.size,
+        ),
         "charAt" => Estimate::sized(per_chars(a.size), 1, 0),
         "lowerAscii" | "upperAscii" | "trim" | "reverse" | "substring" => {
             Estimate::sized(per_chars(a.weight()).saturating_add(a.size), a.size, a.elem)

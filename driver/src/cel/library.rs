@@ -1,6 +1,6 @@
 //! The functions of the DRA environment beyond the CEL standard library and the cel crate's
-//! strings extension: Kubernetes' quantity, semver and lists libraries, `sets.*`, and the
-//! `cel.bind` macro.
+//! strings extension: Kubernetes' quantity, semver, lists and regex libraries, `sets.*`, and
+//! the `cel.bind` macro.
 
 #![allow(
     clippy::needless_pass_by_value,
@@ -32,6 +32,7 @@ pub(crate) fn environment() -> Result<Env, DeclarationError> {
     semver_library(&mut env)?;
     lists_library(&mut env)?;
     sets_library(&mut env)?;
+    regex_library(&mut env)?;
     env.add_macro(Macro::receiver("bind", 3, bind_macro))?;
     Ok(env)
 }
@@ -118,6 +119,73 @@ fn list_arg<'a, 'v>(
         .downcast_ref::<CelList>()
         .map(CelList::inner)
         .ok_or_else(|| ExecutionError::function_error(f, "expected a list argument"))
+}
+
+// ---------------------------------------------------------------- regex
+
+/// Kubernetes' regex library: `s.find(re)` (the first match, or `""`) and `s.findAll(re)` /
+/// `s.findAll(re, n)` (all matches, or at most `n` when `n` is not negative). The regex crate
+/// matches in linear time, so a user's pattern cannot backtrack forever.
+fn regex_library(env: &mut Env) -> Result<(), DeclarationError> {
+    env.add_member_overload(
+        "find",
+        "string_find_string",
+        STRING_TYPE,
+        vec![STRING_TYPE],
+        regex_find,
+    )?;
+    env.add_member_overload(
+        "findAll",
+        "string_find_all_string",
+        STRING_TYPE,
+        vec![STRING_TYPE],
+        regex_find_all,
+    )?;
+    env.add_member_overload(
+        "findAll",
+        "string_find_all_string_int",
+        STRING_TYPE,
+        vec![STRING_TYPE, INT_TYPE],
+        regex_find_all,
+    )?;
+    Ok(())
+}
+
+fn compile_regex(pattern: &str, f: &str) -> Result<regex::Regex, ExecutionError> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| ExecutionError::function_error(f, format!("invalid regular expression: {e}")))
+}
+
+fn regex_find<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
+    let text = string_arg(&args, 0, "find")?;
+    let re = compile_regex(string_arg(&args, 1, "find")?, "find")?;
+    let found = re
+        .find(text)
+        .map_or_else(String::new, |m| m.as_str().to_owned());
+    Ok(CowVal::owned(CelString::from(found)))
+}
+
+fn regex_find_all<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
+    let text = string_arg(&args, 0, "findAll")?;
+    let re = compile_regex(string_arg(&args, 1, "findAll")?, "findAll")?;
+    let limit = match args.get(2) {
+        Some(n) => {
+            let n = *n
+                .downcast_ref::<CelInt>()
+                .ok_or_else(|| ExecutionError::function_error("findAll", "expected an int limit"))?
+                .inner();
+            usize::try_from(n).ok()
+        }
+        None => None,
+    };
+    let found: Vec<Box<dyn Val>> = re
+        .find_iter(text)
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|m| Box::new(CelString::from(m.as_str().to_owned())) as Box<dyn Val>)
+        .collect();
+    Ok(CowVal::owned(CelList::from(found)))
 }
 
 // ---------------------------------------------------------------- quantity

@@ -423,3 +423,17 @@ fn evaluation_is_fast() {
         start.elapsed()
     );
 }
+
+#[test]
+fn regex_library_finds_matches() {
+    check(r#"device.attributes["gpu.tessera.dev"].model.find("[0-9]+") == "100""#);
+    check(r#"device.attributes["gpu.tessera.dev"].model.find("^h") == """#);
+    check(r#"device.attributes["gpu.tessera.dev"].model.findAll("[0-9]+") == ["100", "80"]"#);
+    check(r#"device.attributes["gpu.tessera.dev"].model.findAll("[0-9]+", 1) == ["100"]"#);
+    check(r#"device.attributes["gpu.tessera.dev"].model.findAll("[0-9]+", -1).size() == 2"#);
+    let err = eval(r#"device.attributes["gpu.tessera.dev"].model.find("(") == """#).unwrap_err();
+    assert!(
+        err.to_string().contains("invalid regular expression"),
+        "{err}"
+    );
+}
