@@ -17,8 +17,8 @@
 //! extension (`charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`, `upperAscii`, `replace`,
 //! `split`, `substring`, `trim`, `join`, `strings.quote`, `reverse`, `format`), Kubernetes'
 //! quantity and semver libraries, its lists library (`isSorted`, `sum`, `min`, `max`,
-//! `indexOf`, `lastIndexOf`), `sets.contains|equivalent|intersects`, the regex library (`find`, `findAll`), optional values and
-//! `cel.bind`.
+//! `indexOf`, `lastIndexOf`), `sets.contains|equivalent|intersects`, the regex library
+//! (`find`, `findAll`), optional values and `cel.bind`.
 //!
 //! # Bounding the work of a selector
 //!
