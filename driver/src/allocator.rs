@@ -261,6 +261,8 @@ impl Allocator {
                     .map(|(k, v)| (status_name(entry, k), v.to_k8s()))
                     .collect::<BTreeMap<_, _>>()
             });
+            // kube-scheduler leaves the field out when nothing was consumed.
+            let consumed = consumed.filter(|c| !c.is_empty());
             let share_id = (entry.multi && !req.admin).then(|| {
                 let name = format!("{}/{}/{}/{i}", spec.uid, req.full, entry.id());
                 uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, name.as_bytes()).to_string()

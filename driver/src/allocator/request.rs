@@ -203,14 +203,9 @@ fn prepare_request(
         if c < 1 {
             return Err(e(format!("{field}.count: {c} is not positive")));
         }
-        usize::try_from(c)
-            .ok()
-            .filter(|&c| c <= MAX_RESULTS)
-            .ok_or_else(|| {
-                e(format!(
-                    "{field}.count: {c} exceeds the claim limit of {MAX_RESULTS} devices"
-                ))
-            })?
+        // A subrequest may ask for more than one claim can hold: kube-scheduler then moves
+        // on to the next alternative. The claim's minimum is checked in `prepare_claim`.
+        usize::try_from(c).unwrap_or(usize::MAX)
     };
     let capacity = match raw.capacity.and_then(|c| c.requests.as_ref()) {
         None => None,
@@ -339,6 +334,31 @@ pub(crate) fn prepare_claim(
                 ));
             }
         }
+    }
+    // Devices the claim needs at least: each request's count, the smallest alternative's.
+    let minimum = requests
+        .iter()
+        .map(|alts| {
+            alts.iter()
+                .map(|a| if a.all { 0 } else { a.count })
+                .min()
+                .unwrap_or(0)
+        })
+        .fold(0usize, usize::saturating_add);
+    if minimum > MAX_RESULTS {
+        let (request, field) = match requests.as_slice() {
+            [alts] => (
+                alts.first().map(|a| a.base.clone()),
+                "spec.devices.requests[0]".to_owned(),
+            ),
+            _ => (None, "spec.devices.requests".to_owned()),
+        };
+        return Err(SpecError {
+            request,
+            message: format!(
+                "{field}: {minimum} devices requested exceed the claim limit of {MAX_RESULTS} devices"
+            ),
+        });
     }
     let mut constraints = Vec::new();
     for (i, c) in devices.constraints.iter().flatten().enumerate() {
