@@ -55,7 +55,6 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 pub use policy::{DeviceView, NodeView, PlacementPolicy, Policy};
 pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable};
-pub use request::validate_shares;
 pub use snapshot::{Snapshot, claim_key, claim_name};
 pub use usage::DeviceUsage;
 

@@ -847,16 +847,38 @@ fn a_tiny_step_budget_is_a_search_limit_reason() {
 }
 
 #[test]
-fn share_rules_are_exposed_for_validation() {
+fn validation_and_allocation_apply_the_same_share_rule() {
     let c = with_config(
         claim("c", vec![exact("gpu", "shared.gpu.tessera.dev", 3)]),
         share_config("10Gi", None),
     );
-    let errors = validate_shares(D, &classes(), &c);
+    let known = classes();
+    let lookup = |name: &str| {
+        known
+            .iter()
+            .find(|k| k.metadata.name.as_deref() == Some(name))
+            .cloned()
+    };
+    let errors = crate::validation::validate_claim_spec(
+        "ResourceClaim default/c",
+        &c.spec,
+        D,
+        &[names::CLASS_SHARED_GPU],
+        &lookup,
+        &crate::cel::CelCache::new(),
+    );
     assert_eq!(errors.len(), 1);
     assert!(
         errors[0].to_string().contains("memory 10Gi over 3 cards"),
         "{}",
         errors[0]
+    );
+    let snap = Snapshot::new(&[], &known, &[]).unwrap();
+    let err = Allocator::new(AllocatorOptions::default())
+        .allocate(&snap, &[&c], &[node("a")])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("memory 10Gi over 3 cards"),
+        "{err}"
     );
 }
