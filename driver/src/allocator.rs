@@ -54,7 +54,7 @@ use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 pub use policy::{DeviceView, NodeView, PlacementPolicy, Policy};
-pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable};
+pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable, Wanted};
 pub use snapshot::{Snapshot, claim_key, claim_name};
 pub use usage::DeviceUsage;
 
@@ -546,7 +546,7 @@ fn class_matches_multi(
     hit
 }
 
-fn wanted(req: &ReqSpec) -> String {
+fn wanted(req: &ReqSpec) -> Wanted {
     match req
         .share
         .as_ref()
@@ -557,18 +557,169 @@ fn wanted(req: &ReqSpec) -> String {
                 crate::share::MemoryAsk::Bytes(b) => format!("{} free", Quantity::from_bytes(b)),
                 crate::share::MemoryAsk::Percent(p) => format!("{p}% of its memory free"),
             };
-            if share.compute > 0 {
-                format!("GPU with {memory} and {}% compute", share.compute)
+            let room = if share.compute > 0 {
+                format!("with {memory} and {}% compute", share.compute)
             } else {
-                format!("GPU with {memory}")
-            }
+                format!("with {memory}")
+            };
+            Wanted::Gpu { room }
         }
-        None => "free device that matches".to_owned(),
+        None => Wanted::Device,
     }
 }
 
-/// Explains a failure: per request, how the reachable devices fare on their own.
-#[allow(clippy::too_many_lines)] // Reason: one tally, read top to bottom.
+/// The devices a request's class selects (cached per class for the snapshot's life).
+fn class_devices(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    req: &ReqSpec,
+) -> std::sync::Arc<Vec<usize>> {
+    if let Some(list) = cache.class_devices.get(&req.class) {
+        return std::sync::Arc::clone(list);
+    }
+    let mut list = Vec::new();
+    'devices: for dev in 0..snap.devices.len() {
+        for &e in &req.class_selectors {
+            match snap.eval(cache, e, dev) {
+                Ok(true) => {}
+                Ok(false) => continue 'devices,
+                // Kept: the error is reported only if the device is reachable.
+                Err(_) => break,
+            }
+        }
+        list.push(dev);
+    }
+    let list = std::sync::Arc::new(list);
+    cache
+        .class_devices
+        .insert(req.class.clone(), std::sync::Arc::clone(&list));
+    list
+}
+
+/// How one request fares on the reachable devices: the counts, and the devices that fit alone.
+fn tally(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    req: &ReqSpec,
+    reachable: &[bool],
+    reachable_count: u32,
+) -> Result<(DeviceCounts, Vec<usize>, Option<String>), FailureKind> {
+    let abort = |a: Abort| match a {
+        Abort::Cel(e) => FailureKind::CelRuntime(e.to_string()),
+        Abort::Fatal(m) => FailureKind::Invalid(m),
+        Abort::Budget => FailureKind::SearchLimit(0),
+    };
+    let selected = class_devices(snap, cache, req);
+    let mut counts = DeviceCounts {
+        considered: reachable_count,
+        class_mismatch: reachable_count,
+        ..DeviceCounts::default()
+    };
+    let mut fitting = Vec::new();
+    let mut share_error = None;
+    for &dev in selected.iter().filter(|&&d| reachable[d]) {
+        counts.class_mismatch -= 1;
+        let outcome = search::classify(snap, cache, req, dev).map_err(abort)?;
+        if outcome == Outcome::NotShared
+            && let Some(Err(e)) = req.share_on(snap.devices[dev].tessera)
+        {
+            share_error = Some(e.to_string());
+        }
+        match outcome {
+            Outcome::ClassMismatch => {}
+            Outcome::SelectorMismatch => counts.selector_mismatch += 1,
+            Outcome::NotShared => counts.not_shared += 1,
+            Outcome::Tainted => counts.tainted += 1,
+            Outcome::InUse => counts.in_use += 1,
+            Outcome::TooFull => counts.too_full += 1,
+            Outcome::Counters => counts.counters_exhausted += 1,
+            Outcome::Fits => {
+                counts.fit += 1;
+                fitting.push(dev);
+            }
+        }
+    }
+    Ok((counts, fitting, share_error))
+}
+
+/// A constraint no candidate node can meet even with every device that fits on its own:
+/// `(attribute, distinct, needed, best)`.
+fn unmeetable_constraint(
+    snap: &Snapshot,
+    claim: &ClaimSpec,
+    fitting: &[Option<Vec<usize>>],
+    candidates: &[Node],
+) -> Option<(String, bool, u32, u32)> {
+    for k in &claim.constraints {
+        let mut needed = 0usize;
+        let mut devices: Vec<usize> = Vec::new();
+        let mut bounded = true;
+        for ((alts, &fa), fit) in claim
+            .requests
+            .iter()
+            .zip(&claim.first_available)
+            .zip(fitting)
+        {
+            let Some(req) = alts.first() else { continue };
+            if !k.applies(&req.base, &req.full) {
+                continue;
+            }
+            match (fa, req.all, fit) {
+                (false, false, Some(list)) => {
+                    needed += req.count;
+                    devices.extend(list);
+                }
+                _ => bounded = false,
+            }
+        }
+        // A device allowing several allocations may serve several picks: no sound bound.
+        if !bounded || needed < 2 || devices.iter().any(|&d| snap.devices[d].multi) {
+            continue;
+        }
+        devices.sort_unstable();
+        devices.dedup();
+        let mut best = 0usize;
+        for node in candidates {
+            let mut per_value: BTreeMap<String, usize> = BTreeMap::new();
+            let mut on_node = 0usize;
+            for d in node_devices(snap, node) {
+                if devices.binary_search(&d).is_err() {
+                    continue;
+                }
+                let Some(values) = search::lookup_attr(snap, d, &k.attribute) else {
+                    continue;
+                };
+                on_node += 1;
+                for key in values.keys() {
+                    *per_value.entry(key).or_default() += 1;
+                }
+            }
+            // Devices sharing one value, or (distinct) at most one device per value.
+            let offer = if k.distinct {
+                on_node.min(per_value.len())
+            } else {
+                per_value.values().copied().max().unwrap_or(0)
+            };
+            best = best.max(offer);
+            if best >= needed {
+                break;
+            }
+        }
+        if best < needed {
+            let attribute = k
+                .attribute
+                .rsplit_once('/')
+                .map_or(k.attribute.as_str(), |(_, id)| id)
+                .to_owned();
+            let as_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            return Some((attribute, k.distinct, as_u32(needed), as_u32(best)));
+        }
+    }
+    None
+}
+
+/// Explains a failure: per request, how the reachable devices its class selects fare on
+/// their own; when each request fits alone, whether a constraint is what cannot be met.
 fn diagnose(
     snap: &Snapshot,
     cache: &mut snapshot::SelectorCache,
@@ -576,9 +727,13 @@ fn diagnose(
     candidates: &[Node],
 ) -> Unsatisfiable {
     let mut reachable = vec![false; snap.devices.len()];
+    let mut reachable_count = 0u32;
     for node in candidates {
         for d in node_devices(snap, node) {
-            reachable[d] = true;
+            if !reachable[d] {
+                reachable[d] = true;
+                reachable_count += 1;
+            }
         }
     }
     let notes: Vec<String> = snap
@@ -596,43 +751,20 @@ fn diagnose(
     for claim in specs {
         let mut fallback = None;
         let mut failure = None;
+        let mut fitting: Vec<Option<Vec<usize>>> = Vec::with_capacity(claim.requests.len());
         for alts in &claim.requests {
-            let Some(req) = alts.last() else { continue };
-            let mut counts = DeviceCounts::default();
-            let mut share_error = None;
-            for (dev, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
-                counts.considered += 1;
-                let outcome = match search::classify(snap, cache, req, dev) {
-                    Ok(o) => o,
-                    Err(Abort::Cel(e)) => {
-                        failure = Some((req, FailureKind::CelRuntime(e.to_string()), counts));
+            let Some(req) = alts.last() else {
+                fitting.push(None);
+                continue;
+            };
+            let (counts, fits, share_error) =
+                match tally(snap, cache, req, &reachable, reachable_count) {
+                    Ok(t) => t,
+                    Err(kind) => {
+                        failure = Some((req, kind, DeviceCounts::default()));
                         break;
                     }
-                    Err(Abort::Fatal(m)) => {
-                        failure = Some((req, FailureKind::Invalid(m), counts));
-                        break;
-                    }
-                    Err(Abort::Budget) => continue,
                 };
-                if outcome == Outcome::NotShared
-                    && let Some(Err(e)) = req.share_on(snap.devices[dev].tessera)
-                {
-                    share_error = Some(e.to_string());
-                }
-                match outcome {
-                    Outcome::ClassMismatch => counts.class_mismatch += 1,
-                    Outcome::SelectorMismatch => counts.selector_mismatch += 1,
-                    Outcome::NotShared => counts.not_shared += 1,
-                    Outcome::Tainted => counts.tainted += 1,
-                    Outcome::InUse => counts.in_use += 1,
-                    Outcome::TooFull => counts.too_full += 1,
-                    Outcome::Counters => counts.counters_exhausted += 1,
-                    Outcome::Fits => counts.fit += 1,
-                }
-            }
-            if failure.is_some() {
-                break;
-            }
             if let Some(m) = share_error.filter(|_| counts.fit == 0) {
                 failure = Some((req, FailureKind::Invalid(m), counts));
                 break;
@@ -656,11 +788,21 @@ fn diagnose(
             if fallback.is_none() {
                 fallback = Some((req, counts));
             }
+            fitting.push(Some(fits));
         }
         let (request, kind, counts) = match (failure, fallback) {
             (Some((req, kind, counts)), _) => (Some(req.base.clone()), kind, counts),
             (None, Some((req, counts))) => {
-                (Some(req.base.clone()), FailureKind::NotTogether, counts)
+                let kind = match unmeetable_constraint(snap, claim, &fitting, candidates) {
+                    Some((attribute, distinct, needed, best)) => FailureKind::Constraint {
+                        attribute,
+                        distinct,
+                        needed,
+                        best,
+                    },
+                    None => FailureKind::NotTogether,
+                };
+                (Some(req.base.clone()), kind, counts)
             }
             (None, None) => (None, FailureKind::NotTogether, DeviceCounts::default()),
         };

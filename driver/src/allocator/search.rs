@@ -50,7 +50,7 @@ pub(crate) struct Pick {
 
 /// An attribute's values as a set of one type: a scalar is a set of one, a list its elements.
 #[derive(Debug, Clone, PartialEq)]
-enum AttrSet {
+pub(crate) enum AttrSet {
     Bool(Vec<bool>),
     Int(Vec<i64>),
     Str(Vec<String>),
@@ -83,6 +83,16 @@ impl AttrSet {
     fn disjoint(&self, other: &Self) -> bool {
         self.intersect(other).is_empty()
     }
+
+    /// Each value as a key that no value of another type shares.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        match self {
+            Self::Bool(v) => v.iter().map(|b| format!("b:{b}")).collect(),
+            Self::Int(v) => v.iter().map(|i| format!("i:{i}")).collect(),
+            Self::Str(v) => v.iter().map(|x| format!("s:{x}")).collect(),
+            Self::Version(v) => v.iter().map(|x| format!("v:{x}")).collect(),
+        }
+    }
 }
 
 /// Per constraint, one entry per device added, in order (the search undoes picks last first).
@@ -94,7 +104,7 @@ enum ConstraintState {
     Distinct { values: Vec<(usize, AttrSet)> },
 }
 
-fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrSet> {
+pub(crate) fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrSet> {
     let entry = &snap.devices[dev];
     let attrs = entry.device.attributes.as_ref()?;
     let attr = attrs.get(name).or_else(|| {

@@ -138,6 +138,8 @@ pub(crate) struct SelectorCache {
     errors: HashMap<(usize, usize), Error>,
     /// Per class: whether its selectors match any device with `allowMultipleAllocations`.
     pub(crate) class_matches_multi: HashMap<String, bool>,
+    /// Per class: the devices its selectors select (devices never change in a snapshot).
+    pub(crate) class_devices: HashMap<String, Arc<Vec<usize>>>,
 }
 
 /// An indexed view of devices and their use; see the module docs.
