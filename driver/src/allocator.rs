@@ -47,7 +47,8 @@ mod search;
 mod snapshot;
 mod usage;
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1 as res;
@@ -153,41 +154,36 @@ impl Allocator {
             return Err(single(first, None, FailureKind::NoNodes));
         }
         let need = quick_need(snapshot, &mut cache, &specs);
+        let ids = snapshot.candidate_ids(&mut cache, candidates);
         let empty = snapshot::NodeSummary::default();
-        let may_fit = |node: &Node| {
-            let name = node.metadata.name.as_deref().unwrap_or_default();
-            let summary = snapshot.summaries.get(name).unwrap_or(&empty);
-            (!snapshot.global.is_empty() || need.may_fit(summary)).then_some(summary)
-        };
-        let order: Vec<usize> = if self.policy.orders_nodes() {
-            let mut scored: Vec<(i64, usize)> = Vec::with_capacity(candidates.len());
-            for (pos, node) in candidates.iter().enumerate() {
-                let Some(summary) = may_fit(node) else {
-                    continue;
-                };
-                let score = self.policy.node_score(&NodeView {
-                    name: node.metadata.name.as_deref().unwrap_or_default(),
-                    position: pos,
-                    devices: summary.devices,
-                    used_permille: summary.used_permille,
-                });
-                scored.push((score, pos));
-            }
-            scored.sort_unstable();
-            scored.into_iter().map(|(_, pos)| pos).collect()
-        } else {
-            Vec::new()
-        };
-        let lazy = (0..candidates.len()).filter(|&pos| may_fit(&candidates[pos]).is_some());
+        let summary = |pos: usize| ids[pos].map_or(&empty, |id| &snapshot.summaries[id]);
+        let may_fit = |pos: usize| !snapshot.global.is_empty() || need.may_fit(summary(pos));
+        // Policy order is (score, position); a heap hands out only the nodes actually tried.
         let positions: Box<dyn Iterator<Item = usize>> = if self.policy.orders_nodes() {
-            Box::new(order.into_iter())
+            let scored: Vec<Reverse<(i64, usize)>> = (0..candidates.len())
+                .filter(|&pos| may_fit(pos))
+                .map(|pos| {
+                    let s = summary(pos);
+                    let score = self.policy.node_score(&NodeView {
+                        name: candidates[pos].metadata.name.as_deref().unwrap_or_default(),
+                        position: pos,
+                        devices: s.devices,
+                        used_permille: s.used_permille,
+                    });
+                    Reverse((score, pos))
+                })
+                .collect();
+            let mut heap = BinaryHeap::from(scored);
+            Box::new(std::iter::from_fn(move || {
+                heap.pop().map(|Reverse((_, pos))| pos)
+            }))
         } else {
-            Box::new(lazy)
+            Box::new((0..candidates.len()).filter(move |&pos| may_fit(pos)))
         };
         let mut budget = self.options.max_steps;
         for pos in positions {
             let node = &candidates[pos];
-            let devices = node_devices(snapshot, node);
+            let devices = node_devices(snapshot, node, ids[pos]);
             let mut search = Search::new(
                 snapshot,
                 &mut cache,
@@ -236,7 +232,7 @@ impl Allocator {
                 Err(Abort::Fatal(m)) => return Err(single(first, None, FailureKind::Invalid(m))),
             }
         }
-        Err(diagnose(snapshot, &mut cache, &specs, candidates))
+        Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
     }
 
     fn build(
@@ -445,14 +441,10 @@ fn result_node_selector(snap: &Snapshot, picks: &[Pick], node: &str) -> Option<N
     })
 }
 
-/// The devices a node can use, in kube-scheduler's order.
-fn node_devices(snap: &Snapshot, node: &Node) -> Vec<usize> {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let local = snap
-        .by_node
-        .get(name)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+/// The devices a node can use, in kube-scheduler's order (`id`: the node's id, if it has
+/// local devices).
+fn node_devices(snap: &Snapshot, node: &Node, id: Option<usize>) -> Vec<usize> {
+    let local = id.map(|i| snap.local[i].as_slice()).unwrap_or_default();
     if snap.global.is_empty() {
         return local.to_vec();
     }
@@ -649,6 +641,7 @@ fn unmeetable_constraint(
     claim: &ClaimSpec,
     fitting: &[Option<Vec<usize>>],
     candidates: &[Node],
+    ids: &[Option<usize>],
 ) -> Option<(String, bool, u32, u32)> {
     for k in &claim.constraints {
         let mut needed = 0usize;
@@ -679,10 +672,10 @@ fn unmeetable_constraint(
         devices.sort_unstable();
         devices.dedup();
         let mut best = 0usize;
-        for node in candidates {
+        for (node, &id) in candidates.iter().zip(ids) {
             let mut per_value: BTreeMap<String, usize> = BTreeMap::new();
             let mut on_node = 0usize;
-            for d in node_devices(snap, node) {
+            for d in node_devices(snap, node, id) {
                 if devices.binary_search(&d).is_err() {
                     continue;
                 }
@@ -725,14 +718,23 @@ fn diagnose(
     cache: &mut snapshot::SelectorCache,
     specs: &[ClaimSpec],
     candidates: &[Node],
+    ids: &[Option<usize>],
 ) -> Unsatisfiable {
     let mut reachable = vec![false; snap.devices.len()];
     let mut reachable_count = 0u32;
-    for node in candidates {
-        for d in node_devices(snap, node) {
-            if !reachable[d] {
-                reachable[d] = true;
-                reachable_count += 1;
+    let mut mark = |d: usize| {
+        if !reachable[d] {
+            reachable[d] = true;
+            reachable_count += 1;
+        }
+    };
+    for (node, id) in candidates.iter().zip(ids) {
+        for &d in id.map(|i| snap.local[i].as_slice()).unwrap_or_default() {
+            mark(d);
+        }
+        for &d in &snap.global {
+            if snap.devices[d].scope.matches(node) {
+                mark(d);
             }
         }
     }
@@ -793,7 +795,7 @@ fn diagnose(
         let (request, kind, counts) = match (failure, fallback) {
             (Some((req, kind, counts)), _) => (Some(req.base.clone()), kind, counts),
             (None, Some((req, counts))) => {
-                let kind = match unmeetable_constraint(snap, claim, &fitting, candidates) {
+                let kind = match unmeetable_constraint(snap, claim, &fitting, candidates, ids) {
                     Some((attribute, distinct, needed, best)) => FailureKind::Constraint {
                         attribute,
                         distinct,
