@@ -18,7 +18,8 @@
 //! Kubernetes semantics, as kube-scheduler's structured allocator implements them: class and
 //! request CEL selectors, `exactly` with `count` or `allocationMode: All`, `firstAvailable`
 //! (results named `request/subrequest`), `adminAccess` (consumes nothing), `matchAttribute`
-//! and `distinctAttribute` constraints, device taints (`NoSchedule`/`NoExecute` need a
+//! and `distinctAttribute` constraints (list-typed attributes as sets: a match needs a value
+//! common to all devices, distinct needs pairwise disjoint sets), device taints (`NoSchedule`/`NoExecute` need a
 //! toleration), class then claim config propagation, the result's node selector, consumable
 //! capacity (`allowMultipleAllocations`, request policies, `consumedCapacity`, `shareID`) and
 //! partitionable devices (shared counters). The search is kube-scheduler's depth-first
@@ -26,7 +27,8 @@
 //!
 //! Tessera adds shares: a request is a share when a `GpuShare` opaque config for Tessera's
 //! driver applies to it (class or claim config) or when its `capacity.requests` land on a
-//! Tessera device. A share needs `count` distinct `sharing=shared` GPUs on one node, each
+//! Tessera device; [`crate::validation::request_share`] is the one place that decides it
+//! (static validation uses the same function with the list of share classes). A share needs `count` distinct `sharing=shared` GPUs on one node, each
 //! with the free memory and compute of its per-card share. The result records the resolved
 //! share as `consumedCapacity` (+ `shareID`) where the device allows multiple allocations,
 //! and always as an `AllocatedShares` config entry for Tessera's driver.
@@ -35,8 +37,13 @@
 //! and devices: first-fit keeps kube-scheduler's order; binpack and spread prefer the fullest
 //! and the emptiest, and for multi-device requests one `NVLink` island, then one NUMA node.
 //!
+//! Nodes are looked up by id (candidate lists are cached per snapshot) and policy order is
+//! handed out lazily, so a decision touches each candidate once and searches only until the
+//! first node that fits.
+//!
 //! A claim that does not fit is an [`Unsatisfiable`] result naming the claim, the request,
-//! the rule and device counts; only inconsistent snapshot input is an [`Error`](crate::Error).
+//! the rule and device counts (needed and found, or the constraint no node can meet); only
+//! inconsistent snapshot input is an [`Error`](crate::Error).
 
 mod capacity;
 mod nodeselect;

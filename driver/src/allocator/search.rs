@@ -359,7 +359,7 @@ impl<'a> Search<'a> {
         if d >= needed {
             return self.step(c, r + 1, None, 0);
         }
-        if self.picks[c].len() + needed - d > MAX_RESULTS {
+        if self.picks[c].len().saturating_add(needed - d) > MAX_RESULTS {
             return Ok(false);
         }
         if spec.all {

@@ -417,6 +417,34 @@ fn match_attribute_keeps_devices_on_one_island_and_backtracks() {
 }
 
 #[test]
+fn an_unmeetable_constraint_is_named_in_the_reason() {
+    let snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
+    let mut c = claim("c", vec![exact("gpus", "gpu.tessera.dev", 3)]);
+    c.spec.devices.as_mut().unwrap().constraints = Some(vec![res::DeviceConstraint {
+        match_attribute: Some("gpu.tessera.dev/nvlinkDomain".into()),
+        ..Default::default()
+    }]);
+    let err = alloc(Policy::FirstFit)
+        .allocate(&snap, &[&c], &[node("a"), node("b")])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim default/c request gpus: no 3 devices share one nvlinkDomain (at most 2 on one node)"
+    );
+    let short = alloc(Policy::FirstFit)
+        .allocate(
+            &snap,
+            &[&claim("d", vec![exact("gpus", "gpu.tessera.dev", 4)])],
+            &[node("a")],
+        )
+        .unwrap_err();
+    assert_eq!(
+        short.to_string(),
+        "claim default/d request gpus: needs 4 free devices that match, found 3: 3 devices matched the class"
+    );
+}
+
+#[test]
 fn all_mode_takes_every_matching_device_or_nothing() {
     let mut snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
     let a = alloc(Policy::FirstFit);
