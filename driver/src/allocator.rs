@@ -161,9 +161,22 @@ impl Allocator {
             return Err(single(first, None, FailureKind::NoNodes));
         }
         let need = quick_need(snapshot, &mut cache, &specs);
-        let ids = snapshot.candidate_ids(&mut cache, candidates);
+        // Policies that order nodes look at every candidate: their ids come from the cached
+        // list. First-fit usually stops early and looks up only the nodes it visits.
+        let cached = self
+            .policy
+            .orders_nodes()
+            .then(|| snapshot.candidate_ids(&mut cache, candidates));
+        let id_of = |pos: usize| match &cached {
+            Some(ids) => ids[pos],
+            None => candidates[pos]
+                .metadata
+                .name
+                .as_deref()
+                .and_then(|n| snapshot.node_ids.get(n).copied()),
+        };
         let empty = snapshot::NodeSummary::default();
-        let summary = |pos: usize| ids[pos].map_or(&empty, |id| &snapshot.summaries[id]);
+        let summary = |pos: usize| id_of(pos).map_or(&empty, |id| &snapshot.summaries[id]);
         let may_fit = |pos: usize| !snapshot.global.is_empty() || need.may_fit(summary(pos));
         // Policy order is (score, position); a heap hands out only the nodes actually tried.
         let positions: Box<dyn Iterator<Item = usize>> = if self.policy.orders_nodes() {
@@ -190,7 +203,7 @@ impl Allocator {
         let mut budget = self.options.max_steps;
         for pos in positions {
             let node = &candidates[pos];
-            let devices = node_devices(snapshot, node, ids[pos]);
+            let devices = node_devices(snapshot, node, id_of(pos));
             let mut search = Search::new(
                 snapshot,
                 &mut cache,
@@ -239,6 +252,10 @@ impl Allocator {
                 Err(Abort::Fatal(m)) => return Err(single(first, None, FailureKind::Invalid(m))),
             }
         }
+        let ids = match cached {
+            Some(ids) => ids,
+            None => snapshot.candidate_ids(&mut cache, candidates),
+        };
         Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
     }
 
