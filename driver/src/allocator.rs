@@ -161,20 +161,10 @@ impl Allocator {
             return Err(single(first, None, FailureKind::NoNodes));
         }
         let need = quick_need(snapshot, &mut cache, &specs);
-        // Policies that order nodes look at every candidate: their ids come from the cached
-        // list. First-fit usually stops early and looks up only the nodes it visits.
-        let cached = self
-            .policy
-            .orders_nodes()
-            .then(|| snapshot.candidate_ids(&mut cache, candidates));
-        let id_of = |pos: usize| match &cached {
-            Some(ids) => ids[pos],
-            None => candidates[pos]
-                .metadata
-                .name
-                .as_deref()
-                .and_then(|n| snapshot.node_ids.get(n).copied()),
-        };
+        // Policies that order nodes look at every candidate, so the cached id list is made
+        // exact first; first-fit usually stops early and checks only the nodes it visits.
+        let ids = snapshot.candidate_ids(&mut cache, candidates, self.policy.orders_nodes());
+        let id_of = |pos: usize| ids.get(snapshot, candidates, pos);
         let empty = snapshot::NodeSummary::default();
         let summary = |pos: usize| id_of(pos).map_or(&empty, |id| &snapshot.summaries[id]);
         let may_fit = |pos: usize| !snapshot.global.is_empty() || need.may_fit(summary(pos));
@@ -252,10 +242,7 @@ impl Allocator {
                 Err(Abort::Fatal(m)) => return Err(single(first, None, FailureKind::Invalid(m))),
             }
         }
-        let ids = match cached {
-            Some(ids) => ids,
-            None => snapshot.candidate_ids(&mut cache, candidates),
-        };
+        let ids = snapshot.candidate_ids(&mut cache, candidates, true);
         Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
     }
 
@@ -665,7 +652,7 @@ fn unmeetable_constraint(
     claim: &ClaimSpec,
     fitting: &[Option<Vec<usize>>],
     candidates: &[Node],
-    ids: &[Option<usize>],
+    ids: &snapshot::CandidateIds,
 ) -> Option<(String, bool, u32, u32)> {
     for k in &claim.constraints {
         let mut needed = 0usize;
@@ -696,7 +683,8 @@ fn unmeetable_constraint(
         devices.sort_unstable();
         devices.dedup();
         let mut best = 0usize;
-        for (node, &id) in candidates.iter().zip(ids) {
+        for (pos, node) in candidates.iter().enumerate() {
+            let id = ids.get(snap, candidates, pos);
             let mut per_value: BTreeMap<String, usize> = BTreeMap::new();
             let mut on_node = 0usize;
             for d in node_devices(snap, node, id) {
@@ -742,7 +730,7 @@ fn diagnose(
     cache: &mut snapshot::SelectorCache,
     specs: &[ClaimSpec],
     candidates: &[Node],
-    ids: &[Option<usize>],
+    ids: &snapshot::CandidateIds,
 ) -> Unsatisfiable {
     let mut reachable = vec![false; snap.devices.len()];
     let mut reachable_count = 0u32;
@@ -752,7 +740,8 @@ fn diagnose(
             reachable_count += 1;
         }
     };
-    for (node, id) in candidates.iter().zip(ids) {
+    for (pos, node) in candidates.iter().enumerate() {
+        let id = ids.get(snap, candidates, pos);
         for &d in id.map(|i| snap.local[i].as_slice()).unwrap_or_default() {
             mark(d);
         }

@@ -141,8 +141,32 @@ pub(crate) struct SelectorCache {
     pub(crate) class_matches_multi: HashMap<String, bool>,
     /// Per class: the devices its selectors select (devices never change in a snapshot).
     pub(crate) class_devices: HashMap<String, Arc<Vec<usize>>>,
-    candidate_names: Vec<String>,
+    candidate_names: Arc<Vec<String>>,
     candidate_ids: Arc<Vec<Option<usize>>>,
+}
+
+/// The node ids of the last candidate list seen; trusted per position only where the name
+/// still matches, so a stale list costs lookups, never a wrong node.
+#[derive(Debug, Clone)]
+pub(crate) struct CandidateIds {
+    names: Arc<Vec<String>>,
+    ids: Arc<Vec<Option<usize>>>,
+    /// Checked against this very candidate list: every position is right.
+    exact: bool,
+}
+
+impl CandidateIds {
+    /// The node id of candidate `pos` (`None` for a node without local devices).
+    pub(crate) fn get(&self, snap: &Snapshot, candidates: &[Node], pos: usize) -> Option<usize> {
+        if self.exact {
+            return self.ids.get(pos).copied().flatten();
+        }
+        let name = candidates[pos].metadata.name.as_deref().unwrap_or_default();
+        match (self.names.get(pos), self.ids.get(pos)) {
+            (Some(cached), Some(&id)) if cached == name => id,
+            _ => snap.node_ids.get(name).copied(),
+        }
+    }
 }
 
 /// An indexed view of devices and their use; see the module docs.
@@ -693,33 +717,41 @@ impl Snapshot {
         self.summaries[node] = s;
     }
 
-    /// Per candidate, its node id (`None` for a node without local devices), cached while
-    /// the same candidate list comes back, as it does for every pod of a batch.
+    /// The node ids of `candidates`, refreshing the cached list when it differs (every
+    /// position is then exact); with `refresh` false the last list is reused as it is.
     pub(crate) fn candidate_ids(
         &self,
         cache: &mut SelectorCache,
         candidates: &[Node],
-    ) -> Arc<Vec<Option<usize>>> {
-        let same = cache.candidate_names.len() == candidates.len()
-            && cache
-                .candidate_names
-                .iter()
-                .zip(candidates)
-                .all(|(a, n)| Some(a.as_str()) == n.metadata.name.as_deref());
-        if !same {
-            cache.candidate_names = candidates
+        refresh: bool,
+    ) -> CandidateIds {
+        let same = || {
+            cache.candidate_names.len() == candidates.len()
+                && cache
+                    .candidate_names
+                    .iter()
+                    .zip(candidates)
+                    .all(|(a, n)| a.as_str() == n.metadata.name.as_deref().unwrap_or_default())
+        };
+        let exact = refresh;
+        if refresh && !same() {
+            let names: Vec<String> = candidates
                 .iter()
                 .map(|n| n.metadata.name.clone().unwrap_or_default())
                 .collect();
             cache.candidate_ids = Arc::new(
-                cache
-                    .candidate_names
+                names
                     .iter()
                     .map(|n| self.node_ids.get(n).copied())
                     .collect(),
             );
+            cache.candidate_names = Arc::new(names);
         }
-        Arc::clone(&cache.candidate_ids)
+        CandidateIds {
+            names: Arc::clone(&cache.candidate_names),
+            ids: Arc::clone(&cache.candidate_ids),
+            exact,
+        }
     }
 
     /// Locks the selector cache for one allocation run.

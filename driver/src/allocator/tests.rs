@@ -445,6 +445,28 @@ fn an_unmeetable_constraint_is_named_in_the_reason() {
 }
 
 #[test]
+fn a_changed_candidate_list_is_never_read_through_a_stale_cache() {
+    let snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
+    for policy in Policy::ALL {
+        let a = alloc(policy);
+        // A failure makes the allocator remember the candidate list.
+        a.allocate(
+            &snap,
+            &[&claim("big", vec![exact("gpus", "gpu.tessera.dev", 9)])],
+            &[node("a"), node("b")],
+        )
+        .unwrap_err();
+        let one = claim("one", vec![exact("gpu", "gpu.tessera.dev", 1)]);
+        let p = a.allocate(&snap, &[&one], &[node("b")]).unwrap();
+        assert_eq!(p.node, "b", "{policy}");
+        let p = a
+            .allocate(&snap, &[&one], &[node("none"), node("a")])
+            .unwrap();
+        assert_eq!(p.node, "a", "{policy}");
+    }
+}
+
+#[test]
 fn all_mode_takes_every_matching_device_or_nothing() {
     let mut snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
     let a = alloc(Policy::FirstFit);
