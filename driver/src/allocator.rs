@@ -723,21 +723,18 @@ fn unmeetable_constraint(
     None
 }
 
-/// Explains a failure: per request, how the reachable devices its class selects fare on
-/// their own; when each request fits alone, whether a constraint is what cannot be met.
-fn diagnose(
+/// Which devices the candidates reach, and how many.
+fn reachable(
     snap: &Snapshot,
-    cache: &mut snapshot::SelectorCache,
-    specs: &[ClaimSpec],
     candidates: &[Node],
     ids: &snapshot::CandidateIds,
-) -> Unsatisfiable {
+) -> (Vec<bool>, u32) {
     let mut reachable = vec![false; snap.devices.len()];
-    let mut reachable_count = 0u32;
+    let mut count = 0u32;
     let mut mark = |d: usize| {
         if !reachable[d] {
             reachable[d] = true;
-            reachable_count += 1;
+            count += 1;
         }
     };
     for (pos, node) in candidates.iter().enumerate() {
@@ -751,6 +748,19 @@ fn diagnose(
             }
         }
     }
+    (reachable, count)
+}
+
+/// Explains a failure: per request, how the reachable devices its class selects fare on
+/// their own; when each request fits alone, whether a constraint is what cannot be met.
+fn diagnose(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    specs: &[ClaimSpec],
+    candidates: &[Node],
+    ids: &snapshot::CandidateIds,
+) -> Unsatisfiable {
+    let (reachable, reachable_count) = reachable(snap, candidates, ids);
     let notes: Vec<String> = snap
         .pools
         .iter()
