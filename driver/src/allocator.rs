@@ -18,7 +18,8 @@
 //! Kubernetes semantics, as kube-scheduler's structured allocator implements them: class and
 //! request CEL selectors, `exactly` with `count` or `allocationMode: All`, `firstAvailable`
 //! (results named `request/subrequest`), `adminAccess` (consumes nothing), `matchAttribute`
-//! and `distinctAttribute` constraints, device taints (`NoSchedule`/`NoExecute` need a
+//! and `distinctAttribute` constraints (list-typed attributes as sets: a match needs a value
+//! common to all devices, distinct needs pairwise disjoint sets), device taints (`NoSchedule`/`NoExecute` need a
 //! toleration), class then claim config propagation, the result's node selector, consumable
 //! capacity (`allowMultipleAllocations`, request policies, `consumedCapacity`, `shareID`) and
 //! partitionable devices (shared counters). The search is kube-scheduler's depth-first
@@ -26,7 +27,8 @@
 //!
 //! Tessera adds shares: a request is a share when a `GpuShare` opaque config for Tessera's
 //! driver applies to it (class or claim config) or when its `capacity.requests` land on a
-//! Tessera device. A share needs `count` distinct `sharing=shared` GPUs on one node, each
+//! Tessera device; [`crate::validation::request_share`] is the one place that decides it
+//! (static validation uses the same function with the list of share classes). A share needs `count` distinct `sharing=shared` GPUs on one node, each
 //! with the free memory and compute of its per-card share. The result records the resolved
 //! share as `consumedCapacity` (+ `shareID`) where the device allows multiple allocations,
 //! and always as an `AllocatedShares` config entry for Tessera's driver.
@@ -35,8 +37,13 @@
 //! and devices: first-fit keeps kube-scheduler's order; binpack and spread prefer the fullest
 //! and the emptiest, and for multi-device requests one `NVLink` island, then one NUMA node.
 //!
+//! Nodes are looked up by id (candidate lists are cached per snapshot) and policy order is
+//! handed out lazily, so a decision touches each candidate once and searches only until the
+//! first node that fits.
+//!
 //! A claim that does not fit is an [`Unsatisfiable`] result naming the claim, the request,
-//! the rule and device counts; only inconsistent snapshot input is an [`Error`](crate::Error).
+//! the rule and device counts (needed and found, or the constraint no node can meet); only
+//! inconsistent snapshot input is an [`Error`](crate::Error).
 
 mod capacity;
 mod nodeselect;
@@ -47,15 +54,15 @@ mod search;
 mod snapshot;
 mod usage;
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 pub use policy::{DeviceView, NodeView, PlacementPolicy, Policy};
-pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable};
-pub use request::validate_shares;
+pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable, Wanted};
 pub use snapshot::{Snapshot, claim_key, claim_name};
 pub use usage::DeviceUsage;
 
@@ -154,41 +161,39 @@ impl Allocator {
             return Err(single(first, None, FailureKind::NoNodes));
         }
         let need = quick_need(snapshot, &mut cache, &specs);
+        // Policies that order nodes look at every candidate, so the cached id list is made
+        // exact first; first-fit usually stops early and checks only the nodes it visits.
+        let ids = snapshot.candidate_ids(&mut cache, candidates, self.policy.orders_nodes());
+        let id_of = |pos: usize| ids.get(snapshot, candidates, pos);
         let empty = snapshot::NodeSummary::default();
-        let may_fit = |node: &Node| {
-            let name = node.metadata.name.as_deref().unwrap_or_default();
-            let summary = snapshot.summaries.get(name).unwrap_or(&empty);
-            (!snapshot.global.is_empty() || need.may_fit(summary)).then_some(summary)
-        };
-        let order: Vec<usize> = if self.policy.orders_nodes() {
-            let mut scored: Vec<(i64, usize)> = Vec::with_capacity(candidates.len());
-            for (pos, node) in candidates.iter().enumerate() {
-                let Some(summary) = may_fit(node) else {
-                    continue;
-                };
-                let score = self.policy.node_score(&NodeView {
-                    name: node.metadata.name.as_deref().unwrap_or_default(),
-                    position: pos,
-                    devices: summary.devices,
-                    used_permille: summary.used_permille,
-                });
-                scored.push((score, pos));
-            }
-            scored.sort_unstable();
-            scored.into_iter().map(|(_, pos)| pos).collect()
-        } else {
-            Vec::new()
-        };
-        let lazy = (0..candidates.len()).filter(|&pos| may_fit(&candidates[pos]).is_some());
+        let summary = |pos: usize| id_of(pos).map_or(&empty, |id| &snapshot.summaries[id]);
+        let may_fit = |pos: usize| !snapshot.global.is_empty() || need.may_fit(summary(pos));
+        // Policy order is (score, position); a heap hands out only the nodes actually tried.
         let positions: Box<dyn Iterator<Item = usize>> = if self.policy.orders_nodes() {
-            Box::new(order.into_iter())
+            let scored: Vec<Reverse<(i64, usize)>> = (0..candidates.len())
+                .filter(|&pos| may_fit(pos))
+                .map(|pos| {
+                    let s = summary(pos);
+                    let score = self.policy.node_score(&NodeView {
+                        name: candidates[pos].metadata.name.as_deref().unwrap_or_default(),
+                        position: pos,
+                        devices: s.devices,
+                        used_permille: s.used_permille,
+                    });
+                    Reverse((score, pos))
+                })
+                .collect();
+            let mut heap = BinaryHeap::from(scored);
+            Box::new(std::iter::from_fn(move || {
+                heap.pop().map(|Reverse((_, pos))| pos)
+            }))
         } else {
-            Box::new(lazy)
+            Box::new((0..candidates.len()).filter(move |&pos| may_fit(pos)))
         };
         let mut budget = self.options.max_steps;
         for pos in positions {
             let node = &candidates[pos];
-            let devices = node_devices(snapshot, node);
+            let devices = node_devices(snapshot, node, id_of(pos));
             let mut search = Search::new(
                 snapshot,
                 &mut cache,
@@ -237,7 +242,8 @@ impl Allocator {
                 Err(Abort::Fatal(m)) => return Err(single(first, None, FailureKind::Invalid(m))),
             }
         }
-        Err(diagnose(snapshot, &mut cache, &specs, candidates))
+        let ids = snapshot.candidate_ids(&mut cache, candidates, true);
+        Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
     }
 
     fn build(
@@ -261,6 +267,8 @@ impl Allocator {
                     .map(|(k, v)| (status_name(entry, k), v.to_k8s()))
                     .collect::<BTreeMap<_, _>>()
             });
+            // kube-scheduler leaves the field out when nothing was consumed.
+            let consumed = consumed.filter(|c| !c.is_empty());
             let share_id = (entry.multi && !req.admin).then(|| {
                 let name = format!("{}/{}/{}/{i}", spec.uid, req.full, entry.id());
                 uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, name.as_bytes()).to_string()
@@ -444,14 +452,10 @@ fn result_node_selector(snap: &Snapshot, picks: &[Pick], node: &str) -> Option<N
     })
 }
 
-/// The devices a node can use, in kube-scheduler's order.
-fn node_devices(snap: &Snapshot, node: &Node) -> Vec<usize> {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let local = snap
-        .by_node
-        .get(name)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+/// The devices a node can use, in kube-scheduler's order (`id`: the node's id, if it has
+/// local devices).
+fn node_devices(snap: &Snapshot, node: &Node, id: Option<usize>) -> Vec<usize> {
+    let local = id.map(|i| snap.local[i].as_slice()).unwrap_or_default();
     if snap.global.is_empty() {
         return local.to_vec();
     }
@@ -545,7 +549,7 @@ fn class_matches_multi(
     hit
 }
 
-fn wanted(req: &ReqSpec) -> String {
+fn wanted(req: &ReqSpec) -> Wanted {
     match req
         .share
         .as_ref()
@@ -556,30 +560,207 @@ fn wanted(req: &ReqSpec) -> String {
                 crate::share::MemoryAsk::Bytes(b) => format!("{} free", Quantity::from_bytes(b)),
                 crate::share::MemoryAsk::Percent(p) => format!("{p}% of its memory free"),
             };
-            if share.compute > 0 {
-                format!("GPU with {memory} and {}% compute", share.compute)
+            let room = if share.compute > 0 {
+                format!("with {memory} and {}% compute", share.compute)
             } else {
-                format!("GPU with {memory}")
-            }
+                format!("with {memory}")
+            };
+            Wanted::Gpu { room }
         }
-        None => "free device that matches".to_owned(),
+        None => Wanted::Device,
     }
 }
 
-/// Explains a failure: per request, how the reachable devices fare on their own.
-#[allow(clippy::too_many_lines)] // Reason: one tally, read top to bottom.
+/// The devices a request's class selects (cached per class for the snapshot's life).
+fn class_devices(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    req: &ReqSpec,
+) -> std::sync::Arc<Vec<usize>> {
+    if let Some(list) = cache.class_devices.get(&req.class) {
+        return std::sync::Arc::clone(list);
+    }
+    let mut list = Vec::new();
+    'devices: for dev in 0..snap.devices.len() {
+        for &e in &req.class_selectors {
+            match snap.eval(cache, e, dev) {
+                Ok(true) => {}
+                Ok(false) => continue 'devices,
+                // Kept: the error is reported only if the device is reachable.
+                Err(_) => break,
+            }
+        }
+        list.push(dev);
+    }
+    let list = std::sync::Arc::new(list);
+    cache
+        .class_devices
+        .insert(req.class.clone(), std::sync::Arc::clone(&list));
+    list
+}
+
+/// How one request fares on the reachable devices: the counts, and the devices that fit alone.
+fn tally(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    req: &ReqSpec,
+    reachable: &[bool],
+    reachable_count: u32,
+) -> Result<(DeviceCounts, Vec<usize>, Option<String>), FailureKind> {
+    let abort = |a: Abort| match a {
+        Abort::Cel(e) => FailureKind::CelRuntime(e.to_string()),
+        Abort::Fatal(m) => FailureKind::Invalid(m),
+        Abort::Budget => FailureKind::SearchLimit(0),
+    };
+    let selected = class_devices(snap, cache, req);
+    let mut counts = DeviceCounts {
+        considered: reachable_count,
+        class_mismatch: reachable_count,
+        ..DeviceCounts::default()
+    };
+    let mut fitting = Vec::new();
+    let mut share_error = None;
+    for &dev in selected.iter().filter(|&&d| reachable[d]) {
+        counts.class_mismatch -= 1;
+        let outcome = search::classify(snap, cache, req, dev).map_err(abort)?;
+        if outcome == Outcome::NotShared
+            && let Some(Err(e)) = req.share_on(snap.devices[dev].tessera)
+        {
+            share_error = Some(e.to_string());
+        }
+        match outcome {
+            Outcome::ClassMismatch => {}
+            Outcome::SelectorMismatch => counts.selector_mismatch += 1,
+            Outcome::NotShared => counts.not_shared += 1,
+            Outcome::Tainted => counts.tainted += 1,
+            Outcome::InUse => counts.in_use += 1,
+            Outcome::TooFull => counts.too_full += 1,
+            Outcome::Counters => counts.counters_exhausted += 1,
+            Outcome::Fits => {
+                counts.fit += 1;
+                fitting.push(dev);
+            }
+        }
+    }
+    Ok((counts, fitting, share_error))
+}
+
+/// A constraint no candidate node can meet even with every device that fits on its own:
+/// `(attribute, distinct, needed, best)`.
+fn unmeetable_constraint(
+    snap: &Snapshot,
+    claim: &ClaimSpec,
+    fitting: &[Option<Vec<usize>>],
+    candidates: &[Node],
+    ids: &snapshot::CandidateIds,
+) -> Option<(String, bool, u32, u32)> {
+    for k in &claim.constraints {
+        let mut needed = 0usize;
+        let mut devices: Vec<usize> = Vec::new();
+        let mut bounded = true;
+        for ((alts, &fa), fit) in claim
+            .requests
+            .iter()
+            .zip(&claim.first_available)
+            .zip(fitting)
+        {
+            let Some(req) = alts.first() else { continue };
+            if !k.applies(&req.base, &req.full) {
+                continue;
+            }
+            match (fa, req.all, fit) {
+                (false, false, Some(list)) => {
+                    needed += req.count;
+                    devices.extend(list);
+                }
+                _ => bounded = false,
+            }
+        }
+        // A device allowing several allocations may serve several picks: no sound bound.
+        if !bounded || needed < 2 || devices.iter().any(|&d| snap.devices[d].multi) {
+            continue;
+        }
+        devices.sort_unstable();
+        devices.dedup();
+        let mut best = 0usize;
+        for (pos, node) in candidates.iter().enumerate() {
+            let id = ids.get(snap, candidates, pos);
+            let mut per_value: BTreeMap<String, usize> = BTreeMap::new();
+            let mut on_node = 0usize;
+            for d in node_devices(snap, node, id) {
+                if devices.binary_search(&d).is_err() {
+                    continue;
+                }
+                let Some(values) = search::lookup_attr(snap, d, &k.attribute) else {
+                    continue;
+                };
+                on_node += 1;
+                for key in values.keys() {
+                    *per_value.entry(key).or_default() += 1;
+                }
+            }
+            // Devices sharing one value, or (distinct) at most one device per value.
+            let offer = if k.distinct {
+                on_node.min(per_value.len())
+            } else {
+                per_value.values().copied().max().unwrap_or(0)
+            };
+            best = best.max(offer);
+            if best >= needed {
+                break;
+            }
+        }
+        if best < needed {
+            let attribute = k
+                .attribute
+                .rsplit_once('/')
+                .map_or(k.attribute.as_str(), |(_, id)| id)
+                .to_owned();
+            let as_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            return Some((attribute, k.distinct, as_u32(needed), as_u32(best)));
+        }
+    }
+    None
+}
+
+/// Which devices the candidates reach, and how many.
+fn reachable(
+    snap: &Snapshot,
+    candidates: &[Node],
+    ids: &snapshot::CandidateIds,
+) -> (Vec<bool>, u32) {
+    let mut reachable = vec![false; snap.devices.len()];
+    let mut count = 0u32;
+    let mut mark = |d: usize| {
+        if !reachable[d] {
+            reachable[d] = true;
+            count += 1;
+        }
+    };
+    for (pos, node) in candidates.iter().enumerate() {
+        let id = ids.get(snap, candidates, pos);
+        for &d in id.map(|i| snap.local[i].as_slice()).unwrap_or_default() {
+            mark(d);
+        }
+        for &d in &snap.global {
+            if snap.devices[d].scope.matches(node) {
+                mark(d);
+            }
+        }
+    }
+    (reachable, count)
+}
+
+/// Explains a failure: per request, how the reachable devices its class selects fare on
+/// their own; when each request fits alone, whether a constraint is what cannot be met.
 fn diagnose(
     snap: &Snapshot,
     cache: &mut snapshot::SelectorCache,
     specs: &[ClaimSpec],
     candidates: &[Node],
+    ids: &snapshot::CandidateIds,
 ) -> Unsatisfiable {
-    let mut reachable = vec![false; snap.devices.len()];
-    for node in candidates {
-        for d in node_devices(snap, node) {
-            reachable[d] = true;
-        }
-    }
+    let (reachable, reachable_count) = reachable(snap, candidates, ids);
     let notes: Vec<String> = snap
         .pools
         .iter()
@@ -595,43 +776,20 @@ fn diagnose(
     for claim in specs {
         let mut fallback = None;
         let mut failure = None;
+        let mut fitting: Vec<Option<Vec<usize>>> = Vec::with_capacity(claim.requests.len());
         for alts in &claim.requests {
-            let Some(req) = alts.last() else { continue };
-            let mut counts = DeviceCounts::default();
-            let mut share_error = None;
-            for (dev, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
-                counts.considered += 1;
-                let outcome = match search::classify(snap, cache, req, dev) {
-                    Ok(o) => o,
-                    Err(Abort::Cel(e)) => {
-                        failure = Some((req, FailureKind::CelRuntime(e.to_string()), counts));
+            let Some(req) = alts.last() else {
+                fitting.push(None);
+                continue;
+            };
+            let (counts, fits, share_error) =
+                match tally(snap, cache, req, &reachable, reachable_count) {
+                    Ok(t) => t,
+                    Err(kind) => {
+                        failure = Some((req, kind, DeviceCounts::default()));
                         break;
                     }
-                    Err(Abort::Fatal(m)) => {
-                        failure = Some((req, FailureKind::Invalid(m), counts));
-                        break;
-                    }
-                    Err(Abort::Budget) => continue,
                 };
-                if outcome == Outcome::NotShared
-                    && let Some(Err(e)) = req.share_on(snap.devices[dev].tessera)
-                {
-                    share_error = Some(e.to_string());
-                }
-                match outcome {
-                    Outcome::ClassMismatch => counts.class_mismatch += 1,
-                    Outcome::SelectorMismatch => counts.selector_mismatch += 1,
-                    Outcome::NotShared => counts.not_shared += 1,
-                    Outcome::Tainted => counts.tainted += 1,
-                    Outcome::InUse => counts.in_use += 1,
-                    Outcome::TooFull => counts.too_full += 1,
-                    Outcome::Counters => counts.counters_exhausted += 1,
-                    Outcome::Fits => counts.fit += 1,
-                }
-            }
-            if failure.is_some() {
-                break;
-            }
             if let Some(m) = share_error.filter(|_| counts.fit == 0) {
                 failure = Some((req, FailureKind::Invalid(m), counts));
                 break;
@@ -655,11 +813,21 @@ fn diagnose(
             if fallback.is_none() {
                 fallback = Some((req, counts));
             }
+            fitting.push(Some(fits));
         }
         let (request, kind, counts) = match (failure, fallback) {
             (Some((req, kind, counts)), _) => (Some(req.base.clone()), kind, counts),
             (None, Some((req, counts))) => {
-                (Some(req.base.clone()), FailureKind::NotTogether, counts)
+                let kind = match unmeetable_constraint(snap, claim, &fitting, candidates, ids) {
+                    Some((attribute, distinct, needed, best)) => FailureKind::Constraint {
+                        attribute,
+                        distinct,
+                        needed,
+                        best,
+                    },
+                    None => FailureKind::NotTogether,
+                };
+                (Some(req.base.clone()), kind, counts)
             }
             (None, None) => (None, FailureKind::NotTogether, DeviceCounts::default()),
         };

@@ -49,19 +49,56 @@ pub struct ShareInput<'a> {
     pub field: &'a str,
 }
 
-/// Decides whether a request is a Tessera share and validates it.
+/// Where a request's `capacity.requests` make it a Tessera share.
+#[derive(Debug, Clone, Copy)]
+pub enum CapacityShares<'a> {
+    /// When the request's class is one of these (static checks, with no devices at hand).
+    InClasses(&'a [&'a str]),
+    /// Always: the allocator applies such a share to Tessera's devices only, where the
+    /// request lands on another driver's device it is plain consumable capacity.
+    OnTesseraDevices,
+}
+
+/// What a request is as far as Tessera's shares go.
+#[derive(Debug, Clone)]
+pub enum RequestShare {
+    /// Not a share.
+    Plain,
+    /// Sized by a `GpuShare` opaque config.
+    Config(ShareRequest),
+    /// Sized by `capacity.requests`; an `Err` names the share rule they break (with
+    /// [`CapacityShares::OnTesseraDevices`] that matters only on Tessera's devices).
+    Capacity(Result<ShareRequest, Error>),
+}
+
+impl RequestShare {
+    /// The share, or the rule it breaks; `Ok(None)` for a plain request.
+    pub fn into_result(self) -> Result<Option<ShareRequest>, Error> {
+        match self {
+            Self::Plain => Ok(None),
+            Self::Config(s) => Ok(Some(s)),
+            Self::Capacity(r) => r.map(Some),
+        }
+    }
+}
+
+/// Decides whether a request is a Tessera share and what it asks: the one place that rule
+/// lives (the allocator, `tessera validate` and admission all use it).
 ///
 /// A request is a share when a [`config::GpuShare`] for `driver` applies to it (class configs
-/// apply to every request of the class), or when it has `capacity.requests` and its class is
-/// one of `share_classes`. `Ok(None)` means a plain request.
+/// apply to every request of the class, the last config wins), or when it has
+/// `capacity.requests` that `capacity_rule` counts as a share. `Err` is a mistake that makes
+/// the request invalid wherever it lands: an undecodable or user-written `AllocatedShares`
+/// config, a broken `GpuShare` rule, both kinds of sizing at once, a share with
+/// `allocationMode: All`.
 pub fn request_share(
     driver: &str,
     input: &ShareInput<'_>,
     class_name: &str,
     class_configs: &[AppliedConfig<'_>],
     claim_configs: &[AppliedConfig<'_>],
-    share_classes: &[&str],
-) -> Result<Option<ShareRequest>, Error> {
+    capacity_rule: CapacityShares<'_>,
+) -> Result<RequestShare, Error> {
     let mut gpu_share = None;
     for cfg in class_configs
         .iter()
@@ -77,7 +114,7 @@ pub fn request_share(
             TesseraConfig::AllocatedShares(_) => {
                 return Err(Error::Share {
                     field: format!("{context}.kind"),
-                    message: "AllocatedShares is written by the allocator only".to_owned(),
+                    message: ALLOCATED_SHARES_BY_USER.to_owned(),
                 });
             }
         }
@@ -86,45 +123,57 @@ pub fn request_share(
         .capacity
         .and_then(|c| c.requests.as_ref())
         .filter(|r| !r.is_empty());
-    let is_share_class = share_classes.contains(&class_name);
-    if gpu_share.is_none() && !(capacity.is_some() && is_share_class) {
-        return Ok(None);
+    let capacity_counts = match capacity_rule {
+        CapacityShares::InClasses(classes) => classes.contains(&class_name),
+        CapacityShares::OnTesseraDevices => true,
+    };
+    let capacity = capacity.filter(|_| capacity_counts || gpu_share.is_some());
+    if gpu_share.is_none() && capacity.is_none() {
+        return Ok(RequestShare::Plain);
     }
-    if input.allocation_mode.is_some_and(|m| m == "All") {
-        return Err(Error::Share {
-            field: format!("{}.allocationMode", input.field),
-            message: "a share needs a fixed count; allocationMode All is not allowed".to_owned(),
-        });
-    }
-    let count = input.count.unwrap_or(1);
-    let count = u32::try_from(count)
-        .ok()
-        .filter(|c| *c >= 1)
-        .ok_or_else(|| Error::Share {
-            field: format!("{}.count", input.field),
-            message: format!("count {count} must be at least 1"),
-        })?;
-    match (gpu_share, capacity) {
-        (Some(_), Some(_)) => Err(Error::Share {
-            field: format!("{}.capacity.requests", input.field),
-            message:
-                "a share is sized either by capacity.requests or by a GpuShare config, not both"
-                    .to_owned(),
-        }),
-        (Some((share, context)), None) => {
-            ShareRequest::from_gpu_share(&share, count, &context).map(Some)
+    let all = input.allocation_mode.is_some_and(|m| m == "All");
+    let rule = |field: String, message: String| Error::Share { field, message };
+    let fixed_count = || -> Result<u32, Error> {
+        if all {
+            return Err(rule(
+                format!("{}.allocationMode", input.field),
+                "a share needs an exact count of cards, not All".to_owned(),
+            ));
         }
-        (None, Some(requests)) => {
+        let count = input.count.unwrap_or(1);
+        u32::try_from(count)
+            .ok()
+            .filter(|c| *c >= 1)
+            .ok_or_else(|| {
+                rule(
+                    format!("{}.count", input.field),
+                    format!("count {count} must be at least 1"),
+                )
+            })
+    };
+    match (gpu_share, capacity) {
+        (Some(_), Some(_)) => Err(rule(
+            format!("{}.capacity.requests", input.field),
+            "set either capacity.requests or a GpuShare config, not both".to_owned(),
+        )),
+        (Some((share, context)), None) => {
+            let count = fixed_count()?;
+            ShareRequest::from_gpu_share(&share, count, &context).map(RequestShare::Config)
+        }
+        (None, Some(requests)) => Ok(RequestShare::Capacity(fixed_count().and_then(|count| {
             let field = format!("{}.capacity.requests", input.field);
             let mut parsed = std::collections::BTreeMap::new();
             for (name, q) in requests {
                 parsed.insert(name.clone(), Quantity::from_k8s(q)?);
             }
-            ShareRequest::from_capacity_requests(&parsed, count, &field).map(Some)
-        }
-        (None, None) => Ok(None),
+            ShareRequest::from_capacity_requests(&parsed, count, &field)
+        }))),
+        (None, None) => Ok(RequestShare::Plain),
     }
 }
+
+/// Why a user's `AllocatedShares` config is refused.
+const ALLOCATED_SHARES_BY_USER: &str = "AllocatedShares is written by the allocator, not by claims";
 
 /// Checks a DeviceClass: its selectors compile and its Tessera configs decode.
 pub fn validate_device_class(class: &res::DeviceClass, driver: &str, cel: &CelCache) -> Vec<Error> {
@@ -156,7 +205,7 @@ pub fn validate_device_class(class: &res::DeviceClass, driver: &str, cel: &CelCa
                 Ok(TesseraConfig::AllocatedShares(_)) => errors.push(Error::invalid(
                     &object,
                     format!("{field}.kind"),
-                    "AllocatedShares is written by the allocator only",
+                    ALLOCATED_SHARES_BY_USER,
                 )),
                 Err(e) => errors.push(Error::invalid(&object, field, e.to_string())),
             }
@@ -170,6 +219,7 @@ pub fn validate_device_class(class: &res::DeviceClass, driver: &str, cel: &CelCa
 ///
 /// `classes` resolves class names to the classes known to the caller (a missing class is not
 /// an error here: it may be created later), `object` names the claim in messages.
+#[allow(clippy::too_many_lines)] // Reason: every check of one claim, read top to bottom.
 pub fn validate_claim_spec(
     object: &str,
     spec: &res::ResourceClaimSpec,
@@ -277,8 +327,10 @@ pub fn validate_claim_spec(
                 class_name,
                 &class_configs,
                 &claim_configs,
-                share_classes,
-            ) {
+                CapacityShares::InClasses(share_classes),
+            )
+            .and_then(RequestShare::into_result)
+            {
                 errors.push(Error::invalid(object, field.clone(), e.to_string()));
             }
         };

@@ -32,18 +32,41 @@ impl DeviceCounts {
     }
 }
 
+/// What a request looked for, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wanted {
+    /// Any free device its selectors accept.
+    Device,
+    /// A shared GPU with room for the share, e.g. `with 10Gi free and 50% compute`.
+    Gpu {
+        /// The room asked for, starting with `with`.
+        room: String,
+    },
+}
+
 /// The rule a claim failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailureKind {
     /// Too few devices fit one request.
     NoDevice {
-        /// What was looked for, e.g. `GPU with 10Gi free`.
-        wanted: String,
+        /// What was looked for.
+        wanted: Wanted,
         /// How many were needed.
         needed: u32,
     },
     /// Each request fits alone, but no node fits all of them (constraints, counts, other claims).
     NotTogether,
+    /// No candidate node has enough devices, each fitting on its own, for a constraint.
+    Constraint {
+        /// The attribute, without its domain (e.g. `nvlinkDomain`).
+        attribute: String,
+        /// `distinctAttribute` (values must differ) rather than `matchAttribute`.
+        distinct: bool,
+        /// Devices the constrained requests need together.
+        needed: u32,
+        /// The most devices one node could offer under the constraint.
+        best: u32,
+    },
     /// No candidate node was given or reachable.
     NoNodes,
     /// The claim is malformed or asks for something that cannot exist (a rule is named).
@@ -93,15 +116,23 @@ impl fmt::Display for ClaimFailure {
         let c = &self.counts;
         match &self.kind {
             FailureKind::NoDevice { wanted, needed } => {
-                if *needed > 1 {
-                    write!(f, ": fewer than {needed} of {wanted}")?;
-                } else {
-                    write!(f, ": no {wanted}")?;
-                }
-                let noun = if wanted.starts_with("GPU") {
-                    "GPU"
-                } else {
-                    "device"
+                let noun = match (wanted, *needed) {
+                    (Wanted::Device, 1) => {
+                        write!(f, ": no free device that matches")?;
+                        "device"
+                    }
+                    (Wanted::Device, n) => {
+                        write!(f, ": needs {n} free devices that match, found {}", c.fit)?;
+                        "device"
+                    }
+                    (Wanted::Gpu { room }, 1) => {
+                        write!(f, ": no GPU {room}")?;
+                        "GPU"
+                    }
+                    (Wanted::Gpu { room }, n) => {
+                        write!(f, ": needs {n} distinct GPUs {room}, found {}", c.fit)?;
+                        "GPU"
+                    }
                 };
                 write!(f, ": {} matched the class", plural(c.matched_class(), noun))?;
                 for (n, what) in [
@@ -111,12 +142,27 @@ impl fmt::Display for ClaimFailure {
                     (c.too_full, "too full"),
                     (c.tainted, "tainted"),
                     (c.counters_exhausted, "out of shared counters"),
-                    (c.fit, "free"),
                 ] {
                     if n > 0 {
                         write!(f, ", {n} {what}")?;
                     }
                 }
+                if *needed == 1 && c.fit > 0 {
+                    write!(f, ", {} free", c.fit)?;
+                }
+            }
+            FailureKind::Constraint {
+                attribute,
+                distinct,
+                needed,
+                best,
+            } => {
+                if *distinct {
+                    write!(f, ": no {needed} devices with distinct {attribute} values")?;
+                } else {
+                    write!(f, ": no {needed} devices share one {attribute}")?;
+                }
+                write!(f, " (at most {best} on one node)")?;
             }
             FailureKind::NotTogether => write!(
                 f,
@@ -160,7 +206,9 @@ mod tests {
             claim: "default/train".into(),
             request: Some("gpus".into()),
             kind: FailureKind::NoDevice {
-                wanted: "GPU with 10Gi free".into(),
+                wanted: Wanted::Gpu {
+                    room: "with 10Gi free".into(),
+                },
                 needed: 1,
             },
             counts: DeviceCounts {
@@ -175,6 +223,60 @@ mod tests {
         assert_eq!(
             failure.to_string(),
             "claim default/train request gpus: no GPU with 10Gi free: 12 GPUs matched the class, 9 too full, 3 tainted"
+        );
+    }
+
+    #[test]
+    fn counts_say_what_was_needed_and_found() {
+        let plain = ClaimFailure {
+            claim: "default/big".into(),
+            request: Some("gpus".into()),
+            kind: FailureKind::NoDevice {
+                wanted: Wanted::Device,
+                needed: 8,
+            },
+            counts: DeviceCounts {
+                considered: 8,
+                in_use: 7,
+                fit: 1,
+                ..DeviceCounts::default()
+            },
+            notes: vec![],
+        };
+        assert_eq!(
+            plain.to_string(),
+            "claim default/big request gpus: needs 8 free devices that match, found 1: 8 devices matched the class, 7 in use"
+        );
+        let share = ClaimFailure {
+            kind: FailureKind::NoDevice {
+                wanted: Wanted::Gpu {
+                    room: "with 1Gi free".into(),
+                },
+                needed: 3,
+            },
+            counts: DeviceCounts {
+                considered: 2,
+                fit: 2,
+                ..DeviceCounts::default()
+            },
+            ..plain.clone()
+        };
+        assert_eq!(
+            share.to_string(),
+            "claim default/big request gpus: needs 3 distinct GPUs with 1Gi free, found 2: 2 GPUs matched the class"
+        );
+        let island = ClaimFailure {
+            kind: FailureKind::Constraint {
+                attribute: "nvlinkDomain".into(),
+                distinct: false,
+                needed: 8,
+                best: 4,
+            },
+            ..plain
+        };
+        assert_eq!(
+            island.to_string(),
+            "claim default/big request gpus: no 8 devices share one nvlinkDomain (at most 4 on one node)"
         );
     }
 }

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1 as res;
 
 use super::snapshot::{SelectorCache, Snapshot, claim_name};
-use crate::config::{self, TesseraConfig};
 use crate::error::{Error, Result};
 use crate::quantity::Quantity;
 use crate::share::ShareRequest;
+use crate::validation::{AppliedConfig, CapacityShares, RequestShare, ShareInput, request_share};
 
 /// Most devices one claim's allocation may hold (the API's limit on results).
 pub(crate) const MAX_RESULTS: usize = 32;
@@ -96,48 +96,65 @@ fn spec_err(request: Option<&str>, message: impl Into<String>) -> SpecError {
     }
 }
 
-/// The `GpuShare` that applies to a request, if any: class config first, then claim config,
-/// the last one winning as with every DRA config.
-fn gpu_share_for(
+/// A request's share, decided by [`crate::validation::request_share`] (the one rule), with
+/// `capacity.requests` counted as a share on Tessera's devices.
+fn share_of(
     driver: &str,
     class: &res::DeviceClass,
     claim: &res::DeviceClaim,
-    base: &str,
     full: &str,
-) -> std::result::Result<Option<(config::GpuShare, String)>, Error> {
-    let mut found = None;
+    raw: &RawRequest<'_>,
+    field: &str,
+) -> Result<RequestShare> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
-    for (i, cfg) in class.spec.config.iter().flatten().enumerate() {
-        if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) {
-            let field = format!("DeviceClass {class_name}: spec.config[{i}].opaque.parameters");
-            if let TesseraConfig::GpuShare(s) = config::decode(&opaque.parameters.0, &field)? {
-                found = Some((s, field));
-            }
-        }
-    }
-    for (i, cfg) in claim.config.iter().flatten().enumerate() {
-        let applies = cfg
-            .requests
-            .as_ref()
-            .is_none_or(|r| r.is_empty() || r.iter().any(|n| n == base || n == full));
-        if !applies {
-            continue;
-        }
-        if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) {
-            let field = format!("spec.devices.config[{i}].opaque.parameters");
-            match config::decode(&opaque.parameters.0, &field)? {
-                TesseraConfig::GpuShare(s) => found = Some((s, field)),
-                TesseraConfig::AllocatedShares(_) => {
-                    return Err(Error::Share {
-                        field: format!("{field}.kind"),
-                        message: "AllocatedShares is written by the allocator, not by claims"
-                            .into(),
-                    });
-                }
-            }
-        }
-    }
-    Ok(found)
+    let class_fields: Vec<String> = (0..class.spec.config.as_ref().map_or(0, Vec::len))
+        .map(|i| format!("DeviceClass {class_name}: spec.config[{i}]"))
+        .collect();
+    let claim_fields: Vec<String> = (0..claim.config.as_ref().map_or(0, Vec::len))
+        .map(|i| format!("spec.devices.config[{i}]"))
+        .collect();
+    let class_configs: Vec<AppliedConfig<'_>> = class
+        .spec
+        .config
+        .iter()
+        .flatten()
+        .zip(&class_fields)
+        .filter_map(|(c, f)| {
+            c.opaque.as_ref().map(|opaque| AppliedConfig {
+                requests: &[],
+                opaque,
+                field: f,
+            })
+        })
+        .collect();
+    let claim_configs: Vec<AppliedConfig<'_>> = claim
+        .config
+        .iter()
+        .flatten()
+        .zip(&claim_fields)
+        .filter_map(|(c, f)| {
+            c.opaque.as_ref().map(|opaque| AppliedConfig {
+                requests: c.requests.as_deref().unwrap_or_default(),
+                opaque,
+                field: f,
+            })
+        })
+        .collect();
+    let input = ShareInput {
+        request: full,
+        count: raw.count,
+        allocation_mode: raw.mode,
+        capacity: raw.capacity,
+        field,
+    };
+    request_share(
+        driver,
+        &input,
+        &class_name,
+        &class_configs,
+        &claim_configs,
+        CapacityShares::OnTesseraDevices,
+    )
 }
 
 struct RawRequest<'a> {
@@ -203,14 +220,9 @@ fn prepare_request(
         if c < 1 {
             return Err(e(format!("{field}.count: {c} is not positive")));
         }
-        usize::try_from(c)
-            .ok()
-            .filter(|&c| c <= MAX_RESULTS)
-            .ok_or_else(|| {
-                e(format!(
-                    "{field}.count: {c} exceeds the claim limit of {MAX_RESULTS} devices"
-                ))
-            })?
+        // A subrequest may ask for more than one claim can hold: kube-scheduler then moves
+        // on to the next alternative. The claim's minimum is checked in `prepare_claim`.
+        usize::try_from(c).unwrap_or(usize::MAX)
     };
     let capacity = match raw.capacity.and_then(|c| c.requests.as_ref()) {
         None => None,
@@ -224,34 +236,12 @@ fn prepare_request(
             Some(out)
         }
     };
-    let share =
-        gpu_share_for(driver, class, claim, base, &full).map_err(|err| e(err.to_string()))?;
-    let cards = u32::try_from(count).unwrap_or(u32::MAX);
-    let share = match share {
-        None => None,
-        Some((gs, cfg_field)) => {
-            if all {
-                return Err(e(format!(
-                    "{field}.allocationMode: a share needs an exact count of cards, not All"
-                )));
-            }
-            if capacity.is_some() {
-                return Err(e(format!(
-                    "{field}.capacity.requests: set either capacity.requests or a GpuShare config, not both"
-                )));
-            }
-            Some(
-                ShareRequest::from_gpu_share(&gs, cards, &cfg_field)
-                    .map_err(|err| e(err.to_string()))?,
-            )
-        }
+    let (share, capacity_share) = match share_of(driver, class, claim, &full, raw, field) {
+        Err(err) => return Err(e(err.to_string())),
+        Ok(RequestShare::Plain) => (None, None),
+        Ok(RequestShare::Config(s)) => (Some(s), None),
+        Ok(RequestShare::Capacity(r)) => (None, Some(r)),
     };
-    let capacity_share = capacity
-        .as_ref()
-        .filter(|_| share.is_none() && !all)
-        .map(|c| {
-            ShareRequest::from_capacity_requests(c, cards, &format!("{field}.capacity.requests"))
-        });
     Ok(ReqSpec {
         base: base.to_owned(),
         sub: sub.map(str::to_owned),
@@ -340,6 +330,7 @@ pub(crate) fn prepare_claim(
             }
         }
     }
+    check_minimum(&requests)?;
     let mut constraints = Vec::new();
     for (i, c) in devices.constraints.iter().flatten().enumerate() {
         let (distinct, attribute) = match (&c.match_attribute, &c.distinct_attribute) {
@@ -369,97 +360,32 @@ pub(crate) fn prepare_claim(
     })
 }
 
-/// Checks every Tessera share rule of a claim without allocating it: the errors name the
-/// field and the rule, as admission and `tessera validate` report them.
-pub fn validate_shares(
-    driver: &str,
-    classes: &[res::DeviceClass],
-    claim: &res::ResourceClaim,
-) -> Vec<Error> {
-    let object = format!("ResourceClaim {}", claim_name(claim));
-    let empty = res::DeviceClaim::default();
-    let devices = claim.spec.devices.as_ref().unwrap_or(&empty);
-    let mut out = Vec::new();
-    let mut check = |base: &str,
-                     full: &str,
-                     class: &str,
-                     count: Option<i64>,
-                     mode: Option<&str>,
-                     cap: Option<&res::CapacityRequirements>,
-                     field: String| {
-        let count = u32::try_from(count.unwrap_or(1)).unwrap_or(0);
-        let class = classes
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(class))
-            .cloned()
-            .unwrap_or_default();
-        let wrap = |e: Error| Error::invalid(&object, &field, e.to_string());
-        match gpu_share_for(driver, &class, devices, base, full) {
-            Err(e) => out.push(wrap(e)),
-            Ok(Some((gs, f))) => {
-                if mode == Some("All") {
-                    out.push(Error::invalid(
-                        &object,
-                        format!("{field}.allocationMode"),
-                        "a share needs an exact count of cards, not All",
-                    ));
-                }
-                if let Err(e) = ShareRequest::from_gpu_share(&gs, count, &f) {
-                    out.push(wrap(e));
-                }
-            }
-            Ok(None) => {
-                if let Some(reqs) = cap.and_then(|c| c.requests.as_ref()) {
-                    let prefix = format!("{driver}/");
-                    let class_name = class.metadata.name.as_deref().unwrap_or_default();
-                    let tessera_class =
-                        class_name == driver || class_name.ends_with(&format!(".{driver}"));
-                    let tessera_keys = reqs.keys().any(|k| k.starts_with(&prefix))
-                        || (tessera_class && reqs.keys().all(|k| !k.contains('/')));
-                    if tessera_keys {
-                        let parsed: Result<BTreeMap<String, Quantity>> = reqs
-                            .iter()
-                            .map(|(k, v)| Ok((k.clone(), Quantity::from_k8s(v)?)))
-                            .collect();
-                        match parsed.and_then(|p| {
-                            ShareRequest::from_capacity_requests(
-                                &p,
-                                count,
-                                &format!("{field}.capacity.requests"),
-                            )
-                        }) {
-                            Ok(_) => {}
-                            Err(e) => out.push(wrap(e)),
-                        }
-                    }
-                }
-            }
-        }
-    };
-    for (i, r) in devices.requests.iter().flatten().enumerate() {
-        if let Some(x) = &r.exactly {
-            check(
-                &r.name,
-                &r.name,
-                &x.device_class_name,
-                x.count,
-                x.allocation_mode.as_deref(),
-                x.capacity.as_ref(),
-                format!("spec.devices.requests[{i}].exactly"),
-            );
-        }
-        for (j, s) in r.first_available.iter().flatten().enumerate() {
-            let full = format!("{}/{}", r.name, s.name);
-            check(
-                &r.name,
-                &full,
-                &s.device_class_name,
-                s.count,
-                s.allocation_mode.as_deref(),
-                s.capacity.as_ref(),
-                format!("spec.devices.requests[{i}].firstAvailable[{j}]"),
-            );
-        }
+/// Refuses a claim whose requests need more devices than one claim may hold, counting each
+/// request's count and, for `firstAvailable`, its smallest alternative (as kube-scheduler does).
+fn check_minimum(requests: &[Vec<ReqSpec>]) -> std::result::Result<(), SpecError> {
+    let minimum = requests
+        .iter()
+        .map(|alts| {
+            alts.iter()
+                .map(|a| if a.all { 0 } else { a.count })
+                .min()
+                .unwrap_or(0)
+        })
+        .fold(0usize, usize::saturating_add);
+    if minimum <= MAX_RESULTS {
+        return Ok(());
     }
-    out
+    let (request, field) = match requests {
+        [alts] => (
+            alts.first().map(|a| a.base.clone()),
+            "spec.devices.requests[0]",
+        ),
+        _ => (None, "spec.devices.requests"),
+    };
+    Err(SpecError {
+        request,
+        message: format!(
+            "{field}: {minimum} devices requested exceed the claim limit of {MAX_RESULTS} devices"
+        ),
+    })
 }

@@ -48,21 +48,63 @@ pub(crate) struct Pick {
     counters: bool,
 }
 
+/// An attribute's values as a set of one type: a scalar is a set of one, a list its elements.
 #[derive(Debug, Clone, PartialEq)]
-enum AttrValue {
-    Bool(bool),
-    Int(i64),
-    Str(String),
-    Version(String),
+pub(crate) enum AttrSet {
+    Bool(Vec<bool>),
+    Int(Vec<i64>),
+    Str(Vec<String>),
+    Version(Vec<String>),
 }
 
+impl AttrSet {
+    /// The values both sets hold; values of different types never meet.
+    fn intersect(&self, other: &Self) -> Self {
+        fn common<T: PartialEq + Clone>(a: &[T], b: &[T]) -> Vec<T> {
+            a.iter().filter(|x| b.contains(x)).cloned().collect()
+        }
+        match (self, other) {
+            (Self::Bool(a), Self::Bool(b)) => Self::Bool(common(a, b)),
+            (Self::Int(a), Self::Int(b)) => Self::Int(common(a, b)),
+            (Self::Str(a), Self::Str(b)) => Self::Str(common(a, b)),
+            (Self::Version(a), Self::Version(b)) => Self::Version(common(a, b)),
+            _ => Self::Str(Vec::new()),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::Bool(v) => v.is_empty(),
+            Self::Int(v) => v.is_empty(),
+            Self::Str(v) | Self::Version(v) => v.is_empty(),
+        }
+    }
+
+    fn disjoint(&self, other: &Self) -> bool {
+        self.intersect(other).is_empty()
+    }
+
+    /// Each value as a key that no value of another type shares.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        match self {
+            Self::Bool(v) => v.iter().map(|b| format!("b:{b}")).collect(),
+            Self::Int(v) => v.iter().map(|i| format!("i:{i}")).collect(),
+            Self::Str(v) => v.iter().map(|x| format!("s:{x}")).collect(),
+            Self::Version(v) => v.iter().map(|x| format!("v:{x}")).collect(),
+        }
+    }
+}
+
+/// Per constraint, one entry per device added, in order (the search undoes picks last first).
+/// `matchAttribute` keeps the values every device so far has in common: it holds while that
+/// set is not empty. `distinctAttribute` keeps each device's values: they must not overlap.
 #[derive(Debug, Clone)]
 enum ConstraintState {
-    Match { value: Option<AttrValue>, n: usize },
-    Distinct { values: Vec<(usize, AttrValue)> },
+    Match { common: Vec<(usize, AttrSet)> },
+    Distinct { values: Vec<(usize, AttrSet)> },
 }
 
-fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrValue> {
+pub(crate) fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrSet> {
     let entry = &snap.devices[dev];
     let attrs = entry.device.attributes.as_ref()?;
     let attr = attrs.get(name).or_else(|| {
@@ -74,13 +116,21 @@ fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrValue> {
         }
     })?;
     if let Some(s) = &attr.string {
-        Some(AttrValue::Str(s.clone()))
+        Some(AttrSet::Str(vec![s.clone()]))
     } else if let Some(i) = attr.int {
-        Some(AttrValue::Int(i))
+        Some(AttrSet::Int(vec![i]))
     } else if let Some(b) = attr.bool {
-        Some(AttrValue::Bool(b))
+        Some(AttrSet::Bool(vec![b]))
+    } else if let Some(v) = &attr.version {
+        Some(AttrSet::Version(vec![v.clone()]))
+    } else if let Some(l) = &attr.strings {
+        Some(AttrSet::Str(l.clone()))
+    } else if let Some(l) = &attr.ints {
+        Some(AttrSet::Int(l.clone()))
+    } else if let Some(l) = &attr.bools {
+        Some(AttrSet::Bool(l.clone()))
     } else {
-        attr.version.clone().map(AttrValue::Version)
+        attr.versions.clone().map(AttrSet::Version)
     }
 }
 
@@ -192,7 +242,7 @@ impl<'a> Search<'a> {
                         if k.distinct {
                             ConstraintState::Distinct { values: Vec::new() }
                         } else {
-                            ConstraintState::Match { value: None, n: 0 }
+                            ConstraintState::Match { common: Vec::new() }
                         }
                     })
                     .collect()
@@ -233,6 +283,11 @@ impl<'a> Search<'a> {
             // "All" takes every selectable device; taints are checked when it is taken.
             let outcome = static_outcome(self.snap, self.cache, spec, dev)?;
             if outcome == Outcome::Fits || (spec.all && outcome == Outcome::Tainted) {
+                // "All" means all devices with room for the request's capacity, as
+                // committed before this search (kube-scheduler decides it up front).
+                if spec.all && !capacity_fits(self.snap, spec, dev)? {
+                    continue;
+                }
                 list.push(dev);
             }
         }
@@ -304,7 +359,7 @@ impl<'a> Search<'a> {
         if d >= needed {
             return self.step(c, r + 1, None, 0);
         }
-        if self.picks[c].len() + needed - d > MAX_RESULTS {
+        if self.picks[c].len().saturating_add(needed - d) > MAX_RESULTS {
             return Ok(false);
         }
         if spec.all {
@@ -365,6 +420,15 @@ impl<'a> Search<'a> {
         let mut inflight = None;
         let mut share = None;
         let mut exclusive = false;
+        // "All" candidates include tainted devices: an untolerated taint fails the request.
+        if spec.all
+            && entry
+                .taints
+                .iter()
+                .any(|t| !spec.tolerations.iter().any(|tol| tolerates(tol, t)))
+        {
+            return Ok(false);
+        }
         if spec.admin {
             if !entry.multi && self.excl.iter().any(|&(d, cl)| d == dev && cl == c) {
                 return Ok(false);
@@ -564,31 +628,33 @@ impl<'a> Search<'a> {
             if !k.applies(&spec.base, &spec.full) {
                 continue;
             }
-            let value = lookup_attr(self.snap, dev, &k.attribute);
-            let ok = match (&self.constraints[c][i], &value) {
-                (_, None) => false,
-                (ConstraintState::Match { value: v, n }, Some(x)) => {
-                    *n == 0 || v.as_ref() == Some(x)
-                }
-                (ConstraintState::Distinct { values }, Some(x)) => {
-                    values.iter().all(|(_, y)| y != x)
-                }
-            };
-            if !ok {
+            let Some(value) = lookup_attr(self.snap, dev, &k.attribute) else {
                 for j in 0..i {
                     self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
                 }
                 return false;
-            }
-            match (&mut self.constraints[c][i], value) {
-                (ConstraintState::Match { value: v, n }, Some(x)) => {
-                    if *n == 0 {
-                        *v = Some(x);
-                    }
-                    *n += 1;
+            };
+            let next = match &self.constraints[c][i] {
+                ConstraintState::Match { common } => match common.last() {
+                    None => Some(value),
+                    Some((_, set)) => Some(set.intersect(&value)).filter(|s| !s.is_empty()),
+                },
+                ConstraintState::Distinct { values } => values
+                    .iter()
+                    .all(|(_, y)| y.disjoint(&value))
+                    .then_some(value),
+            };
+            let Some(next) = next else {
+                for j in 0..i {
+                    self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
                 }
-                (ConstraintState::Distinct { values }, Some(x)) => values.push((dev, x)),
-                _ => {}
+                return false;
+            };
+            match &mut self.constraints[c][i] {
+                ConstraintState::Match { common: list }
+                | ConstraintState::Distinct { values: list } => {
+                    list.push((dev, next));
+                }
             }
         }
         true
@@ -599,15 +665,10 @@ impl<'a> Search<'a> {
             return;
         }
         match &mut self.constraints[c][i] {
-            ConstraintState::Match { value, n } => {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    *value = None;
-                }
-            }
-            ConstraintState::Distinct { values } => {
-                if let Some(pos) = values.iter().rposition(|(d, _)| *d == dev) {
-                    values.remove(pos);
+            ConstraintState::Match { common: list }
+            | ConstraintState::Distinct { values: list } => {
+                if let Some(pos) = list.iter().rposition(|(d, _)| *d == dev) {
+                    list.remove(pos);
                 }
             }
         }
@@ -648,26 +709,8 @@ pub(crate) fn classify(
         }
     } else if (entry.multi && u.exclusive > 0) || (!entry.multi && u.holders() > 0) {
         return Ok(Outcome::InUse);
-    } else {
-        let requests = match &spec.capacity {
-            None => Some(Amounts::new()),
-            Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
-                .map_err(Abort::Fatal)?,
-        };
-        let Some(requests) = requests else {
-            return Ok(Outcome::TooFull);
-        };
-        let used = if entry.multi {
-            u.consumed.clone()
-        } else {
-            Amounts::new()
-        };
-        if !matches!(
-            capacity::try_consume(&entry.capacity, &requests, &[&used]),
-            Ok(Some(_))
-        ) {
-            return Ok(Outcome::TooFull);
-        }
+    } else if !capacity_fits(snap, spec, dev)? {
+        return Ok(Outcome::TooFull);
     }
     if !entry.consumes.is_empty() && u.holders() == 0 {
         let pool = &snap.pools[entry.pool_idx];
@@ -686,4 +729,26 @@ pub(crate) fn classify(
         }
     }
     Ok(Outcome::Fits)
+}
+
+/// Whether a device has room for a request's capacity against committed use only.
+fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<bool, Abort> {
+    let entry = &snap.devices[dev];
+    let requests = match &spec.capacity {
+        None => Some(Amounts::new()),
+        Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
+            .map_err(Abort::Fatal)?,
+    };
+    let Some(requests) = requests else {
+        return Ok(false);
+    };
+    let used = if entry.multi {
+        snap.uses[dev].consumed.clone()
+    } else {
+        Amounts::new()
+    };
+    Ok(matches!(
+        capacity::try_consume(&entry.capacity, &requests, &[&used]),
+        Ok(Some(_))
+    ))
 }

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 
 use super::capacity::{self, Amounts, Capacity};
@@ -138,6 +139,34 @@ pub(crate) struct SelectorCache {
     errors: HashMap<(usize, usize), Error>,
     /// Per class: whether its selectors match any device with `allowMultipleAllocations`.
     pub(crate) class_matches_multi: HashMap<String, bool>,
+    /// Per class: the devices its selectors select (devices never change in a snapshot).
+    pub(crate) class_devices: HashMap<String, Arc<Vec<usize>>>,
+    candidate_names: Arc<Vec<String>>,
+    candidate_ids: Arc<Vec<Option<usize>>>,
+}
+
+/// The node ids of the last candidate list seen; trusted per position only where the name
+/// still matches, so a stale list costs lookups, never a wrong node.
+#[derive(Debug, Clone)]
+pub(crate) struct CandidateIds {
+    names: Arc<Vec<String>>,
+    ids: Arc<Vec<Option<usize>>>,
+    /// Checked against this very candidate list: every position is right.
+    exact: bool,
+}
+
+impl CandidateIds {
+    /// The node id of candidate `pos` (`None` for a node without local devices).
+    pub(crate) fn get(&self, snap: &Snapshot, candidates: &[Node], pos: usize) -> Option<usize> {
+        if self.exact {
+            return self.ids.get(pos).copied().flatten();
+        }
+        let name = candidates[pos].metadata.name.as_deref().unwrap_or_default();
+        match (self.names.get(pos), self.ids.get(pos)) {
+            (Some(cached), Some(&id)) if cached == name => id,
+            _ => snap.node_ids.get(name).copied(),
+        }
+    }
 }
 
 /// An indexed view of devices and their use; see the module docs.
@@ -155,7 +184,12 @@ pub struct Snapshot {
     /// Per pool: counter set -> counter -> consumed.
     pub(crate) counters_used: Vec<BTreeMap<String, Amounts>>,
     claims: HashMap<String, Vec<Contribution>>,
-    pub(crate) summaries: HashMap<String, NodeSummary>,
+    /// Node name -> node id, for nodes with local devices.
+    pub(crate) node_ids: HashMap<String, usize>,
+    /// Per node id: its local devices, in kube-scheduler's order.
+    pub(crate) local: Vec<Vec<usize>>,
+    /// Per node id: what it has free.
+    pub(crate) summaries: Vec<NodeSummary>,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
 }
@@ -226,7 +260,9 @@ impl Snapshot {
             uses: Vec::new(),
             counters_used: Vec::new(),
             claims: HashMap::new(),
-            summaries: HashMap::new(),
+            node_ids: HashMap::new(),
+            local: Vec::new(),
+            summaries: Vec::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
         };
@@ -239,9 +275,14 @@ impl Snapshot {
         snap.gather_pools(slices)?;
         snap.uses = vec![DeviceUse::default(); snap.devices.len()];
         snap.counters_used = vec![BTreeMap::new(); snap.pools.len()];
-        let nodes: Vec<String> = snap.by_node.keys().cloned().collect();
-        for node in nodes {
-            snap.refresh_summary(&node);
+        let mut nodes: Vec<String> = snap.by_node.keys().cloned().collect();
+        nodes.sort_unstable();
+        for (id, node) in nodes.into_iter().enumerate() {
+            let devices = snap.by_node.get(&node).cloned().unwrap_or_default();
+            snap.node_ids.insert(node, id);
+            snap.local.push(devices);
+            snap.summaries.push(NodeSummary::default());
+            snap.refresh_summary(id);
         }
         for claim in allocated {
             if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
@@ -606,9 +647,10 @@ impl Snapshot {
                 }
             }
         }
-        if let NodeScope::Node(node) = &self.devices[c.device].scope {
-            let node = node.clone();
-            self.refresh_summary(&node);
+        if let NodeScope::Node(node) = &self.devices[c.device].scope
+            && let Some(&id) = self.node_ids.get(node)
+        {
+            self.refresh_summary(id);
         }
     }
 
@@ -654,14 +696,9 @@ impl Snapshot {
         (e.memory.saturating_sub(mem_used), e.compute - used(&comp))
     }
 
-    fn refresh_summary(&mut self, node: &str) {
+    fn refresh_summary(&mut self, node: usize) {
         let mut s = NodeSummary::default();
-        for &idx in self
-            .by_node
-            .get(node)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
+        for &idx in &self.local[node] {
             let e = &self.devices[idx];
             let u = &self.uses[idx];
             s.devices += 1;
@@ -677,7 +714,44 @@ impl Snapshot {
             }
             s.used_permille += self.fullness(idx);
         }
-        self.summaries.insert(node.to_owned(), s);
+        self.summaries[node] = s;
+    }
+
+    /// The node ids of `candidates`, refreshing the cached list when it differs (every
+    /// position is then exact); with `refresh` false the last list is reused as it is.
+    pub(crate) fn candidate_ids(
+        &self,
+        cache: &mut SelectorCache,
+        candidates: &[Node],
+        refresh: bool,
+    ) -> CandidateIds {
+        let same = || {
+            cache.candidate_names.len() == candidates.len()
+                && cache
+                    .candidate_names
+                    .iter()
+                    .zip(candidates)
+                    .all(|(a, n)| a.as_str() == n.metadata.name.as_deref().unwrap_or_default())
+        };
+        let exact = refresh;
+        if refresh && !same() {
+            let names: Vec<String> = candidates
+                .iter()
+                .map(|n| n.metadata.name.clone().unwrap_or_default())
+                .collect();
+            cache.candidate_ids = Arc::new(
+                names
+                    .iter()
+                    .map(|n| self.node_ids.get(n).copied())
+                    .collect(),
+            );
+            cache.candidate_names = Arc::new(names);
+        }
+        CandidateIds {
+            names: Arc::clone(&cache.candidate_names),
+            ids: Arc::clone(&cache.candidate_ids),
+            exact,
+        }
     }
 
     /// Locks the selector cache for one allocation run.

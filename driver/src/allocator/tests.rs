@@ -417,6 +417,56 @@ fn match_attribute_keeps_devices_on_one_island_and_backtracks() {
 }
 
 #[test]
+fn an_unmeetable_constraint_is_named_in_the_reason() {
+    let snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
+    let mut c = claim("c", vec![exact("gpus", "gpu.tessera.dev", 3)]);
+    c.spec.devices.as_mut().unwrap().constraints = Some(vec![res::DeviceConstraint {
+        match_attribute: Some("gpu.tessera.dev/nvlinkDomain".into()),
+        ..Default::default()
+    }]);
+    let err = alloc(Policy::FirstFit)
+        .allocate(&snap, &[&c], &[node("a"), node("b")])
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim default/c request gpus: no 3 devices share one nvlinkDomain (at most 2 on one node)"
+    );
+    let short = alloc(Policy::FirstFit)
+        .allocate(
+            &snap,
+            &[&claim("d", vec![exact("gpus", "gpu.tessera.dev", 4)])],
+            &[node("a")],
+        )
+        .unwrap_err();
+    assert_eq!(
+        short.to_string(),
+        "claim default/d request gpus: needs 4 free devices that match, found 3: 3 devices matched the class"
+    );
+}
+
+#[test]
+fn a_changed_candidate_list_is_never_read_through_a_stale_cache() {
+    let snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
+    for policy in Policy::ALL {
+        let a = alloc(policy);
+        // A failure makes the allocator remember the candidate list.
+        a.allocate(
+            &snap,
+            &[&claim("big", vec![exact("gpus", "gpu.tessera.dev", 9)])],
+            &[node("a"), node("b")],
+        )
+        .unwrap_err();
+        let one = claim("one", vec![exact("gpu", "gpu.tessera.dev", 1)]);
+        let p = a.allocate(&snap, &[&one], &[node("b")]).unwrap();
+        assert_eq!(p.node, "b", "{policy}");
+        let p = a
+            .allocate(&snap, &[&one], &[node("none"), node("a")])
+            .unwrap();
+        assert_eq!(p.node, "a", "{policy}");
+    }
+}
+
+#[test]
 fn all_mode_takes_every_matching_device_or_nothing() {
     let mut snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
     let a = alloc(Policy::FirstFit);
@@ -847,16 +897,38 @@ fn a_tiny_step_budget_is_a_search_limit_reason() {
 }
 
 #[test]
-fn share_rules_are_exposed_for_validation() {
+fn validation_and_allocation_apply_the_same_share_rule() {
     let c = with_config(
         claim("c", vec![exact("gpu", "shared.gpu.tessera.dev", 3)]),
         share_config("10Gi", None),
     );
-    let errors = validate_shares(D, &classes(), &c);
+    let known = classes();
+    let lookup = |name: &str| {
+        known
+            .iter()
+            .find(|k| k.metadata.name.as_deref() == Some(name))
+            .cloned()
+    };
+    let errors = crate::validation::validate_claim_spec(
+        "ResourceClaim default/c",
+        &c.spec,
+        D,
+        &[names::CLASS_SHARED_GPU],
+        &lookup,
+        &crate::cel::CelCache::new(),
+    );
     assert_eq!(errors.len(), 1);
     assert!(
         errors[0].to_string().contains("memory 10Gi over 3 cards"),
         "{}",
         errors[0]
+    );
+    let snap = Snapshot::new(&[], &known, &[]).unwrap();
+    let err = Allocator::new(AllocatorOptions::default())
+        .allocate(&snap, &[&c], &[node("a")])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("memory 10Gi over 3 cards"),
+        "{err}"
     );
 }
