@@ -49,6 +49,10 @@ const CLASSES: &[(&str, &str)] = &[
 /// The example claims, in the order they are allocated.
 const CLAIMS: &[(&str, &str)] = &[
     (
+        "examples/claims/00-too-big-for-one-island.yaml",
+        include_str!("../../../examples/claims/00-too-big-for-one-island.yaml"),
+    ),
+    (
         "examples/claims/01-whole-gpu.yaml",
         include_str!("../../../examples/claims/01-whole-gpu.yaml"),
     ),
@@ -87,10 +91,6 @@ const CLAIMS: &[(&str, &str)] = &[
     (
         "examples/claims/10-any-a100-or-h100.yaml",
         include_str!("../../../examples/claims/10-any-a100-or-h100.yaml"),
-    ),
-    (
-        "examples/claims/11-too-big-for-one-island.yaml",
-        include_str!("../../../examples/claims/11-too-big-for-one-island.yaml"),
     ),
 ];
 
