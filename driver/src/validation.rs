@@ -34,6 +34,62 @@ impl AppliedConfig<'_> {
     }
 }
 
+/// The field names of a class's configs, for error messages (`DeviceClass x: spec.config[0]`).
+pub fn class_config_fields(class_name: &str, class: Option<&res::DeviceClass>) -> Vec<String> {
+    let n = class
+        .and_then(|c| c.spec.config.as_ref())
+        .map_or(0, Vec::len);
+    (0..n)
+        .map(|i| format!("DeviceClass {class_name}: spec.config[{i}]"))
+        .collect()
+}
+
+/// A class's opaque configs; they apply to every request of the class.
+pub fn class_configs<'a>(
+    class: Option<&'a res::DeviceClass>,
+    fields: &'a [String],
+) -> Vec<AppliedConfig<'a>> {
+    class
+        .iter()
+        .flat_map(|c| c.spec.config.iter().flatten())
+        .zip(fields)
+        .filter_map(|(c, field)| {
+            c.opaque.as_ref().map(|opaque| AppliedConfig {
+                requests: &[],
+                opaque,
+                field,
+            })
+        })
+        .collect()
+}
+
+/// The field names of a claim's configs, for error messages (`spec.devices.config[0]`).
+pub fn claim_config_fields(claim: &res::DeviceClaim) -> Vec<String> {
+    (0..claim.config.as_ref().map_or(0, Vec::len))
+        .map(|i| format!("spec.devices.config[{i}]"))
+        .collect()
+}
+
+/// A claim's opaque configs, each applying to the requests it names (all when none).
+pub fn claim_configs<'a>(
+    claim: &'a res::DeviceClaim,
+    fields: &'a [String],
+) -> Vec<AppliedConfig<'a>> {
+    claim
+        .config
+        .iter()
+        .flatten()
+        .zip(fields)
+        .filter_map(|(c, field)| {
+            c.opaque.as_ref().map(|opaque| AppliedConfig {
+                requests: c.requests.as_deref().unwrap_or_default(),
+                opaque,
+                field,
+            })
+        })
+        .collect()
+}
+
 /// The parts of a request (or subrequest) that decide whether and how it is a share.
 #[derive(Debug, Clone, Copy)]
 pub struct ShareInput<'a> {
@@ -232,22 +288,8 @@ pub fn validate_claim_spec(
     let Some(devices) = &spec.devices else {
         return errors;
     };
-    let claim_fields: Vec<String> = (0..devices.config.as_ref().map_or(0, Vec::len))
-        .map(|i| format!("spec.devices.config[{i}]"))
-        .collect();
-    let claim_configs: Vec<AppliedConfig<'_>> = devices
-        .config
-        .iter()
-        .flatten()
-        .zip(&claim_fields)
-        .filter_map(|(c, field)| {
-            c.opaque.as_ref().map(|opaque| AppliedConfig {
-                requests: c.requests.as_deref().unwrap_or_default(),
-                opaque,
-                field,
-            })
-        })
-        .collect();
+    let claim_fields = claim_config_fields(devices);
+    let claim_configs = claim_configs(devices, &claim_fields);
     for (field, cfg) in claim_fields.iter().zip(devices.config.iter().flatten()) {
         if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver)
             && let Err(e) =
@@ -296,24 +338,8 @@ pub fn validate_claim_spec(
                 }
             }
             let class = classes(class_name);
-            let class_fields: Vec<String> = class
-                .iter()
-                .flat_map(|c| c.spec.config.iter().flatten())
-                .enumerate()
-                .map(|(k, _)| format!("DeviceClass {class_name} spec.config[{k}]"))
-                .collect();
-            let class_configs: Vec<AppliedConfig<'_>> = class
-                .iter()
-                .flat_map(|c| c.spec.config.iter().flatten())
-                .zip(&class_fields)
-                .filter_map(|(c, f)| {
-                    c.opaque.as_ref().map(|opaque| AppliedConfig {
-                        requests: &[],
-                        opaque,
-                        field: f,
-                    })
-                })
-                .collect();
+            let class_fields = class_config_fields(class_name, class.as_ref());
+            let class_configs = class_configs(class.as_ref(), &class_fields);
             let input = ShareInput {
                 request: &name,
                 count,

@@ -8,7 +8,7 @@ use super::snapshot::{SelectorCache, Snapshot, claim_name};
 use crate::error::{Error, Result};
 use crate::quantity::Quantity;
 use crate::share::ShareRequest;
-use crate::validation::{AppliedConfig, CapacityShares, RequestShare, ShareInput, request_share};
+use crate::validation::{self, CapacityShares, RequestShare, ShareInput, request_share};
 
 /// Most devices one claim's allocation may hold (the API's limit on results).
 pub(crate) const MAX_RESULTS: usize = 32;
@@ -107,39 +107,10 @@ fn share_of(
     field: &str,
 ) -> Result<RequestShare> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
-    let class_fields: Vec<String> = (0..class.spec.config.as_ref().map_or(0, Vec::len))
-        .map(|i| format!("DeviceClass {class_name}: spec.config[{i}]"))
-        .collect();
-    let claim_fields: Vec<String> = (0..claim.config.as_ref().map_or(0, Vec::len))
-        .map(|i| format!("spec.devices.config[{i}]"))
-        .collect();
-    let class_configs: Vec<AppliedConfig<'_>> = class
-        .spec
-        .config
-        .iter()
-        .flatten()
-        .zip(&class_fields)
-        .filter_map(|(c, f)| {
-            c.opaque.as_ref().map(|opaque| AppliedConfig {
-                requests: &[],
-                opaque,
-                field: f,
-            })
-        })
-        .collect();
-    let claim_configs: Vec<AppliedConfig<'_>> = claim
-        .config
-        .iter()
-        .flatten()
-        .zip(&claim_fields)
-        .filter_map(|(c, f)| {
-            c.opaque.as_ref().map(|opaque| AppliedConfig {
-                requests: c.requests.as_deref().unwrap_or_default(),
-                opaque,
-                field: f,
-            })
-        })
-        .collect();
+    let class_fields = validation::class_config_fields(&class_name, Some(class));
+    let claim_fields = validation::claim_config_fields(claim);
+    let class_configs = validation::class_configs(Some(class), &class_fields);
+    let claim_configs = validation::claim_configs(claim, &claim_fields);
     let input = ShareInput {
         request: full,
         count: raw.count,
