@@ -87,6 +87,9 @@ pub struct ClaimEntry {
     pub state: PrepareState,
     /// The claim's devices on this node, in allocation order.
     pub devices: Vec<HeldDevice>,
+    /// Host directories made for the claim (enforcement state), removed on unprepare.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_dirs: Vec<String>,
 }
 
 /// Every claim the node has started or completed preparing, keyed by claim UID.
@@ -207,7 +210,12 @@ impl Checkpoint {
 
     /// Records that preparing `claim` starts, unless it is already prepared. Refuses a claim
     /// that wants a device another recorded claim holds, when either of them holds it whole.
-    pub fn begin_prepare(&mut self, claim: &PreparedClaim) -> Result<Begin> {
+    /// `host_dirs` are the directories the plugin makes for the claim.
+    pub fn begin_prepare(
+        &mut self,
+        claim: &PreparedClaim,
+        host_dirs: Vec<String>,
+    ) -> Result<Begin> {
         if let Some(entry) = self.claims.get(&claim.uid)
             && entry.state == PrepareState::PrepareCompleted
         {
@@ -238,6 +246,7 @@ impl Checkpoint {
                 name: claim.name.clone(),
                 state: PrepareState::PrepareStarted,
                 devices,
+                host_dirs,
             },
         );
         Ok(Begin::Started)
@@ -310,7 +319,10 @@ mod tests {
     fn encode_then_decode_round_trips() {
         let mut record = Checkpoint::new("boot-1");
         record
-            .begin_prepare(&claim("u1", vec![device("gpu-0", "GPU-0", None, false)]))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
             .unwrap();
         record.complete_prepare("u1").unwrap();
         let bytes = record.encode().unwrap();
@@ -321,7 +333,10 @@ mod tests {
     fn record_from_another_boot_is_dropped() {
         let mut record = Checkpoint::new("boot-1");
         record
-            .begin_prepare(&claim("u1", vec![device("gpu-0", "GPU-0", None, false)]))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
             .unwrap();
         let decoded = Checkpoint::decode(&record.encode().unwrap(), "boot-2").unwrap();
         assert_eq!(decoded, Checkpoint::new("boot-2"));
@@ -331,7 +346,10 @@ mod tests {
     fn damaged_record_is_refused() {
         let mut record = Checkpoint::new("boot-1");
         record
-            .begin_prepare(&claim("u1", vec![device("gpu-0", "GPU-0", None, false)]))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
             .unwrap();
         let text = String::from_utf8(record.encode().unwrap()).unwrap();
         let damaged = text.replace("gpu-0", "gpu-1");
@@ -357,11 +375,14 @@ mod tests {
     fn prepare_is_idempotent_for_completed_claim() {
         let mut record = Checkpoint::new("b");
         let c = claim("u1", vec![device("gpu-0", "GPU-0", None, false)]);
-        assert_eq!(record.begin_prepare(&c).unwrap(), Begin::Started);
+        assert_eq!(
+            record.begin_prepare(&c, Vec::new()).unwrap(),
+            Begin::Started
+        );
         let held = record.complete_prepare("u1").unwrap();
         assert_eq!(held[0].cdi_ids, vec!["k8s.gpu.tessera.dev/claim=u1-gpu-0"]);
         assert_eq!(
-            record.begin_prepare(&c).unwrap(),
+            record.begin_prepare(&c, Vec::new()).unwrap(),
             Begin::AlreadyPrepared(held)
         );
     }
@@ -370,18 +391,27 @@ mod tests {
     fn started_claim_starts_again() {
         let mut record = Checkpoint::new("b");
         let c = claim("u1", vec![device("gpu-0", "GPU-0", None, false)]);
-        record.begin_prepare(&c).unwrap();
-        assert_eq!(record.begin_prepare(&c).unwrap(), Begin::Started);
+        record.begin_prepare(&c, Vec::new()).unwrap();
+        assert_eq!(
+            record.begin_prepare(&c, Vec::new()).unwrap(),
+            Begin::Started
+        );
     }
 
     #[test]
     fn device_held_whole_refuses_another_claim() {
         let mut record = Checkpoint::new("b");
         record
-            .begin_prepare(&claim("u1", vec![device("gpu-0", "GPU-0", None, false)]))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
             .unwrap();
         let err = record
-            .begin_prepare(&claim("u2", vec![device("gpu-0", "GPU-0", Some(4), false)]))
+            .begin_prepare(
+                &claim("u2", vec![device("gpu-0", "GPU-0", Some(4), false)]),
+                Vec::new(),
+            )
             .unwrap_err();
         assert_eq!(
             err,
@@ -397,10 +427,16 @@ mod tests {
     fn shares_of_one_gpu_coexist() {
         let mut record = Checkpoint::new("b");
         record
-            .begin_prepare(&claim("u1", vec![device("gpu-0", "GPU-0", Some(4), false)]))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", Some(4), false)]),
+                Vec::new(),
+            )
             .unwrap();
         record
-            .begin_prepare(&claim("u2", vec![device("gpu-0", "GPU-0", Some(8), false)]))
+            .begin_prepare(
+                &claim("u2", vec![device("gpu-0", "GPU-0", Some(8), false)]),
+                Vec::new(),
+            )
             .unwrap();
         assert_eq!(record.claims.len(), 2);
     }
@@ -409,21 +445,24 @@ mod tests {
     fn whole_gpu_and_its_mig_instance_exclude_each_other() {
         let mut record = Checkpoint::new("b");
         record
-            .begin_prepare(&claim(
-                "u1",
-                vec![device("gpu-0-mig-1", "GPU-0", None, true)],
-            ))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0-mig-1", "GPU-0", None, true)]),
+                Vec::new(),
+            )
             .unwrap();
         assert!(
             record
-                .begin_prepare(&claim("u2", vec![device("gpu-0", "GPU-0", Some(4), false)]))
+                .begin_prepare(
+                    &claim("u2", vec![device("gpu-0", "GPU-0", Some(4), false)]),
+                    Vec::new()
+                )
                 .is_err()
         );
         record
-            .begin_prepare(&claim(
-                "u3",
-                vec![device("gpu-0-mig-2", "GPU-0", None, true)],
-            ))
+            .begin_prepare(
+                &claim("u3", vec![device("gpu-0-mig-2", "GPU-0", None, true)]),
+                Vec::new(),
+            )
             .unwrap();
     }
 
@@ -431,12 +470,18 @@ mod tests {
     fn removed_claim_frees_its_devices() {
         let mut record = Checkpoint::new("b");
         record
-            .begin_prepare(&claim("u1", vec![device("gpu-0", "GPU-0", None, false)]))
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
             .unwrap();
         assert!(record.remove("u1"));
         assert!(!record.remove("u1"));
         record
-            .begin_prepare(&claim("u2", vec![device("gpu-0", "GPU-0", None, false)]))
+            .begin_prepare(
+                &claim("u2", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
             .unwrap();
     }
 
