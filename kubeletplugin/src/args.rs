@@ -115,7 +115,11 @@ impl Args {
             )
             .init();
         let args = Self::parse();
+        // A node agent serves a handful of kubelet calls: two workers and a small blocking
+        // pool (prepare runs there) keep its footprint small on many-core nodes.
         tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(16)
             .enable_all()
             .build()
             .context("starting the async runtime")?

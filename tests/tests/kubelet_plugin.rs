@@ -499,10 +499,10 @@ async fn a_whole_gpu_held_by_one_claim_is_refused_to_another() {
         "uid-twin".to_owned(),
     );
     assert_eq!(
-        prepare_v1(&plugin, &[first.clone()]).await[&first.2].error,
+        prepare_v1(&plugin, std::slice::from_ref(&first)).await[&first.2].error,
         ""
     );
-    let refused = prepare_v1(&plugin, &[twin.clone()]).await;
+    let refused = prepare_v1(&plugin, std::slice::from_ref(&twin)).await;
     assert!(
         refused["uid-twin"]
             .error
@@ -511,7 +511,7 @@ async fn a_whole_gpu_held_by_one_claim_is_refused_to_another() {
     );
     unprepare_v1(&plugin, &[first]).await;
     assert_eq!(
-        prepare_v1(&plugin, &[twin.clone()]).await["uid-twin"].error,
+        prepare_v1(&plugin, std::slice::from_ref(&twin)).await["uid-twin"].error,
         ""
     );
 }
