@@ -533,7 +533,22 @@ async fn a_restarted_plugin_remembers_prepared_claims_until_reboot() {
             .iter()
             .all(|(_, s)| *s == PrepareState::PrepareCompleted)
     );
+    // A crashed run leaves its sockets behind; the new run replaces them.
+    let stale = h
+        .path("plugins_registry")
+        .join(format!("{DRIVER}-reg.sock"));
+    std::fs::write(&stale, b"stale").unwrap();
     let plugin = h.start_with(preparer);
+    let mut registration = reg::registration_client::RegistrationClient::new(connect(&stale).await);
+    assert_eq!(
+        registration
+            .get_info(reg::InfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .name,
+        DRIVER
+    );
     assert_eq!(prepare_v1(&plugin, &refs).await, answer);
     assert_eq!(unprepare_v1(&plugin, &refs[..1]).await, vec![""]);
     assert!(!h.path("cdi").join(cdi::spec_file_name(&refs[0].2)).exists());
