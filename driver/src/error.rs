@@ -92,6 +92,19 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+
+    // --- node checkpoint
+    /// A claim cannot be prepared: another prepared claim holds one of its devices in a way
+    /// that excludes sharing it.
+    #[error("claim {claim}: device {device} is held by claim {holder}")]
+    DeviceHeld {
+        /// The claim being prepared, by UID.
+        claim: String,
+        /// The device, as `pool/device`.
+        device: String,
+        /// The claim that holds it, by UID.
+        holder: String,
+    },
 }
 
 impl Error {

@@ -10,12 +10,14 @@
 //! * [`cel`]: the Kubernetes DRA CEL environment.
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
+//! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
 
 pub mod allocator;
 pub mod apiversion;
 pub mod batch;
 pub mod cdi;
 pub mod cel;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod inventory;

@@ -103,3 +103,22 @@ pub const RESOURCE_API_V1BETA2: &str = "resource.k8s.io/v1beta2";
 pub const RESOURCE_API_V1BETA1: &str = "resource.k8s.io/v1beta1";
 /// The core `v1` API version (Nodes, Pods).
 pub const CORE_API_V1: &str = "v1";
+
+/// Plugin type a DRA driver reports to kubelet's plugin registration.
+pub const PLUGIN_TYPE_DRA: &str = "DRAPlugin";
+/// Supported-version entry for the DRA node API v1 (kubelet 1.34 and later).
+pub const DRA_SERVICE_V1: &str = "v1.DRAPlugin";
+/// Supported-version entry for the DRA node API v1beta1 (kubelet 1.32 and 1.33).
+pub const DRA_SERVICE_V1BETA1: &str = "v1beta1.DRAPlugin";
+/// Supported-version entry for the DRA resource health API v1alpha1.
+pub const DRA_HEALTH_SERVICE_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
+/// File name of the DRA socket inside the plugin directory.
+pub const DRA_SOCKET_NAME: &str = "dra.sock";
+/// Suffix after the driver name of the registration socket in kubelet's plugin registry.
+pub const REGISTRATION_SOCKET_SUFFIX: &str = "-reg.sock";
+/// Default directory kubelet watches for plugin registration sockets.
+pub const DEFAULT_REGISTRATION_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Default parent of the per-driver plugin directory.
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// Default directory of CDI specs read by the container runtime.
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";

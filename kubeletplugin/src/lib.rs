@@ -1,4 +1,21 @@
-//! The Tessera kubelet plugin: discovers GPUs, publishes ResourceSlices and prepares claims.
+//! The Tessera kubelet plugin: the node agent that prepares claims for kubelet.
 //!
-//! The node agent arrives with the kubelet-plugin work; until then this crate is an empty
-//! library so the workspace layout matches DESIGN.md.
+//! * [`server`]: the registration and DRA sockets (`start`, `RunningPlugin`).
+//! * [`registration`], [`dra`]: the gRPC services, thin layers over the seams below.
+//! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
+//!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
+//! * [`claims`]: `ClaimSource`, where allocations come from.
+//! * [`discovery`]: `GpuDiscovery`, which GPUs the node has.
+//! * [`args`]: the command line and the process around the library.
+
+pub mod args;
+pub mod atomic_file;
+pub mod claims;
+pub mod discovery;
+pub mod dra;
+pub mod error;
+pub mod preparer;
+pub mod registration;
+pub mod server;
+
+pub use error::{Error, Result};

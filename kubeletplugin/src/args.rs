@@ -1,0 +1,227 @@
+//! The command line, and the process around the library: logs, signals, start and stop.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use tessera_driver::cdi::Enforcement;
+use tessera_driver::names;
+use tracing::info;
+
+use crate::claims::{ApiServerNotBuilt, ClaimSource, FakeClaimSource};
+use crate::discovery::{FakeDiscovery, GpuDiscovery};
+use crate::preparer::{CdiPreparer, CdiPreparerConfig};
+use crate::server::{self, PluginConfig};
+
+/// Where GPUs are discovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GpuBackend {
+    /// NVML on the node (not built yet).
+    Nvml,
+    /// An inventory file (`--fake-inventory`).
+    Fake,
+}
+
+/// How shares are enforced inside containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EnforcementKind {
+    /// One MPS control daemon per shared GPU set.
+    Mps,
+    /// HAMi-core's libvgpu.so, preloaded.
+    HamiCore,
+    /// Time-slicing; bookkeeping only.
+    None,
+}
+
+/// The Tessera kubelet plugin.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tessera-kubelet-plugin", version, about)]
+pub struct Args {
+    /// This node's name (also the name of its resource pool).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// The DRA driver name.
+    #[arg(long, env = "TESSERA_DRIVER_NAME", default_value = names::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// Where GPUs are discovered.
+    #[arg(long, env = "TESSERA_GPU_BACKEND", value_enum, default_value = "nvml")]
+    pub gpu_backend: GpuBackend,
+    /// Inventory file for `--gpu-backend fake`.
+    #[arg(long, env = "TESSERA_FAKE_INVENTORY")]
+    pub fake_inventory: Option<PathBuf>,
+    /// ResourceClaims (YAML) to serve instead of the API server, for running without a cluster.
+    #[arg(long, env = "TESSERA_FAKE_CLAIMS")]
+    pub fake_claims: Option<PathBuf>,
+    /// Kubelet's plugin registry directory.
+    #[arg(long, env = "TESSERA_REGISTRATION_DIR", default_value = names::DEFAULT_REGISTRATION_DIR)]
+    pub registration_dir: PathBuf,
+    /// The plugin's directory, for the DRA socket [default: /var/lib/kubelet/plugins/<driver>].
+    #[arg(long, env = "TESSERA_PLUGIN_DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// Where CDI specs are written.
+    #[arg(long, env = "TESSERA_CDI_DIR", default_value = names::DEFAULT_CDI_DIR)]
+    pub cdi_dir: PathBuf,
+    /// Where the checkpoint is kept [default: the plugin directory].
+    #[arg(long, env = "TESSERA_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// How shares are enforced inside containers.
+    #[arg(long, env = "TESSERA_ENFORCEMENT", value_enum, default_value = "mps")]
+    pub enforcement: EnforcementKind,
+    /// MPS: host directory holding each daemon's pipe and shm directories.
+    #[arg(
+        long,
+        env = "TESSERA_MPS_PIPE_DIR_ROOT",
+        default_value = "/run/tessera/mps"
+    )]
+    pub mps_pipe_dir_root: String,
+    /// MPS: host directory holding each daemon's logs.
+    #[arg(
+        long,
+        env = "TESSERA_MPS_LOG_DIR_ROOT",
+        default_value = "/var/log/tessera/mps"
+    )]
+    pub mps_log_dir_root: String,
+    /// HAMi-core: host path of the installed libvgpu.so.
+    #[arg(
+        long,
+        env = "TESSERA_HAMI_LIBRARY",
+        default_value = "/usr/local/vgpu/libvgpu.so"
+    )]
+    pub hami_library_path: String,
+    /// HAMi-core: host directory holding each claim's accounting directory.
+    #[arg(
+        long,
+        env = "TESSERA_HAMI_CACHE_DIR",
+        default_value = "/run/tessera/hami"
+    )]
+    pub hami_cache_dir: String,
+    /// File holding the current boot's id (a checkpoint of another boot is dropped).
+    #[arg(
+        long,
+        env = "TESSERA_BOOT_ID_FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    pub boot_id_file: PathBuf,
+}
+
+impl Args {
+    /// Parses the command line and runs the plugin until SIGTERM or SIGINT.
+    pub fn parse_and_run() -> anyhow::Result<()> {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .init();
+        let args = Self::parse();
+        // A node agent serves a handful of kubelet calls: two workers and a small blocking
+        // pool (prepare runs there) keep its footprint small on many-core nodes.
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(16)
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(args.run(shutdown_signal()))
+    }
+
+    /// The plugin directory, defaulted from the driver name.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.plugin_dir
+            .clone()
+            .unwrap_or_else(|| Path::new(names::DEFAULT_PLUGINS_DIR).join(&self.driver_name))
+    }
+
+    /// The enforcement backend the flags describe.
+    pub fn enforcement(&self) -> Enforcement {
+        match self.enforcement {
+            EnforcementKind::Mps => Enforcement::Mps {
+                pipe_dir_root: self.mps_pipe_dir_root.clone(),
+                log_dir_root: self.mps_log_dir_root.clone(),
+            },
+            EnforcementKind::HamiCore => Enforcement::HamiCore {
+                library_path: self.hami_library_path.clone(),
+                cache_dir: self.hami_cache_dir.clone(),
+            },
+            EnforcementKind::None => Enforcement::None,
+        }
+    }
+
+    /// The GPU discovery the flags choose.
+    pub fn discovery(&self) -> anyhow::Result<Box<dyn GpuDiscovery>> {
+        match self.gpu_backend {
+            GpuBackend::Nvml => anyhow::bail!(
+                "--gpu-backend nvml is not built yet; use --gpu-backend fake --fake-inventory FILE"
+            ),
+            GpuBackend::Fake => {
+                let path = self
+                    .fake_inventory
+                    .clone()
+                    .context("--gpu-backend fake needs --fake-inventory")?;
+                Ok(Box::new(FakeDiscovery::new(path, self.node_name.clone())))
+            }
+        }
+    }
+
+    /// Runs the plugin until `shutdown` completes, then stops cleanly.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let node = self.discovery()?.discover()?;
+        let source: Arc<dyn ClaimSource> = match &self.fake_claims {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                Arc::new(FakeClaimSource::from_yaml(
+                    &text,
+                    &path.display().to_string(),
+                )?)
+            }
+            None => Arc::new(ApiServerNotBuilt),
+        };
+        let boot_id = std::fs::read_to_string(&self.boot_id_file)
+            .with_context(|| format!("reading the boot id from {}", self.boot_id_file.display()))?
+            .trim()
+            .to_owned();
+        let plugin_dir = self.plugin_dir();
+        let preparer = CdiPreparer::new(
+            CdiPreparerConfig {
+                driver_name: self.driver_name.clone(),
+                cdi_dir: self.cdi_dir.clone(),
+                state_dir: self.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),
+                enforcement: self.enforcement(),
+                boot_id,
+            },
+            node,
+            source,
+        )?;
+        let plugin = server::start(
+            PluginConfig {
+                driver_name: self.driver_name.clone(),
+                registration_dir: self.registration_dir.clone(),
+                plugin_dir,
+            },
+            Arc::new(preparer),
+        )?;
+        shutdown.await;
+        info!("shutting down");
+        plugin.shutdown().await?;
+        Ok(())
+    }
+}
+
+/// Completes on SIGTERM (kubelet or the container runtime stopping us) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Where the plugin gets a claim's allocation: the `ClaimSource` seam.
+//!
+//! Kubelet only sends a claim's namespace, name and UID; the allocation lives in the
+//! ResourceClaim's status on the API server. The source fetches it and checks it is the claim
+//! kubelet means (same UID).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::error::{Error, Result};
+
+/// A claim as kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimRef {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+impl ClaimRef {
+    /// A claim reference.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    /// Refuses a reference with an empty field: kubelet always sends all three.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value) in [
+            ("namespace", &self.namespace),
+            ("name", &self.name),
+            ("uid", &self.uid),
+        ] {
+            if value.is_empty() {
+                return Err(Error::BadRequest(format!("claim {field} is empty")));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// Fetches the ResourceClaim kubelet names. Blocking: the preparer calls it off the async
+/// runtime.
+pub trait ClaimSource: Send + Sync {
+    /// The claim with its allocation; an error when it does not exist or has another UID.
+    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim>;
+}
+
+/// A fixed set of claims, for tests and for running the plugin without an API server.
+#[derive(Debug, Clone, Default)]
+pub struct FakeClaimSource {
+    claims: BTreeMap<(String, String), ResourceClaim>,
+}
+
+impl FakeClaimSource {
+    /// An empty source: every claim is "not found".
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a claim, keyed by its namespace and name.
+    pub fn insert(&mut self, claim: ResourceClaim) {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        self.claims.insert(key, claim);
+    }
+
+    /// Reads every ResourceClaim of a YAML stream (any served resource.k8s.io version);
+    /// other objects are skipped.
+    pub fn from_yaml(text: &str, context: &str) -> Result<Self> {
+        use serde::Deserialize as _;
+        let mut source = Self::new();
+        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let value = serde_json::Value::deserialize(doc).map_err(|e| {
+                Error::Driver(tessera_driver::Error::Decode {
+                    context: format!("{context} document {i}"),
+                    message: e.to_string(),
+                })
+            })?;
+            if value.is_null() {
+                continue;
+            }
+            if let tessera_driver::apiversion::Object::ResourceClaim(claim) =
+                tessera_driver::apiversion::decode_document(
+                    value,
+                    &format!("{context} document {i}"),
+                )?
+            {
+                source.insert(claim);
+            }
+        }
+        Ok(source)
+    }
+}
+
+impl ClaimSource for FakeClaimSource {
+    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+        let found = self
+            .claims
+            .get(&(claim.namespace.clone(), claim.name.clone()))
+            .ok_or_else(|| Error::ClaimNotFound {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+            })?;
+        let actual = found.metadata.uid.clone().unwrap_or_default();
+        if actual != claim.uid {
+            return Err(Error::ClaimUidMismatch {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                expected: claim.uid.clone(),
+                actual,
+            });
+        }
+        Ok(found.clone())
+    }
+}
+
+/// The source used when no claims file is given: fetching from the API server is not built
+/// yet, so every claim fails with a clear message (per claim, never a crash).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiServerNotBuilt;
+
+impl ClaimSource for ApiServerNotBuilt {
+    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+        Err(Error::Config(format!(
+            "cannot fetch claim {claim}: reading claims from the API server is not built yet \
+             (run with --fake-claims)"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn source() -> FakeClaimSource {
+        let mut s = FakeClaimSource::new();
+        s.insert(ResourceClaim {
+            metadata: ObjectMeta {
+                namespace: Some("ns".to_owned()),
+                name: Some("c".to_owned()),
+                uid: Some("u1".to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ResourceClaim::default()
+        });
+        s
+    }
+
+    #[test]
+    fn claim_with_matching_uid_is_found() {
+        assert!(source().claim(&ClaimRef::new("ns", "c", "u1")).is_ok());
+    }
+
+    #[test]
+    fn claim_with_other_uid_is_refused() {
+        let err = source().claim(&ClaimRef::new("ns", "c", "u2")).unwrap_err();
+        assert!(matches!(err, Error::ClaimUidMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn unknown_claim_is_not_found() {
+        let err = source().claim(&ClaimRef::new("ns", "d", "u1")).unwrap_err();
+        assert!(matches!(err, Error::ClaimNotFound { .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_field_is_a_bad_request() {
+        assert!(ClaimRef::new("ns", "", "u").validate().is_err());
+    }
+}

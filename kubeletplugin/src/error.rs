@@ -1,0 +1,88 @@
+//! The kubelet plugin's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can fail in the kubelet plugin. Each variant names the object or path.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A decision of the domain core failed (bad allocation, bad CDI input, device held...).
+    #[error(transparent)]
+    Driver(#[from] tessera_driver::Error),
+
+    /// A file system operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What the plugin was doing, e.g. "writing".
+        action: &'static str,
+        /// The path it was doing it to.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
+    /// The claim kubelet names does not exist.
+    #[error("claim {namespace}/{name} not found")]
+    ClaimNotFound {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim's name.
+        name: String,
+    },
+
+    /// The claim exists under another UID (it was deleted and re-created).
+    #[error("claim {namespace}/{name} has UID {actual}, kubelet asked for {expected}")]
+    ClaimUidMismatch {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim's name.
+        name: String,
+        /// The UID kubelet asked for.
+        expected: String,
+        /// The UID the claim has.
+        actual: String,
+    },
+
+    /// A request field is missing or malformed.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+
+    /// A configuration value is missing or not supported.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// Serving gRPC failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+
+    /// A worker task panicked or was cancelled.
+    #[error("worker task: {0}")]
+    Task(String),
+}
+
+impl Error {
+    /// Builds an [`Error::Io`].
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Whether the same call could succeed later without other input: kubelet retries prepare
+    /// and unprepare anyway, so this only steers logging and metrics.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Io { .. }
+                | Self::ClaimNotFound { .. }
+                | Self::Transport(_)
+                | Self::Task(_)
+                | Self::Driver(tessera_driver::Error::DeviceHeld { .. })
+        )
+    }
+}
+
+/// The plugin's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,213 @@
+//! Preparing claims: the `ClaimPreparer` seam the gRPC layer calls, and `CdiPreparer`, which
+//! prepares a claim by writing its CDI spec under a crash-safe checkpoint.
+//!
+//! Order of writes for prepare: checkpoint "prepare started" (with the devices it will hold),
+//! then the CDI spec, then checkpoint "prepare completed". For unprepare: the CDI spec and the
+//! enforcement directories, then the checkpoint entry. A crash between any two steps leaves a
+//! state that the next prepare or unprepare of the same claim finishes.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tessera_driver::cdi::{self, Enforcement};
+use tessera_driver::checkpoint::{Begin, Checkpoint, HeldDevice, PrepareState};
+use tessera_driver::inventory::NodeInventory;
+use tessera_driver::prepare::prepare_on_node;
+use tracing::{debug, info};
+
+use crate::atomic_file;
+use crate::claims::{ClaimRef, ClaimSource};
+use crate::error::{Error, Result};
+
+/// File name of the checkpoint in the state directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+
+/// One device of a prepared claim, as kubelet gets it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The claim's requests the device serves.
+    pub requests: Vec<String>,
+    /// The device's pool.
+    pub pool: String,
+    /// The device's name in its pool.
+    pub device: String,
+    /// The CDI device ids the runtime injects.
+    pub cdi_ids: Vec<String>,
+}
+
+/// Prepares and unprepares claims on this node. Blocking; both calls are idempotent per claim
+/// UID and safe to call concurrently for different claims.
+pub trait ClaimPreparer: Send + Sync {
+    /// Makes the claim's devices ready for containers; returns them with their CDI ids.
+    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>>;
+    /// Undoes [`ClaimPreparer::prepare`]; a claim that is not prepared is fine.
+    fn unprepare(&self, claim: &ClaimRef) -> Result<()>;
+}
+
+/// Where and how [`CdiPreparer`] works.
+#[derive(Debug, Clone)]
+pub struct CdiPreparerConfig {
+    /// The driver name; only allocation results of this driver are prepared.
+    pub driver_name: String,
+    /// The directory the container runtime reads CDI specs from.
+    pub cdi_dir: PathBuf,
+    /// The directory of the checkpoint (must survive plugin restarts).
+    pub state_dir: PathBuf,
+    /// How shares are enforced inside containers.
+    pub enforcement: Enforcement,
+    /// The current boot's id: a checkpoint from another boot is dropped.
+    pub boot_id: String,
+}
+
+/// The real preparer: CDI specs and a checkpoint on disk.
+pub struct CdiPreparer {
+    config: CdiPreparerConfig,
+    node: NodeInventory,
+    source: Arc<dyn ClaimSource>,
+    record: Mutex<Checkpoint>,
+}
+
+impl CdiPreparer {
+    /// A preparer for `node`'s GPUs, loading the checkpoint left by a previous run. Creates the
+    /// CDI and state directories when missing; a damaged checkpoint is an error (starting
+    /// empty would forget prepared claims).
+    pub fn new(
+        config: CdiPreparerConfig,
+        node: NodeInventory,
+        source: Arc<dyn ClaimSource>,
+    ) -> Result<Self> {
+        for dir in [&config.cdi_dir, &config.state_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+        }
+        let path = config.state_dir.join(CHECKPOINT_FILE);
+        let record = match std::fs::read(&path) {
+            Ok(bytes) => Checkpoint::decode(&bytes, &config.boot_id)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Checkpoint::new(config.boot_id.clone())
+            }
+            Err(e) => return Err(Error::io("reading", path, e)),
+        };
+        info!(
+            node = %node.name,
+            claims = record.claims.len(),
+            "loaded checkpoint"
+        );
+        Ok(Self {
+            config,
+            node,
+            source,
+            record: Mutex::new(record),
+        })
+    }
+
+    /// UIDs of the claims the checkpoint records, with how far each got.
+    pub fn claims(&self) -> Result<Vec<(String, PrepareState)>> {
+        Ok(self
+            .lock()?
+            .claims
+            .iter()
+            .map(|(uid, e)| (uid.clone(), e.state))
+            .collect())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Checkpoint>> {
+        self.record
+            .lock()
+            .map_err(|_| Error::Task("a thread panicked while holding the checkpoint".to_owned()))
+    }
+
+    /// Writes `next` and, once it is durable, makes it the current record.
+    fn commit(&self, current: &mut Checkpoint, next: Checkpoint) -> Result<()> {
+        atomic_file::write(&self.config.state_dir, CHECKPOINT_FILE, &next.encode()?)?;
+        *current = next;
+        Ok(())
+    }
+
+    fn completed(&self, claim: &ClaimRef) -> Result<Option<Vec<PreparedDevice>>> {
+        let record = self.lock()?;
+        match record.get(&claim.uid) {
+            Some(entry) if entry.state == PrepareState::PrepareCompleted => {
+                if entry.namespace != claim.namespace || entry.name != claim.name {
+                    return Err(Error::BadRequest(format!(
+                        "claim UID {} is prepared for {}/{}, not {}/{}",
+                        claim.uid, entry.namespace, entry.name, claim.namespace, claim.name
+                    )));
+                }
+                Ok(Some(answer(&entry.devices)))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+fn answer(devices: &[HeldDevice]) -> Vec<PreparedDevice> {
+    devices
+        .iter()
+        .map(|d| PreparedDevice {
+            requests: vec![d.request.clone()],
+            pool: d.pool.clone(),
+            device: d.device.clone(),
+            cdi_ids: d.cdi_ids.clone(),
+        })
+        .collect()
+}
+
+impl ClaimPreparer for CdiPreparer {
+    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
+        claim.validate()?;
+        if let Some(devices) = self.completed(claim)? {
+            debug!(%claim, "already prepared");
+            return Ok(devices);
+        }
+        let object = self.source.claim(claim)?;
+        let prepared = prepare_on_node(&object, &self.config.driver_name, &self.node)?;
+        let spec = cdi::build_spec(&prepared, &self.config.enforcement)?.to_json()?;
+        let host_dirs = cdi::host_dirs(&prepared, &self.config.enforcement)?;
+        {
+            let mut record = self.lock()?;
+            let mut next = record.clone();
+            if let Begin::AlreadyPrepared(devices) =
+                next.begin_prepare(&prepared, host_dirs.clone())?
+            {
+                return Ok(answer(&devices));
+            }
+            self.commit(&mut record, next)?;
+        }
+        for dir in &host_dirs {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+        }
+        atomic_file::write(
+            &self.config.cdi_dir,
+            &cdi::spec_file_name(&prepared.uid),
+            spec.as_bytes(),
+        )?;
+        let mut record = self.lock()?;
+        let mut next = record.clone();
+        let devices = next.complete_prepare(&prepared.uid)?;
+        self.commit(&mut record, next)?;
+        info!(%claim, devices = devices.len(), "prepared");
+        Ok(answer(&devices))
+    }
+
+    fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
+        claim.validate()?;
+        let mut record = self.lock()?;
+        let Some(entry) = record.get(&claim.uid) else {
+            debug!(%claim, "not prepared; nothing to undo");
+            return Ok(());
+        };
+        for dir in &entry.host_dirs {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("removing", dir, e)),
+            }
+        }
+        atomic_file::remove(&self.config.cdi_dir, &cdi::spec_file_name(&claim.uid))?;
+        let mut next = record.clone();
+        next.remove(&claim.uid);
+        self.commit(&mut record, next)?;
+        info!(%claim, "unprepared");
+        Ok(())
+    }
+}

@@ -1,0 +1,560 @@
+//! A test kubelet: drives the kubelet plugin over its real unix sockets in a temp dir, with the
+//! real registration and DRA protocols, on claims the batch allocator placed on the demo
+//! cluster.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1 as res;
+use serde::Deserialize as _;
+use tessera_driver::apiversion::{Object, decode_document};
+use tessera_driver::batch::{BatchInput, BatchOptions, allocate_batch};
+use tessera_driver::cdi::{self, Enforcement};
+use tessera_driver::checkpoint::PrepareState;
+use tessera_driver::inventory::Inventory;
+use tessera_driver::names;
+use tessera_driver::slices::{self, RenderOptions};
+use tessera_kubelet_plugin::claims::FakeClaimSource;
+use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
+use tessera_kubelet_plugin::server::{self, PluginConfig, RunningPlugin};
+use tessera_proto::dra::{v1, v1beta1};
+use tessera_proto::pluginregistration::v1 as reg;
+use tonic::transport::{Channel, Endpoint};
+
+const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
+const NODE: &str = "a100-node";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn load(path: &Path) -> Vec<Object> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            let value = serde_json::Value::deserialize(doc).unwrap();
+            decode_document(value, &path.display().to_string()).unwrap()
+        })
+        .collect()
+}
+
+/// The example claims, allocated on the demo cluster by the batch allocator, each with a
+/// deterministic UID; keyed by name, with the node each landed on.
+fn allocated_claims() -> BTreeMap<String, (res::ResourceClaim, String)> {
+    let text =
+        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
+    let inventory = Inventory::from_yaml(&text).unwrap();
+    let render = RenderOptions {
+        driver_name: DRIVER.to_owned(),
+        consumable_capacity: true,
+        ..RenderOptions::default()
+    };
+    let slices: Vec<res::ResourceSlice> = inventory
+        .nodes
+        .iter()
+        .flat_map(|n| slices::render(n, &render).unwrap())
+        .collect();
+    let mut classes = Vec::new();
+    for f in ["gpu.yaml", "shared-gpu.yaml", "mig.yaml"] {
+        for o in load(&repo().join("deviceclasses").join(f)) {
+            if let Object::DeviceClass(c) = o {
+                classes.push(c);
+            }
+        }
+    }
+    let mut claims = Vec::new();
+    for f in [
+        "01-whole-gpu.yaml",
+        "03-share-capacity-requests.yaml",
+        "04-share-opaque-config.yaml",
+        "05-share-memory-only.yaml",
+        "08-mig-instance.yaml",
+        "09-specific-model.yaml",
+    ] {
+        for o in load(&repo().join("examples/claims").join(f)) {
+            if let Object::ResourceClaim(c) = o {
+                claims.push(c);
+            }
+        }
+    }
+    let outcomes = allocate_batch(
+        &BatchInput {
+            classes: &classes,
+            slices: &slices,
+            claims: &claims,
+            nodes: &[],
+            pods: &[],
+        },
+        &BatchOptions {
+            driver_name: DRIVER.to_owned(),
+            policy: tessera_driver::allocator::Policy::default(),
+            node: None,
+        },
+    )
+    .unwrap();
+    let mut out = BTreeMap::new();
+    for (mut claim, outcome) in claims.into_iter().zip(outcomes) {
+        assert!(outcome.allocated, "{}: {:?}", outcome.name, outcome.reason);
+        let name = outcome.name.clone();
+        claim.metadata.uid = Some(format!("uid-{name}"));
+        claim.status = Some(res::ResourceClaimStatus {
+            allocation: outcome.allocation,
+            ..res::ResourceClaimStatus::default()
+        });
+        out.insert(name, (claim, outcome.node.unwrap()));
+    }
+    out
+}
+
+struct Harness {
+    dir: tempfile::TempDir,
+    claims: BTreeMap<String, (res::ResourceClaim, String)>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            claims: allocated_claims(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn source(&self) -> FakeClaimSource {
+        let mut source = FakeClaimSource::new();
+        for (claim, _) in self.claims.values() {
+            source.insert(claim.clone());
+        }
+        source
+    }
+
+    fn preparer(&self, boot_id: &str, source: FakeClaimSource) -> CdiPreparer {
+        let text =
+            std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
+        let node = Inventory::from_yaml(&text)
+            .unwrap()
+            .node(NODE)
+            .cloned()
+            .unwrap();
+        CdiPreparer::new(
+            CdiPreparerConfig {
+                driver_name: DRIVER.to_owned(),
+                cdi_dir: self.path("cdi"),
+                state_dir: self.path("state"),
+                enforcement: Enforcement::Mps {
+                    pipe_dir_root: "/run/tessera/mps".to_owned(),
+                    log_dir_root: "/var/log/tessera/mps".to_owned(),
+                },
+                boot_id: boot_id.to_owned(),
+            },
+            node,
+            Arc::new(source),
+        )
+        .unwrap()
+    }
+
+    fn start_with(&self, preparer: CdiPreparer) -> RunningPlugin {
+        server::start(
+            PluginConfig {
+                driver_name: DRIVER.to_owned(),
+                registration_dir: self.path("plugins_registry"),
+                plugin_dir: self.path("plugins").join(DRIVER),
+            },
+            Arc::new(preparer),
+        )
+        .unwrap()
+    }
+
+    fn start(&self) -> RunningPlugin {
+        self.start_with(self.preparer("boot-1", self.source()))
+    }
+
+    /// Claims the allocator put on the plugin's node, by name.
+    fn on_node(&self) -> Vec<String> {
+        self.claims
+            .iter()
+            .filter(|(_, (_, node))| node == NODE)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    fn off_node(&self) -> String {
+        self.claims
+            .iter()
+            .find(|(_, (_, node))| node != NODE)
+            .map(|(name, _)| name.clone())
+            .expect("some example claim lands on another node")
+    }
+
+    fn claim_ref(&self, name: &str) -> (String, String, String) {
+        let (c, _) = &self.claims[name];
+        (
+            c.metadata.namespace.clone().unwrap(),
+            name.to_owned(),
+            c.metadata.uid.clone().unwrap(),
+        )
+    }
+}
+
+async fn connect(socket: &Path) -> Channel {
+    let socket = socket.to_owned();
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+fn v1_claims(refs: &[(String, String, String)]) -> Vec<v1::Claim> {
+    refs.iter()
+        .map(|(namespace, name, uid)| v1::Claim {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: uid.clone(),
+        })
+        .collect()
+}
+
+fn v1beta1_claims(refs: &[(String, String, String)]) -> Vec<v1beta1::Claim> {
+    refs.iter()
+        .map(|(namespace, name, uid)| v1beta1::Claim {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: uid.clone(),
+        })
+        .collect()
+}
+
+async fn prepare_v1(
+    plugin: &RunningPlugin,
+    refs: &[(String, String, String)],
+) -> BTreeMap<String, v1::NodePrepareResourceResponse> {
+    let mut client =
+        v1::dra_plugin_client::DraPluginClient::new(connect(&plugin.config().dra_socket()).await);
+    let answer = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: v1_claims(refs),
+        })
+        .await
+        .expect("prepare never fails as a call")
+        .into_inner();
+    answer.claims.into_iter().collect()
+}
+
+async fn unprepare_v1(plugin: &RunningPlugin, refs: &[(String, String, String)]) -> Vec<String> {
+    let mut client =
+        v1::dra_plugin_client::DraPluginClient::new(connect(&plugin.config().dra_socket()).await);
+    let answer = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: v1_claims(refs),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims.len(), refs.len());
+    answer.claims.into_values().map(|r| r.error).collect()
+}
+
+fn expected_ids(uid: &str, device: &str) -> Vec<String> {
+    vec![format!("{}={uid}-{device}", names::CDI_KIND)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_registers_the_plugin_then_prepares_and_unprepares_through_v1() {
+    let h = Harness::new();
+    let plugin = h.start();
+    let reg_socket = plugin.config().registration_socket();
+    assert_eq!(
+        reg_socket,
+        h.path("plugins_registry")
+            .join(format!("{DRIVER}-reg.sock"))
+    );
+    for socket in [&reg_socket, &plugin.config().dra_socket()] {
+        let mode = std::fs::metadata(socket).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", socket.display());
+    }
+
+    let mut registration =
+        reg::registration_client::RegistrationClient::new(connect(&reg_socket).await);
+    let info = registration
+        .get_info(reg::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(
+        info.endpoint,
+        plugin.config().dra_socket().display().to_string()
+    );
+    assert_eq!(
+        info.supported_versions,
+        vec!["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    assert!(!plugin.is_registered());
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+    assert!(plugin.is_registered());
+
+    let names = h.on_node();
+    assert!(names.len() >= 2, "claims on {NODE}: {names:?}");
+    let refs: Vec<_> = names.iter().map(|n| h.claim_ref(n)).collect();
+    let answer = prepare_v1(&plugin, &refs).await;
+    assert_eq!(answer.len(), refs.len());
+    for (_, name, uid) in &refs {
+        let got = &answer[uid];
+        assert_eq!(got.error, "", "{name}");
+        let (claim, _) = &h.claims[name];
+        let results = claim
+            .status
+            .as_ref()
+            .unwrap()
+            .allocation
+            .as_ref()
+            .unwrap()
+            .devices
+            .as_ref()
+            .unwrap()
+            .results
+            .as_ref()
+            .unwrap();
+        assert_eq!(got.devices.len(), results.len(), "{name}");
+        for (device, result) in got.devices.iter().zip(results) {
+            assert_eq!(device.pool_name, NODE);
+            assert_eq!(device.device_name, result.device);
+            assert_eq!(device.request_names, vec![result.request.clone()]);
+            assert_eq!(device.cdi_device_ids, expected_ids(uid, &result.device));
+        }
+        let spec_path = h.path("cdi").join(cdi::spec_file_name(uid));
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+        assert_eq!(spec["kind"], names::CDI_KIND);
+        assert_eq!(
+            spec["devices"][0]["name"],
+            format!("{uid}-{}", results[0].device)
+        );
+        let env = spec["containerEdits"]["env"].as_array().unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e.as_str().unwrap().starts_with("NVIDIA_VISIBLE_DEVICES=")),
+            "{spec}"
+        );
+    }
+
+    // Kubelet retries: the same answer, nothing rewritten.
+    let again = prepare_v1(&plugin, &refs).await;
+    assert_eq!(again, answer);
+
+    assert_eq!(unprepare_v1(&plugin, &refs).await, vec![""; refs.len()]);
+    for (_, _, uid) in &refs {
+        assert!(!h.path("cdi").join(cdi::spec_file_name(uid)).exists());
+    }
+    assert_eq!(unprepare_v1(&plugin, &refs).await, vec![""; refs.len()]);
+
+    plugin.shutdown().await.unwrap();
+    assert!(!reg_socket.exists());
+    assert!(!h.path("plugins").join(DRIVER).join("dra.sock").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1beta1_kubelet_prepares_the_same_way() {
+    let h = Harness::new();
+    let plugin = h.start();
+    let name = h.on_node()[0].clone();
+    let refs = vec![h.claim_ref(&name)];
+    let uid = refs[0].2.clone();
+    let mut client = v1beta1::dra_plugin_client::DraPluginClient::new(
+        connect(&plugin.config().dra_socket()).await,
+    );
+    for _ in 0..2 {
+        let answer = client
+            .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
+                claims: v1beta1_claims(&refs),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let got = &answer.claims[&uid];
+        assert_eq!(got.error, "");
+        assert_eq!(
+            got.devices[0].cdi_device_ids,
+            expected_ids(&uid, &got.devices[0].device_name)
+        );
+    }
+    assert!(h.path("cdi").join(cdi::spec_file_name(&uid)).exists());
+    let answer = client
+        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
+            claims: v1beta1_claims(&refs),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims[&uid].error, "");
+    assert!(!h.path("cdi").join(cdi::spec_file_name(&uid)).exists());
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_kubelet_calls_for_different_claims_all_succeed() {
+    let h = Harness::new();
+    let plugin = Arc::new(h.start());
+    let mut tasks = Vec::new();
+    for name in h.on_node() {
+        let refs = vec![h.claim_ref(&name)];
+        let plugin = Arc::clone(&plugin);
+        tasks.push(tokio::spawn(async move {
+            let answer = prepare_v1(&plugin, &refs).await;
+            (refs[0].2.clone(), answer)
+        }));
+    }
+    for task in tasks {
+        let (uid, answer) = task.await.unwrap();
+        assert_eq!(answer[&uid].error, "");
+        assert!(h.path("cdi").join(cdi::spec_file_name(&uid)).exists());
+    }
+    let checkpoint = std::fs::read_to_string(h.path("state").join("checkpoint.json")).unwrap();
+    for name in h.on_node() {
+        assert!(checkpoint.contains(&format!("uid-{name}")), "{checkpoint}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_claims_get_per_claim_errors_and_good_ones_still_prepare() {
+    let h = Harness::new();
+    let plugin = h.start();
+    let good = h.claim_ref(&h.on_node()[0]);
+    let (ns, name, _) = h.claim_ref(&h.on_node()[0]);
+    let refs = vec![
+        good.clone(),
+        (
+            "default".to_owned(),
+            "no-such-claim".to_owned(),
+            "uid-x".to_owned(),
+        ),
+        (ns, name, "uid-from-a-deleted-claim".to_owned()),
+        h.claim_ref(&h.off_node()),
+        ("default".to_owned(), "empty-uid".to_owned(), String::new()),
+    ];
+    let answer = prepare_v1(&plugin, &refs).await;
+    assert_eq!(answer[&good.2].error, "");
+    assert!(
+        answer["uid-x"].error.contains("not found"),
+        "{:?}",
+        answer["uid-x"]
+    );
+    let mismatch = &answer["uid-from-a-deleted-claim"].error;
+    assert!(mismatch.contains("has UID"), "{mismatch}");
+    let other = &answer[&h.claim_ref(&h.off_node()).2].error;
+    assert!(other.contains(NODE), "{other}");
+    assert!(
+        answer[""].error.contains("uid is empty"),
+        "{:?}",
+        answer[""]
+    );
+    for (uid, got) in &answer {
+        if *uid != good.2 {
+            assert!(got.devices.is_empty());
+            assert!(!h.path("cdi").join(cdi::spec_file_name(uid)).exists());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_gpu_held_by_one_claim_is_refused_to_another() {
+    let h = Harness::new();
+    let whole = "whole-gpu";
+    assert_eq!(
+        h.claims[whole].1, NODE,
+        "the whole-GPU example lands on {NODE}"
+    );
+    let mut twin = h.claims[whole].0.clone();
+    twin.metadata.name = Some("twin".to_owned());
+    twin.metadata.uid = Some("uid-twin".to_owned());
+    let mut source = h.source();
+    source.insert(twin);
+    let plugin = h.start_with(h.preparer("boot-1", source));
+    let first = h.claim_ref(whole);
+    let twin = (
+        "default".to_owned(),
+        "twin".to_owned(),
+        "uid-twin".to_owned(),
+    );
+    assert_eq!(
+        prepare_v1(&plugin, std::slice::from_ref(&first)).await[&first.2].error,
+        ""
+    );
+    let refused = prepare_v1(&plugin, std::slice::from_ref(&twin)).await;
+    assert!(
+        refused["uid-twin"]
+            .error
+            .contains("held by claim uid-whole-gpu"),
+        "{refused:?}"
+    );
+    unprepare_v1(&plugin, &[first]).await;
+    assert_eq!(
+        prepare_v1(&plugin, std::slice::from_ref(&twin)).await["uid-twin"].error,
+        ""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_plugin_remembers_prepared_claims_until_reboot() {
+    let h = Harness::new();
+    let refs: Vec<_> = h.on_node().iter().map(|n| h.claim_ref(n)).collect();
+    let plugin = h.start();
+    let answer = prepare_v1(&plugin, &refs).await;
+    plugin.shutdown().await.unwrap();
+
+    // Same boot: the new instance knows every claim without asking the claim source.
+    let preparer = h.preparer("boot-1", FakeClaimSource::new());
+    let known = preparer.claims().unwrap();
+    assert_eq!(known.len(), refs.len());
+    assert!(
+        known
+            .iter()
+            .all(|(_, s)| *s == PrepareState::PrepareCompleted)
+    );
+    // A crashed run leaves its sockets behind; the new run replaces them.
+    let stale = h
+        .path("plugins_registry")
+        .join(format!("{DRIVER}-reg.sock"));
+    std::fs::write(&stale, b"stale").unwrap();
+    let plugin = h.start_with(preparer);
+    let mut registration = reg::registration_client::RegistrationClient::new(connect(&stale).await);
+    assert_eq!(
+        registration
+            .get_info(reg::InfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .name,
+        DRIVER
+    );
+    assert_eq!(prepare_v1(&plugin, &refs).await, answer);
+    assert_eq!(unprepare_v1(&plugin, &refs[..1]).await, vec![""]);
+    assert!(!h.path("cdi").join(cdi::spec_file_name(&refs[0].2)).exists());
+    plugin.shutdown().await.unwrap();
+
+    // After a reboot the record is stale and dropped.
+    let preparer = h.preparer("boot-2", h.source());
+    assert!(preparer.claims().unwrap().is_empty());
+}
