@@ -1,2 +1,4 @@
 //! Cross-crate integration tests for Tessera live in this crate's `tests/` folder; fixtures sit
-//! beside them.
+//! beside them. The library holds what several of those tests share: the fake API server.
+
+pub mod fake_apiserver;

@@ -1,0 +1,326 @@
+//! The fake API server's object store: objects as JSON, one global resourceVersion counter,
+//! and an event log that watches replay from.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::{Value, json};
+
+use super::{Kind, Verb};
+
+/// An error answered as a `metav1.Status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusError {
+    /// HTTP status code.
+    pub code: u16,
+    /// `reason`, e.g. `Conflict`.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl StatusError {
+    pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn not_found(kind: &Kind, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{}.{} {name:?} not found", kind.resource, kind.group),
+        )
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// The `metav1.Status` body.
+    pub fn to_status(&self) -> Value {
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        })
+    }
+}
+
+/// One change, as a watch sends it.
+#[derive(Debug, Clone)]
+pub(crate) struct Event {
+    pub(crate) rv: u64,
+    pub(crate) resource: &'static str,
+    pub(crate) namespace: Option<String>,
+    pub(crate) kind: &'static str,
+    pub(crate) object: Value,
+}
+
+type Key = (&'static str, Option<String>, String);
+
+/// A recorded request, for tests to assert on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// What was done.
+    pub verb: Verb,
+    /// The resource, with `/status` for the subresource.
+    pub resource: String,
+    /// The object's name, if the request named one.
+    pub name: Option<String>,
+    /// The HTTP status code answered.
+    pub code: u16,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Store {
+    pub(crate) rv: u64,
+    objects: BTreeMap<Key, Value>,
+    pub(crate) events: Vec<Event>,
+    uid_counter: u64,
+    pub(crate) faults: BTreeMap<(Verb, String), VecDeque<u16>>,
+    pub(crate) requests: Vec<RecordedRequest>,
+}
+
+fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
+    object
+        .get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+}
+
+fn set_meta(object: &mut Value, field: &str, value: Value) {
+    if let Some(Value::Object(meta)) = object.get_mut("metadata") {
+        meta.insert(field.to_owned(), value);
+    }
+}
+
+fn now() -> String {
+    // A fixed timestamp: tests compare stored objects, and wall-clock time would not help them.
+    "2026-01-01T00:00:00Z".to_owned()
+}
+
+impl Store {
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn record(
+        &mut self,
+        kind: &Kind,
+        namespace: Option<&String>,
+        event: &'static str,
+        object: &Value,
+    ) {
+        self.events.push(Event {
+            rv: self.rv,
+            resource: kind.resource,
+            namespace: namespace.cloned(),
+            kind: event,
+            object: object.clone(),
+        });
+    }
+
+    pub(crate) fn get(
+        &self,
+        kind: &Kind,
+        namespace: Option<&String>,
+        name: &str,
+    ) -> Result<Value, StatusError> {
+        self.objects
+            .get(&(kind.resource, namespace.cloned(), name.to_owned()))
+            .cloned()
+            .ok_or_else(|| StatusError::not_found(kind, name))
+    }
+
+    /// Objects of `kind`, in `namespace` when given, in key order.
+    pub(crate) fn list(&self, kind: &Kind, namespace: Option<&String>) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((r, ns, _), _)| {
+                *r == kind.resource && (namespace.is_none() || ns.as_ref() == namespace)
+            })
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    pub(crate) fn create(
+        &mut self,
+        kind: &Kind,
+        namespace: Option<&String>,
+        mut object: Value,
+    ) -> Result<Value, StatusError> {
+        if !object.is_object() {
+            return Err(StatusError::bad_request("the body is not an object"));
+        }
+        if !object.get("metadata").is_some_and(Value::is_object) {
+            object["metadata"] = json!({});
+        }
+        let name = match (meta_str(&object, "name"), meta_str(&object, "generateName")) {
+            (Some(n), _) if !n.is_empty() => n.to_owned(),
+            (_, Some(prefix)) => {
+                self.uid_counter += 1;
+                format!("{prefix}{:05x}", self.uid_counter)
+            }
+            _ => {
+                return Err(StatusError::new(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value",
+                ));
+            }
+        };
+        let key = (kind.resource, namespace.cloned(), name.clone());
+        if self.objects.contains_key(&key) {
+            return Err(StatusError::new(
+                409,
+                "AlreadyExists",
+                format!("{}.{} {name:?} already exists", kind.resource, kind.group),
+            ));
+        }
+        self.uid_counter += 1;
+        let rv = self.bump();
+        set_meta(&mut object, "name", json!(name));
+        if let Some(ns) = namespace {
+            set_meta(&mut object, "namespace", json!(ns));
+        }
+        set_meta(
+            &mut object,
+            "uid",
+            json!(format!("00000000-0000-4000-8000-{:012x}", self.uid_counter)),
+        );
+        set_meta(&mut object, "resourceVersion", json!(rv.to_string()));
+        set_meta(&mut object, "creationTimestamp", json!(now()));
+        set_meta(&mut object, "generation", json!(1));
+        if kind.has_status
+            && let Value::Object(map) = &mut object
+        {
+            // Status is written through its subresource only.
+            map.remove("status");
+        }
+        self.record(kind, namespace, "ADDED", &object);
+        self.objects.insert(key, object.clone());
+        Ok(object)
+    }
+
+    /// Replaces an object (or, with `status`, only its status), checking the
+    /// resourceVersion precondition when the new object carries one.
+    pub(crate) fn update(
+        &mut self,
+        kind: &Kind,
+        namespace: Option<&String>,
+        name: &str,
+        mut object: Value,
+        status: bool,
+    ) -> Result<Value, StatusError> {
+        let old = self.get(kind, namespace, name)?;
+        if !object.is_object() {
+            return Err(StatusError::bad_request("the body is not an object"));
+        }
+        if let Some(body_name) = meta_str(&object, "name")
+            && body_name != name
+        {
+            return Err(StatusError::bad_request(format!(
+                "the name in the body ({body_name}) does not match the URL ({name})"
+            )));
+        }
+        if let Some(rv) = meta_str(&object, "resourceVersion")
+            && !rv.is_empty()
+            && Some(rv) != meta_str(&old, "resourceVersion")
+        {
+            return Err(StatusError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {}.{} {name:?}: the object has been \
+                     modified; please apply your changes to the latest version and try again",
+                    kind.resource, kind.group
+                ),
+            ));
+        }
+        let mut new = if status {
+            let mut kept = old.clone();
+            kept["status"] = object.get("status").cloned().unwrap_or(Value::Null);
+            kept
+        } else {
+            if !object.get("metadata").is_some_and(Value::is_object) {
+                object["metadata"] = json!({});
+            }
+            if kind.has_status
+                && let Value::Object(map) = &mut object
+            {
+                match old.get("status") {
+                    Some(s) => {
+                        map.insert("status".to_owned(), s.clone());
+                    }
+                    None => {
+                        map.remove("status");
+                    }
+                }
+            }
+            for field in ["uid", "creationTimestamp", "namespace", "name"] {
+                if let Some(v) = old.get("metadata").and_then(|m| m.get(field)) {
+                    set_meta(&mut object, field, v.clone());
+                }
+            }
+            let generation = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            let changed = old.get("spec") != object.get("spec");
+            set_meta(
+                &mut object,
+                "generation",
+                json!(if changed { generation + 1 } else { generation }),
+            );
+            object
+        };
+        if new.get("status").is_some_and(Value::is_null)
+            && let Value::Object(map) = &mut new
+        {
+            map.remove("status");
+        }
+        let rv = self.bump();
+        set_meta(&mut new, "resourceVersion", json!(rv.to_string()));
+        self.record(kind, namespace, "MODIFIED", &new);
+        self.objects.insert(
+            (kind.resource, namespace.cloned(), name.to_owned()),
+            new.clone(),
+        );
+        Ok(new)
+    }
+
+    pub(crate) fn delete(
+        &mut self,
+        kind: &Kind,
+        namespace: Option<&String>,
+        name: &str,
+    ) -> Result<Value, StatusError> {
+        let key = (kind.resource, namespace.cloned(), name.to_owned());
+        let mut object = self
+            .objects
+            .remove(&key)
+            .ok_or_else(|| StatusError::not_found(kind, name))?;
+        let rv = self.bump();
+        set_meta(&mut object, "resourceVersion", json!(rv.to_string()));
+        self.record(kind, namespace, "DELETED", &object);
+        Ok(object)
+    }
+
+    /// The next queued fault for `verb` on `resource`, if any.
+    pub(crate) fn take_fault(&mut self, verb: Verb, resource: &str) -> Option<u16> {
+        let queue = self.faults.get_mut(&(verb, resource.to_owned()))?;
+        let code = queue.pop_front();
+        if queue.is_empty() {
+            self.faults.remove(&(verb, resource.to_owned()));
+        }
+        code
+    }
+}
