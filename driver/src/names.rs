@@ -122,3 +122,7 @@ pub const DEFAULT_REGISTRATION_DIR: &str = "/var/lib/kubelet/plugins_registry";
 pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 /// Default directory of CDI specs read by the container runtime.
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+/// Label the kubelet plugin sets on the ResourceSlices it publishes, to find them again.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`] on the kubelet plugin's ResourceSlices.
+pub const KUBELET_PLUGIN_MANAGER: &str = "tessera-kubelet-plugin";

@@ -9,9 +9,11 @@ use tessera_driver::cdi::Enforcement;
 use tessera_driver::names;
 use tracing::info;
 
-use crate::claims::{ApiServerNotBuilt, ClaimSource, FakeClaimSource};
+use crate::apiserver::{self, ApiClaimSource};
+use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{FakeDiscovery, GpuDiscovery};
 use crate::preparer::{CdiPreparer, CdiPreparerConfig};
+use crate::publisher::{PublisherConfig, SlicePublisher};
 use crate::server::{self, PluginConfig};
 
 /// Where GPUs are discovered.
@@ -50,9 +52,13 @@ pub struct Args {
     /// Inventory file for `--gpu-backend fake`.
     #[arg(long, env = "TESSERA_FAKE_INVENTORY")]
     pub fake_inventory: Option<PathBuf>,
-    /// ResourceClaims (YAML) to serve instead of the API server, for running without a cluster.
+    /// ResourceClaims (YAML) to serve instead of the API server, for running without a cluster
+    /// (no ResourceSlices are published then).
     #[arg(long, env = "TESSERA_FAKE_CLAIMS")]
     pub fake_claims: Option<PathBuf>,
+    /// Kubeconfig for the API server [default: the pod's service account (in-cluster)].
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// Kubelet's plugin registry directory.
     #[arg(long, env = "TESSERA_REGISTRATION_DIR", default_value = names::DEFAULT_REGISTRATION_DIR)]
     pub registration_dir: PathBuf,
@@ -167,16 +173,27 @@ impl Args {
     /// Runs the plugin until `shutdown` completes, then stops cleanly.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let node = self.discovery()?.discover()?;
-        let source: Arc<dyn ClaimSource> = match &self.fake_claims {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                Arc::new(FakeClaimSource::from_yaml(
-                    &text,
-                    &path.display().to_string(),
-                )?)
-            }
-            None => Arc::new(ApiServerNotBuilt),
+        // The sender stays alive for the whole run: publishing follows what it holds.
+        let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(node.clone());
+        let mut publishing = None;
+        let source: Arc<dyn ClaimSource> = if let Some(path) = &self.fake_claims {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Arc::new(FakeClaimSource::from_yaml(
+                &text,
+                &path.display().to_string(),
+            )?)
+        } else {
+            let client = apiserver::client(self.kubeconfig.as_deref()).await?;
+            let publisher = SlicePublisher::new(
+                client.clone(),
+                PublisherConfig::new(self.driver_name.clone(), self.node_name.clone()),
+            );
+            publishing = Some(Arc::new(publisher).spawn(inventory_rx));
+            Arc::new(ApiClaimSource::new(
+                client,
+                tokio::runtime::Handle::current(),
+            ))
         };
         let boot_id = std::fs::read_to_string(&self.boot_id_file)
             .with_context(|| format!("reading the boot id from {}", self.boot_id_file.display()))?
@@ -204,6 +221,10 @@ impl Args {
         )?;
         shutdown.await;
         info!("shutting down");
+        if let Some(task) = publishing {
+            task.abort();
+        }
+        drop(inventory_tx);
         plugin.shutdown().await?;
         Ok(())
     }

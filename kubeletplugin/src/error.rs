@@ -58,6 +58,17 @@ pub enum Error {
     /// A worker task panicked or was cancelled.
     #[error("worker task: {0}")]
     Task(String),
+
+    /// A call to the Kubernetes API server failed (or its answer made no sense).
+    #[error("API server: {action}: {message}")]
+    Api {
+        /// What the plugin was doing, e.g. "listing ResourceSlices".
+        action: String,
+        /// The HTTP status code, when the server answered.
+        code: Option<u16>,
+        /// The server's message or the transport error.
+        message: String,
+    },
 }
 
 impl Error {
@@ -70,6 +81,27 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::Api`] from a kube client error.
+    pub fn api(action: impl Into<String>, source: &kube::Error) -> Self {
+        let (code, message) = match source {
+            kube::Error::Api(status) => (Some(status.code), status.message.clone()),
+            other => (None, other.to_string()),
+        };
+        Self::Api {
+            action: action.into(),
+            code,
+            message,
+        }
+    }
+
+    /// The HTTP status code of an [`Error::Api`] the server answered.
+    pub fn api_code(&self) -> Option<u16> {
+        match self {
+            Self::Api { code, .. } => *code,
+            _ => None,
+        }
+    }
+
     /// Whether the same call could succeed later without other input: kubelet retries prepare
     /// and unprepare anyway, so this only steers logging and metrics.
     pub fn is_retryable(&self) -> bool {
@@ -79,6 +111,7 @@ impl Error {
                 | Self::ClaimNotFound { .. }
                 | Self::Transport(_)
                 | Self::Task(_)
+                | Self::Api { .. }
                 | Self::Driver(tessera_driver::Error::DeviceHeld { .. })
         )
     }

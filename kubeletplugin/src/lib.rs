@@ -5,9 +5,11 @@
 //! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
 //! * [`claims`]: `ClaimSource`, where allocations come from.
+//! * [`apiserver`]: the API client and `ApiClaimSource`; [`publisher`]: `SlicePublisher`.
 //! * [`discovery`]: `GpuDiscovery`, which GPUs the node has.
 //! * [`args`]: the command line and the process around the library.
 
+pub mod apiserver;
 pub mod args;
 pub mod atomic_file;
 pub mod claims;
@@ -15,6 +17,7 @@ pub mod discovery;
 pub mod dra;
 pub mod error;
 pub mod preparer;
+pub mod publisher;
 pub mod registration;
 pub mod server;
 

@@ -1,0 +1,345 @@
+//! Publishing the node's pool as ResourceSlices in the version the API server serves.
+//!
+//! One publication: find the served resource.k8s.io version and the Node's UID, list the
+//! slices this plugin published for this node and driver (label and field selectors), render
+//! the inventory; when what is stored already says the same, stop; otherwise write every
+//! slice with the pool generation one above any seen, then delete slices no longer needed.
+//! Every failure (conflict, outage, missing Node) is retried with capped exponential backoff
+//! from a fresh listing; nothing here ends the plugin.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use serde_json::Value;
+use tessera_driver::apiversion::{self, ApiVersion};
+use tessera_driver::inventory::NodeInventory;
+use tessera_driver::names;
+use tessera_driver::slices::{self, RenderOptions};
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::apiserver;
+use crate::error::{Error, Result};
+
+/// What to publish and how hard to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublisherConfig {
+    /// The DRA driver name.
+    pub driver_name: String,
+    /// This node's name (also the pool's name).
+    pub node_name: String,
+    /// The first retry delay.
+    pub initial_backoff: Duration,
+    /// The longest retry delay.
+    pub max_backoff: Duration,
+    /// Devices per slice, at most the API's limit (a lower value only makes more slices).
+    pub max_devices_per_slice: usize,
+}
+
+impl PublisherConfig {
+    /// Defaults: retries from 500 ms doubling up to 30 s; as many devices per slice as the API
+    /// allows.
+    pub fn new(driver_name: impl Into<String>, node_name: impl Into<String>) -> Self {
+        Self {
+            driver_name: driver_name.into(),
+            node_name: node_name.into(),
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            max_devices_per_slice: slices::limits::MAX_DEVICES_PER_SLICE,
+        }
+    }
+}
+
+/// The outcome of one successful publication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The resource.k8s.io version written.
+    pub version: ApiVersion,
+    /// The pool generation the slices carry.
+    pub generation: i64,
+    /// The names of the node's slices.
+    pub slices: Vec<String>,
+    /// Whether anything was written (false: the stored slices already matched).
+    pub changed: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    version: Option<ApiVersion>,
+    node_uid: Option<String>,
+    generation: i64,
+}
+
+/// Publishes one node's pool.
+pub struct SlicePublisher {
+    client: kube::Client,
+    config: PublisherConfig,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for SlicePublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlicePublisher")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
+    value.pointer(pointer).and_then(Value::as_str)
+}
+
+fn to_dynamic(value: Value, name: &str) -> Result<DynamicObject> {
+    serde_json::from_value(value).map_err(|e| Error::Api {
+        action: format!("writing ResourceSlice {name}"),
+        code: None,
+        message: format!("cannot encode: {e}"),
+    })
+}
+
+impl SlicePublisher {
+    /// A publisher writing through `client`.
+    pub fn new(client: kube::Client, config: PublisherConfig) -> Self {
+        Self {
+            client,
+            config,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PublisherConfig {
+        &self.config
+    }
+
+    /// The slices to write for `node` in `version` with `generation`, as JSON by name.
+    fn desired(
+        &self,
+        node: &NodeInventory,
+        version: ApiVersion,
+        generation: i64,
+        owner: &OwnerReference,
+    ) -> Result<BTreeMap<String, Value>> {
+        let opts = RenderOptions {
+            driver_name: self.config.driver_name.clone(),
+            pool_generation: generation,
+            // Shared devices with request policies need the v1 API (Kubernetes 1.34+).
+            consumable_capacity: version == ApiVersion::V1,
+            max_devices_per_slice: self.config.max_devices_per_slice,
+        };
+        let mut out = BTreeMap::new();
+        for mut slice in slices::render(node, &opts)? {
+            slice.metadata.labels = Some(BTreeMap::from([(
+                names::LABEL_MANAGED_BY.to_owned(),
+                names::KUBELET_PLUGIN_MANAGER.to_owned(),
+            )]));
+            slice.metadata.owner_references = Some(vec![owner.clone()]);
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let mut value = apiversion::encode_slice(&slice, version)?;
+            if let Some(map) = value.as_object_mut() {
+                map.insert("apiVersion".to_owned(), version.as_str().into());
+                map.insert("kind".to_owned(), "ResourceSlice".into());
+            }
+            out.insert(name, value);
+        }
+        Ok(out)
+    }
+
+    async fn version(&self) -> Result<ApiVersion> {
+        if let Some(v) = self.state.lock().await.version {
+            return Ok(v);
+        }
+        let v = apiserver::served_resource_version(&self.client).await?;
+        info!(version = %v, "API server serves resource.k8s.io");
+        self.state.lock().await.version = Some(v);
+        Ok(v)
+    }
+
+    async fn owner(&self) -> Result<OwnerReference> {
+        let cached = self.state.lock().await.node_uid.clone();
+        let uid = if let Some(uid) = cached {
+            uid
+        } else {
+            let node = Api::<Node>::all(self.client.clone())
+                .get(&self.config.node_name)
+                .await
+                .map_err(|e| Error::api(format!("getting Node {}", self.config.node_name), &e))?;
+            let uid = node.metadata.uid.ok_or_else(|| Error::Api {
+                action: format!("getting Node {}", self.config.node_name),
+                code: None,
+                message: "the Node has no UID".to_owned(),
+            })?;
+            self.state.lock().await.node_uid = Some(uid.clone());
+            uid
+        };
+        Ok(OwnerReference {
+            api_version: names::CORE_API_V1.to_owned(),
+            kind: "Node".to_owned(),
+            name: self.config.node_name.clone(),
+            uid,
+            controller: Some(true),
+            block_owner_deletion: None,
+        })
+    }
+
+    /// Forgets what discovery found, so the next attempt looks again (after a 404 the cluster
+    /// may have been upgraded, or the Node re-created).
+    async fn forget(&self) {
+        let mut state = self.state.lock().await;
+        state.version = None;
+        state.node_uid = None;
+    }
+
+    /// One attempt at publishing `node`'s pool.
+    pub async fn publish_once(&self, node: &NodeInventory) -> Result<Published> {
+        let version = self.version().await?;
+        let owner = self.owner().await?;
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &apiserver::resource(version, "ResourceSlice", "resourceslices"),
+        );
+        let selector = ListParams::default()
+            .labels(&format!(
+                "{}={}",
+                names::LABEL_MANAGED_BY,
+                names::KUBELET_PLUGIN_MANAGER
+            ))
+            .fields(&format!(
+                "spec.nodeName={},spec.driver={}",
+                self.config.node_name, self.config.driver_name
+            ));
+        let listed = api
+            .list(&selector)
+            .await
+            .map_err(|e| Error::api("listing ResourceSlices", &e))?;
+        let mut existing = BTreeMap::new();
+        for item in listed.items {
+            let value = serde_json::to_value(&item).map_err(|e| Error::Api {
+                action: "listing ResourceSlices".to_owned(),
+                code: None,
+                message: format!("cannot re-encode: {e}"),
+            })?;
+            if let Some(name) = str_at(&value, "/metadata/name") {
+                existing.insert(name.to_owned(), value);
+            }
+        }
+        let seen = existing
+            .values()
+            .filter_map(|v| v.pointer("/spec/pool/generation").and_then(Value::as_i64))
+            .max()
+            .unwrap_or(0)
+            .max(self.state.lock().await.generation);
+
+        let same = self.desired(node, version, seen, &owner)?;
+        let unchanged = seen > 0
+            && same.len() == existing.len()
+            && same.iter().all(|(name, want)| {
+                existing.get(name).is_some_and(|have| {
+                    have.get("spec") == want.get("spec")
+                        && have.pointer("/metadata/labels") == want.pointer("/metadata/labels")
+                        && have.pointer("/metadata/ownerReferences")
+                            == want.pointer("/metadata/ownerReferences")
+                })
+            });
+        if unchanged {
+            self.state.lock().await.generation = seen;
+            return Ok(Published {
+                version,
+                generation: seen,
+                slices: same.into_keys().collect(),
+                changed: false,
+            });
+        }
+
+        let generation = seen + 1;
+        let desired = self.desired(node, version, generation, &owner)?;
+        for (name, mut value) in desired.clone() {
+            if let Some(have) = existing.get(&name) {
+                if let (Some(rv), Some(meta)) = (
+                    str_at(have, "/metadata/resourceVersion"),
+                    value.get_mut("metadata").and_then(Value::as_object_mut),
+                ) {
+                    // The precondition: a slice changed since the listing fails with 409 and
+                    // the whole publication starts again from a fresh listing.
+                    meta.insert("resourceVersion".to_owned(), rv.into());
+                }
+                api.replace(&name, &PostParams::default(), &to_dynamic(value, &name)?)
+                    .await
+                    .map_err(|e| Error::api(format!("updating ResourceSlice {name}"), &e))?;
+            } else {
+                api.create(&PostParams::default(), &to_dynamic(value, &name)?)
+                    .await
+                    .map_err(|e| Error::api(format!("creating ResourceSlice {name}"), &e))?;
+            }
+        }
+        for name in existing.keys().filter(|n| !desired.contains_key(*n)) {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::api(format!("deleting ResourceSlice {name}"), &e)),
+            }
+        }
+        self.state.lock().await.generation = generation;
+        info!(
+            version = %version,
+            generation,
+            slices = desired.len(),
+            removed = existing.keys().filter(|n| !desired.contains_key(*n)).count(),
+            "published ResourceSlices"
+        );
+        Ok(Published {
+            version,
+            generation,
+            slices: desired.into_keys().collect(),
+            changed: true,
+        })
+    }
+
+    /// Publishes `node`'s pool, retrying every failure with capped exponential backoff until
+    /// it succeeds. An inventory that cannot be rendered is retried too (the file may be fixed).
+    pub async fn publish(&self, node: &NodeInventory) -> Published {
+        let mut delay = self.config.initial_backoff;
+        let mut attempt = 1_u32;
+        loop {
+            match self.publish_once(node).await {
+                Ok(published) => return published,
+                Err(e) => {
+                    warn!(error = %e, attempt, retry_in = ?delay, "publishing ResourceSlices failed");
+                    if e.api_code() == Some(404) {
+                        self.forget().await;
+                    }
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(self.config.max_backoff);
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Publishes every inventory `inventory` holds, the current one first; a newer inventory
+    /// arriving while a publication is retrying replaces it. Ends when the sender is dropped.
+    pub fn spawn(self: Arc<Self>, mut inventory: watch::Receiver<NodeInventory>) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                let node = inventory.borrow_and_update().clone();
+                let published = tokio::select! {
+                    _ = self.publish(&node) => true,
+                    changed = inventory.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        false
+                    }
+                };
+                if published && inventory.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}

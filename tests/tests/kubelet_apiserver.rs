@@ -1,0 +1,201 @@
+//! The kubelet plugin against the in-process fake API server: publishing ResourceSlices in
+//! each served resource.k8s.io version, republishing, retries of injected errors, and
+//! prepare with claims fetched from the API server.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+#[path = "support/apiserver_scenarios.rs"]
+mod scenarios;
+
+use scenarios::{DRIVER, NODE};
+use serde_json::json;
+use tessera_driver::apiversion::ApiVersion;
+use tessera_driver::names;
+use tessera_kubelet_plugin::apiserver;
+use tessera_kubelet_plugin::publisher::SlicePublisher;
+use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
+
+async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::TempDir) {
+    let server = FakeApiServer::start(versions).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let client = apiserver::client(Some(&kubeconfig)).await.unwrap();
+    (server, client, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_on_a_v1_server() {
+    let (server, client, _dir) = start(&["v1", "v1beta2", "v1beta1"]).await;
+    scenarios::publish_and_check_shape(&client, ApiVersion::V1).await;
+    for slice in server.objects("resourceslices") {
+        assert_eq!(slice["apiVersion"], "resource.k8s.io/v1");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_on_a_v1beta2_server() {
+    let (server, client, _dir) = start(&["v1beta2", "v1beta1"]).await;
+    scenarios::publish_and_check_shape(&client, ApiVersion::V1beta2).await;
+    for slice in server.objects("resourceslices") {
+        assert_eq!(slice["apiVersion"], "resource.k8s.io/v1beta2");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_on_a_v1beta1_server() {
+    let (server, client, _dir) = start(&["v1beta1"]).await;
+    scenarios::publish_and_check_shape(&client, ApiVersion::V1beta1).await;
+    for slice in server.objects("resourceslices") {
+        assert_eq!(slice["apiVersion"], "resource.k8s.io/v1beta1");
+        assert!(slice["spec"]["devices"][0]["basic"].is_object(), "{slice}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_dra_is_an_error_not_a_crash() {
+    let (_server, client, _dir) = start(&[]).await;
+    let err = apiserver::served_resource_version(&client)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("1.32"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inventory_change_bumps_the_generation_and_deletes_surplus_slices() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::republish_after_inventory_change(&client, ApiVersion::V1).await;
+    let deletes = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Delete && r.resource == "resourceslices")
+        .count();
+    assert_eq!(deletes, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_slices_of_this_node_go_and_others_stay() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    let labels = json!({names::LABEL_MANAGED_BY: names::KUBELET_PLUGIN_MANAGER});
+    let slice = |name: &str, node: &str, driver: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 7, "resourceSliceCount": 1}},
+        })
+    };
+    server
+        .create("resourceslices", slice("stale", NODE, DRIVER))
+        .unwrap();
+    server
+        .create("resourceslices", slice("other-node", "t4-node", DRIVER))
+        .unwrap();
+    server
+        .create(
+            "resourceslices",
+            slice("other-driver", NODE, "other.example.com"),
+        )
+        .unwrap();
+    scenarios::create_node(&client).await;
+    let slice_publisher = SlicePublisher::new(client.clone(), scenarios::fast_config());
+    let published = slice_publisher
+        .publish_once(&scenarios::node_inventory())
+        .await
+        .unwrap();
+    // Above any generation seen, so consumers never mix old and new slices.
+    assert_eq!(published.generation, 8);
+    assert!(server.get("resourceslices", None, "stale").is_none());
+    assert!(server.get("resourceslices", None, "other-node").is_some());
+    assert!(server.get("resourceslices", None, "other-driver").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_conflicts_and_outages_are_retried() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::create_node(&client).await;
+    let slice_publisher = SlicePublisher::new(client.clone(), scenarios::fast_config());
+    let mut node = scenarios::node_inventory();
+
+    server.inject(Verb::Create, "resourceslices", 500, 2);
+    server.inject(Verb::Create, "resourceslices", 409, 1);
+    server.inject(Verb::Get, "nodes", 500, 1);
+    let first = slice_publisher.publish(&node).await;
+    assert_eq!(first.generation, 1);
+    let failed: Vec<u16> = server
+        .requests()
+        .iter()
+        .filter(|r| r.code >= 400)
+        .map(|r| r.code)
+        .collect();
+    assert_eq!(failed, vec![500, 500, 500, 409]);
+
+    node.gpus.pop();
+    server.inject(Verb::Update, "resourceslices", 409, 2);
+    server.inject(Verb::Update, "resourceslices", 500, 1);
+    server.inject(Verb::List, "resourceslices", 500, 1);
+    let second = slice_publisher.publish(&node).await;
+    assert!(second.changed);
+    assert_eq!(second.generation, 2);
+    for slice in server.objects("resourceslices") {
+        assert_eq!(slice["spec"]["pool"]["generation"], 2);
+        assert_eq!(
+            slice["spec"]["devices"].as_array().unwrap().len(),
+            node.gpus.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_fetches_claims_from_a_v1_server() {
+    let (_server, client, dir) = start(&["v1"]).await;
+    scenarios::prepare_through_kubelet(&client, ApiVersion::V1, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_fetches_claims_from_a_v1beta1_server() {
+    let (_server, client, dir) = start(&["v1beta1"]).await;
+    scenarios::prepare_through_kubelet(&client, ApiVersion::V1beta1, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_server_watches_and_enforces_resource_versions() {
+    use kube::api::{Api, DynamicObject, PostParams, WatchEvent, WatchParams};
+    use tokio_stream::StreamExt as _;
+    let (_server, client, _dir) = start(&["v1"]).await;
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &apiserver::resource(ApiVersion::V1, "ResourceSlice", "resourceslices"),
+    );
+    let mut stream = Box::pin(api.watch(&WatchParams::default(), "0").await.unwrap());
+    let slice: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}},
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &slice).await.unwrap();
+    match stream.next().await.unwrap().unwrap() {
+        WatchEvent::Added(o) => assert_eq!(o.metadata.name.as_deref(), Some("s")),
+        other => panic!("{other:?}"),
+    }
+    let mut stale = created.clone();
+    stale.metadata.resource_version = Some("0".to_owned());
+    let err = api
+        .replace("s", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 409),
+        "{err}"
+    );
+    let mut fresh = created;
+    fresh.data["spec"]["pool"]["generation"] = json!(2);
+    api.replace("s", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
+    match stream.next().await.unwrap().unwrap() {
+        WatchEvent::Modified(o) => assert_eq!(o.data["spec"]["pool"]["generation"], 2),
+        other => panic!("{other:?}"),
+    }
+}
