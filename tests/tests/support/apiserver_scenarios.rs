@@ -47,10 +47,13 @@ pub(crate) async fn create_node(client: &kube::Client) -> String {
         "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
     }))
     .unwrap();
-    let created = Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .unwrap();
+    let api = Api::<Node>::all(client.clone());
+    let created = match api.create(&PostParams::default(), &node).await {
+        Ok(n) => n,
+        // A real API server is shared by the scenarios of one run.
+        Err(kube::Error::Api(s)) if s.code == 409 => api.get(NODE).await.unwrap(),
+        Err(e) => panic!("creating Node {NODE}: {e}"),
+    };
     created.metadata.uid.unwrap()
 }
 
