@@ -2,7 +2,8 @@
 //!
 //! Kubelet only sends a claim's namespace, name and UID; the allocation lives in the
 //! ResourceClaim's status on the API server. The source fetches it and checks it is the claim
-//! kubelet means (same UID).
+//! kubelet means (same UID). `FakeClaimSource` serves a fixed set; `apiserver::ApiClaimSource`
+//! fetches from the API server.
 
 use std::collections::BTreeMap;
 
@@ -131,20 +132,6 @@ impl ClaimSource for FakeClaimSource {
             });
         }
         Ok(found.clone())
-    }
-}
-
-/// The source used when no claims file is given: fetching from the API server is not built
-/// yet, so every claim fails with a clear message (per claim, never a crash).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ApiServerNotBuilt;
-
-impl ClaimSource for ApiServerNotBuilt {
-    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
-        Err(Error::Config(format!(
-            "cannot fetch claim {claim}: reading claims from the API server is not built yet \
-             (run with --fake-claims)"
-        )))
     }
 }
 

@@ -199,3 +199,22 @@ async fn the_fake_server_watches_and_enforces_resource_versions() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_claim_error_not_a_crash() {
+    use std::time::Duration;
+    use tessera_kubelet_plugin::apiserver::ApiClaimSource;
+    use tessera_kubelet_plugin::claims::{ClaimRef, ClaimSource as _};
+    let (server, client, _dir) = start(&["v1"]).await;
+    drop(server);
+    let source = ApiClaimSource::new(client, tokio::runtime::Handle::current())
+        .with_timeout(Duration::from_secs(5));
+    let err = tokio::task::spawn_blocking(move || {
+        source
+            .claim(&ClaimRef::new("default", "c", "u"))
+            .unwrap_err()
+    })
+    .await
+    .unwrap();
+    assert!(err.is_retryable(), "{err}");
+}
