@@ -232,7 +232,8 @@ impl FakeApiServer {
         queue.extend(std::iter::repeat_n(code, count));
     }
 
-    /// Every request answered so far (discovery excluded).
+    /// Every request on a served resource answered so far (discovery and unknown paths
+    /// excluded).
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.lock().requests.clone()
     }

@@ -1,0 +1,193 @@
+//! The fake API server itself, through a real kube client: what the controller's tests will
+//! rely on.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent,
+    WatchParams,
+};
+use serde_json::{Value, json};
+use tessera_driver::apiversion::ApiVersion;
+use tessera_kubelet_plugin::apiserver;
+use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
+use tokio_stream::StreamExt as _;
+
+fn client(server: &FakeApiServer) -> kube::Client {
+    kube::Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap()
+}
+
+fn claims(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &apiserver::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
+    )
+}
+
+fn claim(name: &str, labels: &Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"devices": {"requests": []}},
+    }))
+    .unwrap()
+}
+
+fn name(o: &DynamicObject) -> &str {
+    o.metadata.name.as_deref().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_selectors_patches_and_status() {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let client = client(&server);
+    let api = claims(&client, "ns1");
+    let pp = PostParams::default();
+    let a = api
+        .create(&pp, &claim("a", &json!({"app": "x"})))
+        .await
+        .unwrap();
+    api.create(&pp, &claim("b", &json!({"app": "y"})))
+        .await
+        .unwrap();
+    claims(&client, "ns2")
+        .create(&pp, &claim("c", &json!({"app": "x"})))
+        .await
+        .unwrap();
+    assert!(a.metadata.uid.is_some());
+    let err = api.create(&pp, &claim("a", &json!({}))).await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 409 && s.reason == "AlreadyExists"));
+
+    let listed = api
+        .list(&ListParams::default().labels("app=x"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.iter().map(name).collect::<Vec<_>>(), ["a"]);
+    let all: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &apiserver::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
+    );
+    let everywhere = all
+        .list(&ListParams::default().labels("app in (x)"))
+        .await
+        .unwrap();
+    assert_eq!(everywhere.items.len(), 2);
+    let by_field = all
+        .list(&ListParams::default().fields("metadata.namespace=ns2"))
+        .await
+        .unwrap();
+    assert_eq!(by_field.items.iter().map(name).collect::<Vec<_>>(), ["c"]);
+
+    // Status is written only through the subresource, and the main resource keeps it.
+    let with_status = api
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(with_status.data["status"]["reservedFor"][0]["name"], "p");
+    let patched = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"app": null, "new": "1"}}, "status": null}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.labels.unwrap().len(), 1);
+    assert_eq!(patched.data["status"]["reservedFor"][0]["name"], "p");
+
+    // A stale resourceVersion in a merge patch is a conflict too.
+    let err = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": "1"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 409));
+
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("app=y"),
+    )
+    .await
+    .unwrap();
+    assert!(server.get("resourceclaims", Some("ns1"), "b").is_none());
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let err = api.get("a").await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 404 && s.reason == "NotFound"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_from_a_resource_version_and_filters() {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let client = client(&server);
+    let api = claims(&client, "ns");
+    let pp = PostParams::default();
+    api.create(&pp, &claim("before", &json!({"app": "x"})))
+        .await
+        .unwrap();
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.create(&pp, &claim("other", &json!({"app": "y"})))
+        .await
+        .unwrap();
+    api.create(&pp, &claim("after", &json!({"app": "x"})))
+        .await
+        .unwrap();
+    let mut events = Box::pin(
+        api.watch(&WatchParams::default().labels("app=x"), &rv)
+            .await
+            .unwrap(),
+    );
+    match events.next().await.unwrap().unwrap() {
+        WatchEvent::Added(o) => assert_eq!(name(&o), "after"),
+        other => panic!("{other:?}"),
+    }
+    api.delete("before", &DeleteParams::default())
+        .await
+        .unwrap();
+    match events.next().await.unwrap().unwrap() {
+        WatchEvent::Deleted(o) => assert_eq!(name(&o), "before"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unserved_versions_are_not_found_and_faults_are_queued() {
+    let server = FakeApiServer::start(&["v1beta1"]).await.unwrap();
+    let client = client(&server);
+    let err = claims(&client, "ns")
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 404),
+        "{err}"
+    );
+
+    server.set_versions(&["v1"]);
+    server.inject(Verb::List, "resourceclaims", 500, 1);
+    let api = claims(&client, "ns");
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 500),
+        "{err}"
+    );
+    assert!(api.list(&ListParams::default()).await.is_ok());
+    let codes: Vec<u16> = server.requests().iter().map(|r| r.code).collect();
+    assert_eq!(codes, [500, 200], "unserved paths are not recorded");
+}
