@@ -218,3 +218,50 @@ async fn an_unreachable_server_is_a_claim_error_not_a_crash() {
     .unwrap();
     assert!(err.is_retryable(), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_with_a_kubeconfig_publishes_its_slices() {
+    use clap::Parser as _;
+    let (server, client, dir) = start(&["v1beta2"]).await;
+    scenarios::create_node(&client).await;
+    let boot_id = dir.path().join("boot_id");
+    std::fs::write(&boot_id, "boot-1\n").unwrap();
+    let path = |p: &str| dir.path().join(p).display().to_string();
+    let inventory = scenarios::repo().join("examples/inventory/demo-cluster.yaml");
+    let args = tessera_kubelet_plugin::args::Args::try_parse_from([
+        "tessera-kubelet-plugin",
+        "--node-name",
+        NODE,
+        "--gpu-backend",
+        "fake",
+        "--fake-inventory",
+        inventory.to_str().unwrap(),
+        "--kubeconfig",
+        &path("kubeconfig"),
+        "--registration-dir",
+        &path("registry"),
+        "--plugin-dir",
+        &path("plugin"),
+        "--cdi-dir",
+        &path("cdi"),
+        "--enforcement",
+        "none",
+        "--boot-id-file",
+        boot_id.to_str().unwrap(),
+    ])
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(args.run(async move {
+        let _ = stopped.await;
+    }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.objects("resourceslices").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no slices published");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let slices = server.objects("resourceslices");
+    assert_eq!(slices[0]["apiVersion"], "resource.k8s.io/v1beta2");
+    assert_eq!(slices[0]["spec"]["nodeName"], NODE);
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}
