@@ -191,3 +191,60 @@ async fn unserved_versions_are_not_found_and_faults_are_queued() {
     let codes: Vec<u16> = server.requests().iter().map(|r| r.code).collect();
     assert_eq!(codes, [500, 200], "unserved paths are not recorded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_lists_and_server_side_apply() {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let client = client(&server);
+    let api = claims(&client, "ns");
+    // Apply creates, then merges.
+    let applied = api
+        .patch(
+            "a",
+            &PatchParams::apply("test"),
+            &Patch::Apply(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "a", "labels": {"app": "x"}},
+                "spec": {"devices": {"requests": []}},
+            })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(name(&applied), "a");
+    let merged = api
+        .patch(
+            "a",
+            &PatchParams::apply("test"),
+            &Patch::Apply(json!({"metadata": {"labels": {"tier": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(merged.metadata.labels.unwrap().len(), 2);
+
+    let mut events = Box::pin(
+        api.watch(&WatchParams::streaming_lists(), "")
+            .await
+            .unwrap(),
+    );
+    match events.next().await.unwrap().unwrap() {
+        WatchEvent::Added(o) => assert_eq!(name(&o), "a"),
+        other => panic!("{other:?}"),
+    }
+    match events.next().await.unwrap().unwrap() {
+        WatchEvent::Bookmark(b) => assert_eq!(
+            b.metadata
+                .annotations
+                .get("k8s.io/initial-events-end")
+                .map(String::as_str),
+            Some("true")
+        ),
+        other => panic!("{other:?}"),
+    }
+    api.create(&PostParams::default(), &claim("b", &json!({})))
+        .await
+        .unwrap();
+    match events.next().await.unwrap().unwrap() {
+        WatchEvent::Added(o) => assert_eq!(name(&o), "b"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -5,9 +5,11 @@
 //! `/apis`, `/apis/resource.k8s.io[/<version>]`, with the resource.k8s.io versions a test
 //! chooses), and for Nodes, Pods, DeviceClasses, ResourceSlices, ResourceClaims and
 //! ResourceClaimTemplates: get, list (label and field selectors), watch (`?watch=true`,
-//! resourceVersion-based, newline-delimited JSON events), create, update (PUT, with a
-//! resourceVersion precondition), the `status` subresource, JSON merge patch (strategic merge
-//! patch is treated as a merge patch), JSON patch, delete and deleteCollection. Objects are
+//! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
+//! current state and an initial-events-end bookmark first), create, update (PUT, with a
+//! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
+//! delete and deleteCollection. Strategic merge patch and server-side apply are approximated
+//! by a merge patch (apply creates an absent object); field managers are not tracked. Objects are
 //! kept as JSON exactly as written, in whatever version they were written: the fake does not
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
 //! Errors come back as `metav1.Status`. A test can queue error answers per verb and resource.
@@ -697,6 +699,11 @@ fn serve(
         }
         Verb::Patch => {
             let patch_doc = parse_body(body)?;
+            let apply = content_type.starts_with("application/apply-patch");
+            if apply && !target.status && store.get(kind, ns, name).is_err() {
+                // Server-side apply of an absent object creates it.
+                return store.create(kind, ns, patch_doc).map(|o| (201, o));
+            }
             let mut object = store.get(kind, ns, name)?;
             let old_rv = object.pointer("/metadata/resourceVersion").cloned();
             if content_type.starts_with("application/json-patch+json") {
@@ -704,6 +711,7 @@ fn serve(
                     .map_err(|m| StatusError::new(422, "Invalid", format!("JSON patch: {m}")))?;
             } else if content_type.starts_with("application/merge-patch+json")
                 || content_type.starts_with("application/strategic-merge-patch+json")
+                || apply
             {
                 patch::merge_patch(&mut object, &patch_doc);
             } else {
@@ -751,6 +759,9 @@ fn watch_response(
     let kind = target.kind;
     let namespace = target.namespace.clone();
     let start = param("resourceVersion").filter(|v| !v.is_empty() && v != "0");
+    // A streaming list: the current state, then a bookmark marking its end, then changes.
+    let initial_events = param("sendInitialEvents").is_some_and(|v| v == "true");
+    let api_version = target.api_version();
     let timeout = param("timeoutSeconds")
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(1800);
@@ -796,7 +807,7 @@ fn watch_response(
             text.push('\n');
             Ok(Frame::data(Bytes::from(text)))
         };
-        let mut sent_up_to = if let Some(rv) = start_rv {
+        let mut sent_up_to = if let Some(rv) = start_rv.filter(|_| !initial_events) {
             rv
         } else {
             // No resourceVersion: the current state first, as synthetic ADDED events.
@@ -806,6 +817,19 @@ fn watch_response(
             };
             for o in select(objects, &selector_params).unwrap_or_default() {
                 if tx.send(line("ADDED", &o)).await.is_err() {
+                    return;
+                }
+            }
+            if initial_events {
+                let bookmark = json!({
+                    "kind": kind.kind,
+                    "apiVersion": api_version,
+                    "metadata": {
+                        "resourceVersion": rv.to_string(),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                });
+                if tx.send(line("BOOKMARK", &bookmark)).await.is_err() {
                     return;
                 }
             }
