@@ -209,3 +209,45 @@ impl ClaimSource for ApiClaimSource {
             .map_err(|_| Error::Task(format!("fetching claim {claim}: the runtime stopped")))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The TLS stack (rustls with ring) builds a client for an HTTPS server; nothing panics
+    /// choosing a crypto provider.
+    #[tokio::test]
+    async fn https_kubeconfig_builds_a_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+             server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             current-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+        )
+        .unwrap();
+        let client = client(Some(&path)).await.unwrap();
+        // Nothing listens there: an error, not a panic.
+        assert!(served_resource_version(&client).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_is_a_config_error() {
+        let Err(err) = client(Some(Path::new("/nonexistent/kubeconfig"))).await else {
+            panic!("a missing kubeconfig built a client");
+        };
+        assert!(matches!(err, Error::Config(_)), "{err}");
+    }
+
+    #[test]
+    fn resources_name_the_group_version() {
+        let r = resource(ApiVersion::V1beta1, "ResourceSlice", "resourceslices");
+        assert_eq!(r.api_version, "resource.k8s.io/v1beta1");
+        assert_eq!(r.version, "v1beta1");
+        assert_eq!(r.plural, "resourceslices");
+    }
+}
