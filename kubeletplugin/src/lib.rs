@@ -11,6 +11,7 @@
 pub mod args;
 pub mod atomic_file;
 pub mod claims;
+pub mod crash;
 pub mod discovery;
 pub mod dra;
 pub mod error;
