@@ -62,6 +62,13 @@ pub struct HeldDevice {
     pub exclusive: bool,
     /// The CDI device ids the runtime injects for this device.
     pub cdi_ids: Vec<String>,
+    /// A shared device's memory limit in bytes (absent for a whole device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_memory_bytes: Option<u64>,
+    /// A shared device's compute limit in percent, 0 when not isolated (absent for a whole
+    /// device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_compute_percent: Option<i64>,
 }
 
 impl HeldDevice {
@@ -147,6 +154,8 @@ pub fn held_devices(claim: &PreparedClaim) -> Vec<HeldDevice> {
             mig: d.mig.is_some(),
             exclusive: d.share.is_none(),
             cdi_ids: next(&d.request).into_iter().collect(),
+            share_memory_bytes: d.share.as_ref().map(|s| s.memory_bytes),
+            share_compute_percent: d.share.as_ref().map(|s| s.compute_percent),
         })
         .collect()
 }

@@ -58,6 +58,10 @@ pub enum Error {
     /// A worker task panicked or was cancelled.
     #[error("worker task: {0}")]
     Task(String),
+
+    /// Encoding the metrics failed.
+    #[error("metrics: {0}")]
+    Metrics(String),
 }
 
 impl Error {

@@ -15,8 +15,11 @@ pub mod crash;
 pub mod discovery;
 pub mod dra;
 pub mod error;
+pub mod health_http;
+pub mod metrics;
 pub mod preparer;
 pub mod registration;
 pub mod server;
+pub mod watch;
 
 pub use error::{Error, Result};

@@ -10,13 +10,14 @@
 //! either fully prepared or cleanly absent, and kubelet's retry finishes the job.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tessera_driver::cdi::{self, Enforcement};
 use tessera_driver::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
 use tessera_driver::prepare::prepare_on_node;
+use tessera_driver::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tracing::{debug, info};
 
 use crate::atomic_file;
@@ -67,7 +68,7 @@ pub struct CdiPreparerConfig {
 /// The real preparer: CDI specs and a checkpoint on disk.
 pub struct CdiPreparer {
     config: CdiPreparerConfig,
-    node: NodeInventory,
+    node: RwLock<NodeInventory>,
     source: Arc<dyn ClaimSource>,
     record: Mutex<Checkpoint>,
 }
@@ -94,13 +95,13 @@ impl CdiPreparer {
         };
         let preparer = Self {
             config,
-            node,
+            node: RwLock::new(node),
             source,
             record: Mutex::new(record),
         };
         preparer.recover()?;
         info!(
-            node = %preparer.node.name,
+            node = %preparer.inventory()?.name,
             claims = preparer.lock()?.claims.len(),
             "loaded checkpoint"
         );
@@ -157,9 +158,31 @@ impl CdiPreparer {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Checkpoint>> {
-        self.record
-            .lock()
-            .map_err(|_| Error::Task("a thread panicked while holding the checkpoint".to_owned()))
+        self.record.lock().map_err(|_| poisoned("checkpoint"))
+    }
+
+    /// A copy of the checkpoint as it is now (for metrics and inventory changes).
+    pub fn record(&self) -> Result<Checkpoint> {
+        Ok(self.lock()?.clone())
+    }
+
+    /// The inventory claims are prepared against.
+    pub fn inventory(&self) -> Result<NodeInventory> {
+        Ok(self.node.read().map_err(|_| poisoned("inventory"))?.clone())
+    }
+
+    /// Prepares later claims against a re-discovered inventory, except that a GPU held by a
+    /// recorded claim keeps its mode and MIG layout (`tessera_driver::reconfigure`); returns
+    /// the refused changes. Claims already prepared keep their CDI specs.
+    pub fn reconfigure(&self, discovered: &NodeInventory) -> Result<Vec<Refusal>> {
+        let mut node = self.node.write().map_err(|_| poisoned("inventory"))?;
+        let record = self.lock()?;
+        let Reconfigured {
+            inventory,
+            refusals,
+        } = reconfigure(&node, discovered, &record);
+        *node = inventory;
+        Ok(refusals)
     }
 
     /// Writes `next` and, once it is durable, makes it the current record.
@@ -184,6 +207,10 @@ impl CdiPreparer {
             _ => Ok(None),
         }
     }
+}
+
+fn poisoned(what: &str) -> Error {
+    Error::Task(format!("a thread panicked while holding the {what}"))
 }
 
 /// What every claim's CDI spec file name starts with.
@@ -211,7 +238,10 @@ impl ClaimPreparer for CdiPreparer {
             return Ok(devices);
         }
         let object = self.source.claim(claim)?;
-        let prepared = prepare_on_node(&object, &self.config.driver_name, &self.node)?;
+        // The inventory stays read-locked until the claim is recorded, so an inventory change
+        // (`reconfigure`) sees every claim prepared against the old one.
+        let node = self.node.read().map_err(|_| poisoned("inventory"))?;
+        let prepared = prepare_on_node(&object, &self.config.driver_name, &node)?;
         let spec = cdi::build_spec(&prepared, &self.config.enforcement)?.to_json()?;
         let host_dirs = cdi::host_dirs(&prepared, &self.config.enforcement)?;
         {
@@ -224,6 +254,7 @@ impl ClaimPreparer for CdiPreparer {
             }
             self.commit(&mut record, next)?;
         }
+        drop(node);
         crash::point(crash::PREPARE_AFTER_CHECKPOINT_STARTED);
         for dir in &host_dirs {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
