@@ -17,6 +17,7 @@ pub mod dra;
 pub mod error;
 pub mod health_http;
 pub mod metrics;
+pub mod ops;
 pub mod preparer;
 pub mod registration;
 pub mod server;

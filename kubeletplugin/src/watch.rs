@@ -86,6 +86,11 @@ impl InventoryPoller {
             Ok(r) => r,
             Err(e) => return self.failed(&e),
         };
+        if !refusals.is_empty() {
+            // Forget the content so the next poll tries again: once the holding claims are
+            // unprepared the change is taken without another edit of the file.
+            self.last = None;
+        }
         for refusal in &refusals {
             warn!(%refusal, "inventory change refused");
             self.metrics
