@@ -322,3 +322,109 @@ impl ClaimPreparer for MeteredPreparer {
         self.measure("unprepare", || self.inner.unprepare(claim))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::checkpoint::{ClaimEntry, HeldDevice};
+    use tessera_driver::inventory::Inventory;
+
+    use super::*;
+
+    const YAML: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n  - model: a100-80g\n    mig:\n    - profile: 1g.10gb\n      count: 7\n  - model: a100-80g\n    mode: shared\n";
+
+    fn held(
+        node: &NodeInventory,
+        gpu: usize,
+        device: &str,
+        share: Option<(u64, i64)>,
+    ) -> HeldDevice {
+        HeldDevice {
+            request: "gpu".to_owned(),
+            pool: "n".to_owned(),
+            device: device.to_owned(),
+            gpu_uuid: node.gpus[gpu].uuid.clone(),
+            mig: device.contains("-mig-"),
+            exclusive: share.is_none(),
+            cdi_ids: Vec::new(),
+            share_memory_bytes: share.map(|s| s.0),
+            share_compute_percent: share.map(|s| s.1),
+        }
+    }
+
+    fn record(devices: Vec<HeldDevice>) -> Checkpoint {
+        let mut record = Checkpoint::new("b");
+        for (i, d) in devices.into_iter().enumerate() {
+            record.claims.insert(
+                format!("u{i}"),
+                ClaimEntry {
+                    namespace: "ns".to_owned(),
+                    name: format!("c{i}"),
+                    state: PrepareState::PrepareCompleted,
+                    devices: vec![d],
+                    host_dirs: Vec::new(),
+                },
+            );
+        }
+        record
+    }
+
+    #[test]
+    fn allocation_counts_whole_gpus_mig_instances_and_shares() {
+        let node = Inventory::from_yaml(YAML)
+            .unwrap()
+            .node("n")
+            .cloned()
+            .unwrap();
+        let mig = node.gpus[1].mig_instances[0].device_name(node.gpus[1].index);
+        let record = record(vec![
+            held(&node, 0, "gpu-0", None),
+            held(&node, 1, &mig, None),
+            held(&node, 2, "gpu-2", Some((4 << 30, 25))),
+            held(&node, 2, "gpu-2", Some((8 << 30, 50))),
+        ]);
+        let by_gpu = allocated_by_gpu(&node, &record);
+        let get = |i: usize| by_gpu[&(format!("gpu-{i}"), node.gpus[i].uuid.clone())];
+        assert_eq!(get(0).memory_bytes, node.gpus[0].memory_bytes);
+        assert_eq!(get(0).compute_percent, 100);
+        assert_eq!(
+            get(1).memory_bytes,
+            node.gpus[1].mig_instances[0].memory_bytes
+        );
+        assert_eq!(
+            get(1).compute_percent,
+            i64::from(node.gpus[1].mig_instances[0].compute_percent)
+        );
+        assert_eq!(get(2).memory_bytes, 12 << 30);
+        assert_eq!(get(2).compute_percent, 75);
+        assert_eq!(offered_devices(&node), 1 + 7 + 1);
+    }
+
+    #[test]
+    fn text_format_lists_every_family() {
+        let node = Inventory::from_yaml(YAML)
+            .unwrap()
+            .node("n")
+            .cloned()
+            .unwrap();
+        let metrics = Metrics::new();
+        metrics.observe_state(&node, &record(vec![held(&node, 0, "gpu-0", None)]));
+        metrics.observe_call("prepare", Duration::from_millis(2), None);
+        metrics.observe_call(
+            "prepare",
+            Duration::from_millis(3),
+            Some(&Error::BadRequest("x".to_owned())),
+        );
+        let text = metrics.encode().unwrap();
+        for line in [
+            "tessera_kubelet_plugin_calls_total{operation=\"prepare\"} 2",
+            "tessera_kubelet_plugin_errors_total{operation=\"prepare\",retryable=\"false\"} 1",
+            "tessera_kubelet_plugin_prepared_claims 1",
+            "tessera_kubelet_plugin_published_devices 9",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(text.contains("# TYPE tessera_kubelet_plugin_call_duration_seconds histogram"));
+    }
+}

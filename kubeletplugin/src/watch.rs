@@ -147,3 +147,71 @@ impl InventoryWatcher {
         self.task.await.map_err(|e| Error::Task(e.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::cdi::Enforcement;
+    use tessera_driver::inventory::GpuMode;
+
+    use super::*;
+    use crate::claims::FakeClaimSource;
+    use crate::discovery::FakeDiscovery;
+    use crate::preparer::CdiPreparerConfig;
+
+    const ONE: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n";
+    const SHARED: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n";
+
+    #[test]
+    fn poll_takes_changes_and_keeps_the_inventory_on_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("inventory.yaml");
+        std::fs::write(&file, ONE).unwrap();
+        let discovery = FakeDiscovery::new(&file, "n");
+        let preparer = Arc::new(
+            CdiPreparer::new(
+                CdiPreparerConfig {
+                    driver_name: "gpu.tessera.dev".to_owned(),
+                    cdi_dir: dir.path().join("cdi"),
+                    state_dir: dir.path().join("state"),
+                    enforcement: Enforcement::None,
+                    boot_id: "b".to_owned(),
+                },
+                discovery.discover().unwrap(),
+                Arc::new(FakeClaimSource::new()),
+            )
+            .unwrap(),
+        );
+        let metrics = Arc::new(Metrics::new());
+        let mut poller = InventoryPoller::new(
+            &file,
+            Box::new(discovery),
+            Arc::clone(&preparer),
+            Arc::clone(&metrics),
+        );
+        assert_eq!(poller.poll(), Poll::Unchanged);
+
+        std::fs::write(&file, "nodes: [").unwrap();
+        assert!(matches!(poller.poll(), Poll::Failed(_)));
+        assert_eq!(
+            preparer.inventory().unwrap().gpus[0].mode,
+            GpuMode::Exclusive
+        );
+
+        std::fs::write(&file, SHARED).unwrap();
+        assert_eq!(poller.poll(), Poll::Reloaded { refused: 0 });
+        assert_eq!(preparer.inventory().unwrap().gpus[0].mode, GpuMode::Shared);
+        assert_eq!(poller.poll(), Poll::Unchanged);
+        assert!(
+            metrics
+                .encode()
+                .unwrap()
+                .contains("tessera_kubelet_plugin_inventory_reloads_total 1")
+        );
+
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(poller.poll(), Poll::Failed(_)));
+        assert_eq!(preparer.inventory().unwrap().gpus[0].mode, GpuMode::Shared);
+    }
+}
