@@ -247,15 +247,16 @@ fn stop(mut child: Plugin) {
     assert!(child.0.wait().unwrap().success());
 }
 
-/// The CDI specs of claims 0 and 1 as a run without crashes writes them.
-async fn reference_specs() -> Vec<serde_json::Value> {
-    let node = Node::new(2);
+/// The CDI specs of claims `0..n` as a run without crashes writes them.
+async fn reference_specs(n: usize) -> Vec<serde_json::Value> {
+    let node = Node::new(n);
     let mut child = node.spawn(None);
     let mut dra = node.connect(&mut child).await;
-    prepare(&mut dra, VICTIM).await;
-    prepare(&mut dra, BYSTANDER).await;
+    for i in 0..n {
+        prepare(&mut dra, i).await;
+    }
     stop(child);
-    vec![node.spec(0).unwrap(), node.spec(1).unwrap()]
+    (0..n).map(|i| node.spec(i).unwrap()).collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +330,7 @@ async fn crash_once(call: Call, point: &str, skip: u64, reference: &[serde_json:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_leaves_claims_prepared_or_absent() {
-    let reference = reference_specs().await;
+    let reference = reference_specs(2).await;
     // Prepare writes the checkpoint, the CDI spec, the checkpoint; unprepare (after the
     // victim's prepare in the same process) writes the checkpoint twice.
     let mut cases = vec![
@@ -366,5 +367,77 @@ async fn every_crash_point_leaves_claims_prepared_or_absent() {
     );
     for (call, point, skip) in cases {
         crash_once(call, point, skip, &reference).await;
+    }
+}
+
+/// A small deterministic generator (xorshift64): random enough to spread the kills, and a
+/// failure replays with the same seed.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_load_leaves_claims_prepared_or_absent() {
+    const CLAIMS: usize = 4;
+    const ROUNDS: u64 = 12;
+    let reference = reference_specs(CLAIMS).await;
+    let node = Node::new(CLAIMS);
+    let mut random = Xorshift(0x5eed_7e55_e2a0_0001);
+    let all: Vec<v1::Claim> = (0..CLAIMS).map(claim_ref).collect();
+    for round in 0..ROUNDS {
+        let context = format!("round {round}");
+        let mut child = node.spawn(None);
+        let dra = node.connect(&mut child).await;
+        // Load: prepare and unprepare all claims (one concurrent batch each) until the kill.
+        let claims = all.clone();
+        let load = tokio::spawn(async move {
+            let mut dra = dra;
+            loop {
+                let prepared = dra
+                    .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                        claims: claims.clone(),
+                    })
+                    .await;
+                let unprepared = dra
+                    .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                        claims: claims.clone(),
+                    })
+                    .await;
+                if prepared.is_err() || unprepared.is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(2 + random.below(40))).await;
+        child.0.kill().unwrap();
+        let status = child.0.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "{context}: {status}");
+        load.await.unwrap();
+
+        let mut child = node.spawn(None);
+        let mut dra = node.connect(&mut child).await;
+        let prepared = (0..CLAIMS)
+            .filter(|i| node.settled(*i, &reference, &context))
+            .count();
+        eprintln!("{context}: {prepared} of {CLAIMS} claims prepared after the kill");
+        // Kubelet's retries finish the job, whichever way the claim was left.
+        for i in 0..CLAIMS {
+            prepare(&mut dra, i).await;
+            assert!(node.settled(i, &reference, &context));
+        }
+        if round % 2 == 0 {
+            for i in 0..CLAIMS {
+                unprepare(&mut dra, i).await;
+                assert!(!node.settled(i, &reference, &context));
+            }
+        }
+        stop(child);
     }
 }
