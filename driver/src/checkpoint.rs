@@ -39,6 +39,9 @@ pub enum PrepareState {
     PrepareStarted,
     /// The CDI spec is written; the claim's devices are ready for containers.
     PrepareCompleted,
+    /// The plugin decided to unprepare the claim; its CDI spec and host directories may be
+    /// gone already. The claim still holds its devices until its entry is removed.
+    UnprepareStarted,
 }
 
 /// A device a prepared claim holds.
@@ -59,6 +62,13 @@ pub struct HeldDevice {
     pub exclusive: bool,
     /// The CDI device ids the runtime injects for this device.
     pub cdi_ids: Vec<String>,
+    /// A shared device's memory limit in bytes (absent for a whole device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_memory_bytes: Option<u64>,
+    /// A shared device's compute limit in percent, 0 when not isolated (absent for a whole
+    /// device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_compute_percent: Option<i64>,
 }
 
 impl HeldDevice {
@@ -144,6 +154,8 @@ pub fn held_devices(claim: &PreparedClaim) -> Vec<HeldDevice> {
             mig: d.mig.is_some(),
             exclusive: d.share.is_none(),
             cdi_ids: next(&d.request).into_iter().collect(),
+            share_memory_bytes: d.share.as_ref().map(|s| s.memory_bytes),
+            share_compute_percent: d.share.as_ref().map(|s| s.compute_percent),
         })
         .collect()
 }
@@ -261,6 +273,28 @@ impl Checkpoint {
             .ok_or_else(|| decode_err(format!("claim {uid} completed but was never started")))?;
         entry.state = PrepareState::PrepareCompleted;
         Ok(entry.devices.clone())
+    }
+
+    /// Records that unpreparing `uid` starts; returns whether the claim is recorded at all.
+    pub fn begin_unprepare(&mut self, uid: &str) -> bool {
+        match self.claims.get_mut(uid) {
+            Some(entry) => {
+                entry.state = PrepareState::UnprepareStarted;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// UIDs of the claims a crash left half done: prepare or unprepare started and not
+    /// finished. Kubelet never got a success for a half-prepared claim, and asked to remove a
+    /// half-unprepared one, so after a restart both are rolled back to "absent".
+    pub fn unfinished(&self) -> Vec<String> {
+        self.claims
+            .iter()
+            .filter(|(_, e)| e.state != PrepareState::PrepareCompleted)
+            .map(|(uid, _)| uid.clone())
+            .collect()
     }
 
     /// Forgets `uid`; returns whether it was recorded.
@@ -483,6 +517,23 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
+    }
+
+    #[test]
+    fn half_done_claims_are_unfinished() {
+        let mut record = Checkpoint::new("b");
+        for (uid, gpu) in [("u1", "gpu-0"), ("u2", "gpu-1"), ("u3", "gpu-2")] {
+            record
+                .begin_prepare(&claim(uid, vec![device(gpu, gpu, None, false)]), Vec::new())
+                .unwrap();
+        }
+        record.complete_prepare("u2").unwrap();
+        record.complete_prepare("u3").unwrap();
+        assert!(record.begin_unprepare("u3"));
+        assert!(!record.begin_unprepare("nope"));
+        assert_eq!(record.unfinished(), vec!["u1".to_owned(), "u3".to_owned()]);
+        let bytes = record.encode().unwrap();
+        assert_eq!(Checkpoint::decode(&bytes, "b").unwrap(), record);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
+//! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
 
 pub mod allocator;
 pub mod apiversion;
@@ -24,6 +25,7 @@ pub mod inventory;
 pub mod names;
 pub mod prepare;
 pub mod quantity;
+pub mod reconfigure;
 pub mod share;
 pub mod slices;
 pub mod validation;

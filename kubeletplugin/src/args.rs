@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
@@ -12,6 +13,8 @@ use tracing::info;
 use crate::apiserver::{self, ApiClaimSource};
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{FakeDiscovery, GpuDiscovery};
+use crate::metrics::{MeteredPreparer, Metrics};
+use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
 use crate::preparer::{CdiPreparer, CdiPreparerConfig};
 use crate::publisher::{PublisherConfig, SlicePublisher};
 use crate::server::{self, PluginConfig};
@@ -109,18 +112,23 @@ pub struct Args {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint, e.g. `0.0.0.0:9400`
+    /// [default: not served].
+    #[arg(long, env = "TESSERA_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Log line format on stderr.
+    #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "plain")]
+    pub log_format: LogFormat,
+    /// Seconds between checks of `--fake-inventory` for changes (0: never).
+    #[arg(long, env = "TESSERA_INVENTORY_POLL_SECONDS", default_value_t = 10)]
+    pub inventory_poll_seconds: u64,
 }
 
 impl Args {
     /// Parses the command line and runs the plugin until SIGTERM or SIGINT.
     pub fn parse_and_run() -> anyhow::Result<()> {
-        tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            )
-            .init();
         let args = Self::parse();
+        init_logs(args.log_format);
         // A node agent serves a handful of kubelet calls: two workers and a small blocking
         // pool (prepare runs there) keep its footprint small on many-core nodes.
         tokio::runtime::Builder::new_multi_thread()
@@ -200,7 +208,7 @@ impl Args {
             .trim()
             .to_owned();
         let plugin_dir = self.plugin_dir();
-        let preparer = CdiPreparer::new(
+        let preparer = Arc::new(CdiPreparer::new(
             CdiPreparerConfig {
                 driver_name: self.driver_name.clone(),
                 cdi_dir: self.cdi_dir.clone(),
@@ -210,21 +218,44 @@ impl Args {
             },
             node,
             source,
-        )?;
+        )?);
+        let metrics = Arc::new(Metrics::new());
         let plugin = server::start(
             PluginConfig {
                 driver_name: self.driver_name.clone(),
                 registration_dir: self.registration_dir.clone(),
                 plugin_dir,
             },
-            Arc::new(preparer),
+            Arc::new(MeteredPreparer::new(
+                Arc::clone(&preparer),
+                Arc::clone(&metrics),
+            )),
         )?;
+        let watch = match (self.gpu_backend, &self.fake_inventory) {
+            (GpuBackend::Fake, Some(path)) => Some((
+                path.clone(),
+                Duration::from_secs(self.inventory_poll_seconds),
+            )),
+            _ => None,
+        };
+        let ops = Ops::start(
+            OpsConfig {
+                metrics_addr: self.metrics_addr,
+                watch,
+                publish: Some(inventory_tx),
+            },
+            self.discovery()?,
+            preparer,
+            metrics,
+            &plugin,
+        )
+        .await?;
         shutdown.await;
         info!("shutting down");
         if let Some(task) = publishing {
             task.abort();
         }
-        drop(inventory_tx);
+        ops.shutdown().await?;
         plugin.shutdown().await?;
         Ok(())
     }

@@ -69,6 +69,9 @@ pub enum Error {
         /// The server's message or the transport error.
         message: String,
     },
+    /// Encoding the metrics failed.
+    #[error("metrics: {0}")]
+    Metrics(String),
 }
 
 impl Error {

@@ -13,12 +13,17 @@ pub mod apiserver;
 pub mod args;
 pub mod atomic_file;
 pub mod claims;
+pub mod crash;
 pub mod discovery;
 pub mod dra;
 pub mod error;
+pub mod health_http;
+pub mod metrics;
+pub mod ops;
 pub mod preparer;
 pub mod publisher;
 pub mod registration;
 pub mod server;
+pub mod watch;
 
 pub use error::{Error, Result};

@@ -2,21 +2,27 @@
 //! prepares a claim by writing its CDI spec under a crash-safe checkpoint.
 //!
 //! Order of writes for prepare: checkpoint "prepare started" (with the devices it will hold),
-//! then the CDI spec, then checkpoint "prepare completed". For unprepare: the CDI spec and the
-//! enforcement directories, then the checkpoint entry. A crash between any two steps leaves a
-//! state that the next prepare or unprepare of the same claim finishes.
+//! then the CDI spec, then checkpoint "prepare completed". For unprepare: checkpoint
+//! "unprepare started", the enforcement directories and the CDI spec, then the checkpoint
+//! entry. A crash between any two steps leaves a claim recorded as half done; the next start
+//! rolls every such claim back to absent (kubelet never saw it prepared, or asked to remove
+//! it) and removes the temp files of interrupted writes, so after a restart each claim is
+//! either fully prepared or cleanly absent, and kubelet's retry finishes the job.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tessera_driver::cdi::{self, Enforcement};
-use tessera_driver::checkpoint::{Begin, Checkpoint, HeldDevice, PrepareState};
+use tessera_driver::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::inventory::NodeInventory;
+use tessera_driver::names;
 use tessera_driver::prepare::prepare_on_node;
+use tessera_driver::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tracing::{debug, info};
 
 use crate::atomic_file;
 use crate::claims::{ClaimRef, ClaimSource};
+use crate::crash;
 use crate::error::{Error, Result};
 
 /// File name of the checkpoint in the state directory.
@@ -62,7 +68,7 @@ pub struct CdiPreparerConfig {
 /// The real preparer: CDI specs and a checkpoint on disk.
 pub struct CdiPreparer {
     config: CdiPreparerConfig,
-    node: NodeInventory,
+    node: RwLock<NodeInventory>,
     source: Arc<dyn ClaimSource>,
     record: Mutex<Checkpoint>,
 }
@@ -87,17 +93,58 @@ impl CdiPreparer {
             }
             Err(e) => return Err(Error::io("reading", path, e)),
         };
-        info!(
-            node = %node.name,
-            claims = record.claims.len(),
-            "loaded checkpoint"
-        );
-        Ok(Self {
+        let preparer = Self {
             config,
-            node,
+            node: RwLock::new(node),
             source,
             record: Mutex::new(record),
-        })
+        };
+        preparer.recover()?;
+        info!(
+            node = %preparer.inventory()?.name,
+            claims = preparer.lock()?.claims.len(),
+            "loaded checkpoint"
+        );
+        Ok(preparer)
+    }
+
+    /// Finishes what a crash interrupted: temp files of interrupted writes go, and every claim
+    /// recorded as half prepared or half unprepared is rolled back to absent.
+    fn recover(&self) -> Result<()> {
+        let temps = atomic_file::remove_temp_files(&self.config.state_dir, CHECKPOINT_FILE)?
+            + atomic_file::remove_temp_files(&self.config.cdi_dir, &cdi_spec_prefix())?;
+        if temps > 0 {
+            info!(files = temps, "removed temp files of interrupted writes");
+        }
+        let mut record = self.lock()?;
+        let unfinished = record.unfinished();
+        if unfinished.is_empty() {
+            return Ok(());
+        }
+        let mut next = record.clone();
+        for uid in &unfinished {
+            if let Some(entry) = next.get(uid) {
+                self.remove_files(uid, entry)?;
+            }
+            next.remove(uid);
+            info!(claim = %uid, "rolled back a claim a crash left half done");
+        }
+        self.commit(&mut record, next)
+    }
+
+    /// Removes what preparing `uid` made on disk: its host directories and its CDI spec.
+    fn remove_files(&self, uid: &str, entry: &ClaimEntry) -> Result<()> {
+        for dir in &entry.host_dirs {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("removing", dir, e)),
+            }
+        }
+        crash::point(crash::UNPREPARE_AFTER_HOST_DIRS_REMOVED);
+        atomic_file::remove(&self.config.cdi_dir, &cdi::spec_file_name(uid))?;
+        crash::point(crash::UNPREPARE_AFTER_CDI_REMOVED);
+        Ok(())
     }
 
     /// UIDs of the claims the checkpoint records, with how far each got.
@@ -111,9 +158,31 @@ impl CdiPreparer {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Checkpoint>> {
-        self.record
-            .lock()
-            .map_err(|_| Error::Task("a thread panicked while holding the checkpoint".to_owned()))
+        self.record.lock().map_err(|_| poisoned("checkpoint"))
+    }
+
+    /// A copy of the checkpoint as it is now (for metrics and inventory changes).
+    pub fn record(&self) -> Result<Checkpoint> {
+        Ok(self.lock()?.clone())
+    }
+
+    /// The inventory claims are prepared against.
+    pub fn inventory(&self) -> Result<NodeInventory> {
+        Ok(self.node.read().map_err(|_| poisoned("inventory"))?.clone())
+    }
+
+    /// Prepares later claims against a re-discovered inventory, except that a GPU held by a
+    /// recorded claim keeps its mode and MIG layout (`tessera_driver::reconfigure`); returns
+    /// the refused changes. Claims already prepared keep their CDI specs.
+    pub fn reconfigure(&self, discovered: &NodeInventory) -> Result<Vec<Refusal>> {
+        let mut node = self.node.write().map_err(|_| poisoned("inventory"))?;
+        let record = self.lock()?;
+        let Reconfigured {
+            inventory,
+            refusals,
+        } = reconfigure(&node, discovered, &record);
+        *node = inventory;
+        Ok(refusals)
     }
 
     /// Writes `next` and, once it is durable, makes it the current record.
@@ -140,6 +209,15 @@ impl CdiPreparer {
     }
 }
 
+fn poisoned(what: &str) -> Error {
+    Error::Task(format!("a thread panicked while holding the {what}"))
+}
+
+/// What every claim's CDI spec file name starts with.
+fn cdi_spec_prefix() -> String {
+    format!("{}-{}_", names::CDI_VENDOR, names::CDI_CLASS)
+}
+
 fn answer(devices: &[HeldDevice]) -> Vec<PreparedDevice> {
     devices
         .iter()
@@ -160,7 +238,10 @@ impl ClaimPreparer for CdiPreparer {
             return Ok(devices);
         }
         let object = self.source.claim(claim)?;
-        let prepared = prepare_on_node(&object, &self.config.driver_name, &self.node)?;
+        // The inventory stays read-locked until the claim is recorded, so an inventory change
+        // (`reconfigure`) sees every claim prepared against the old one.
+        let node = self.node.read().map_err(|_| poisoned("inventory"))?;
+        let prepared = prepare_on_node(&object, &self.config.driver_name, &node)?;
         let spec = cdi::build_spec(&prepared, &self.config.enforcement)?.to_json()?;
         let host_dirs = cdi::host_dirs(&prepared, &self.config.enforcement)?;
         {
@@ -173,18 +254,24 @@ impl ClaimPreparer for CdiPreparer {
             }
             self.commit(&mut record, next)?;
         }
+        drop(node);
+        crash::point(crash::PREPARE_AFTER_CHECKPOINT_STARTED);
         for dir in &host_dirs {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
         }
+        crash::point(crash::PREPARE_AFTER_HOST_DIRS);
         atomic_file::write(
             &self.config.cdi_dir,
             &cdi::spec_file_name(&prepared.uid),
             spec.as_bytes(),
         )?;
+        crash::point(crash::PREPARE_AFTER_CDI_WRITTEN);
         let mut record = self.lock()?;
         let mut next = record.clone();
         let devices = next.complete_prepare(&prepared.uid)?;
         self.commit(&mut record, next)?;
+        drop(record);
+        crash::point(crash::PREPARE_AFTER_CHECKPOINT_COMPLETED);
         info!(%claim, devices = devices.len(), "prepared");
         Ok(answer(&devices))
     }
@@ -192,21 +279,22 @@ impl ClaimPreparer for CdiPreparer {
     fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
         claim.validate()?;
         let mut record = self.lock()?;
-        let Some(entry) = record.get(&claim.uid) else {
+        let Some(entry) = record.get(&claim.uid).cloned() else {
             debug!(%claim, "not prepared; nothing to undo");
             return Ok(());
         };
-        for dir in &entry.host_dirs {
-            match std::fs::remove_dir_all(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("removing", dir, e)),
-            }
+        if entry.state != PrepareState::UnprepareStarted {
+            let mut next = record.clone();
+            next.begin_unprepare(&claim.uid);
+            self.commit(&mut record, next)?;
         }
-        atomic_file::remove(&self.config.cdi_dir, &cdi::spec_file_name(&claim.uid))?;
+        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_STARTED);
+        self.remove_files(&claim.uid, &entry)?;
         let mut next = record.clone();
         next.remove(&claim.uid);
         self.commit(&mut record, next)?;
+        drop(record);
+        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_REMOVED);
         info!(%claim, "unprepared");
         Ok(())
     }

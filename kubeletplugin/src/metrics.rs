@@ -1,0 +1,430 @@
+//! Prometheus metrics of the plugin, and `MeteredPreparer`, which feeds them.
+//!
+//! Calls (count, errors, latency) are counted around the preparer; the state gauges (prepared
+//! claims, per-GPU allocated memory and compute) are recomputed from the checkpoint after
+//! every call, so they always say what the node's record says.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tessera_driver::checkpoint::{Checkpoint, PrepareState};
+use tessera_driver::inventory::{GpuMode, NodeInventory};
+use tracing::warn;
+
+use crate::claims::ClaimRef;
+use crate::error::{Error, Result};
+use crate::preparer::{CdiPreparer, ClaimPreparer, PreparedDevice};
+
+/// The content type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    operation: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    operation: String,
+    retryable: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+    uuid: String,
+}
+
+type HistogramFamily = Family<CallLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms to about 4 s: a prepare with its fsyncs takes a few milliseconds, an API-server
+    // fetch can take seconds.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
+}
+
+/// What the claims of the checkpoint take of one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuAllocation {
+    /// Bytes of memory held (whole GPU, MIG instance, or share limit).
+    pub memory_bytes: u64,
+    /// Percent of compute held (whole GPU 100, MIG instance its slice, share its limit).
+    pub compute_percent: i64,
+}
+
+/// What each GPU of `node` (by device name, `gpu-<index>`, with its UUID) has allocated to
+/// the claims `record` holds; every GPU of the node is listed, idle ones with zero. Claims
+/// being unprepared still count: they hold their devices until they are gone.
+pub fn allocated_by_gpu(
+    node: &NodeInventory,
+    record: &Checkpoint,
+) -> BTreeMap<(String, String), GpuAllocation> {
+    let mut out: BTreeMap<(String, String), GpuAllocation> = node
+        .gpus
+        .iter()
+        .map(|g| ((g.device_name(), g.uuid.clone()), GpuAllocation::default()))
+        .collect();
+    for entry in record.claims.values() {
+        for held in &entry.devices {
+            let Some(gpu) = node.gpus.iter().find(|g| g.uuid == held.gpu_uuid) else {
+                continue;
+            };
+            let (memory, compute) = if let Some(memory) = held.share_memory_bytes {
+                (memory, held.share_compute_percent.unwrap_or(0))
+            } else if held.mig {
+                gpu.mig_instances
+                    .iter()
+                    .find(|m| m.device_name(gpu.index) == held.device)
+                    .map_or((0, 0), |m| (m.memory_bytes, i64::from(m.compute_percent)))
+            } else {
+                (gpu.memory_bytes, 100)
+            };
+            if let Some(slot) = out.get_mut(&(gpu.device_name(), gpu.uuid.clone())) {
+                slot.memory_bytes = slot.memory_bytes.saturating_add(memory);
+                slot.compute_percent = slot.compute_percent.saturating_add(compute);
+            }
+        }
+    }
+    out
+}
+
+/// How many devices the node offers: a MIG-mode GPU offers its instances, any other GPU
+/// itself.
+pub fn offered_devices(node: &NodeInventory) -> usize {
+    node.gpus
+        .iter()
+        .map(|g| {
+            if g.mode == GpuMode::Mig {
+                g.mig_instances.len()
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The plugin's metrics registry.
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    latency: HistogramFamily,
+    prepared_claims: Gauge,
+    published_devices: Gauge,
+    gpu_memory: Family<GpuLabels, Gauge>,
+    gpu_compute: Family<GpuLabels, Gauge>,
+    inventory_reloads: Counter,
+    mode_changes_refused: Family<GpuLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics registered under the `tessera_kubelet_plugin` prefix, at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tessera_kubelet_plugin");
+        let calls = Family::<CallLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let prepared_claims = Gauge::default();
+        let published_devices = Gauge::default();
+        let gpu_memory = Family::<GpuLabels, Gauge>::default();
+        let gpu_compute = Family::<GpuLabels, Gauge>::default();
+        let inventory_reloads = Counter::default();
+        let mode_changes_refused = Family::<GpuLabels, Counter>::default();
+        registry.register(
+            "calls",
+            "NodePrepareResources and NodeUnprepareResources calls, per claim",
+            calls.clone(),
+        );
+        registry.register(
+            "errors",
+            "Claims whose prepare or unprepare failed",
+            errors.clone(),
+        );
+        registry.register(
+            "call_duration_seconds",
+            "Time to prepare or unprepare one claim",
+            latency.clone(),
+        );
+        registry.register(
+            "prepared_claims",
+            "Claims the checkpoint records as prepared",
+            prepared_claims.clone(),
+        );
+        registry.register(
+            "published_devices",
+            "Devices the node offers (GPUs, or MIG instances of MIG-mode GPUs)",
+            published_devices.clone(),
+        );
+        registry.register(
+            "gpu_allocated_memory_bytes",
+            "Memory of each GPU held by prepared claims",
+            gpu_memory.clone(),
+        );
+        registry.register(
+            "gpu_allocated_compute_percent",
+            "Compute of each GPU held by prepared claims, in percent",
+            gpu_compute.clone(),
+        );
+        registry.register(
+            "inventory_reloads",
+            "Inventory changes handed to the preparer",
+            inventory_reloads.clone(),
+        );
+        registry.register(
+            "gpu_mode_changes_refused",
+            "Inventory changes of a GPU's mode refused because claims hold the GPU",
+            mode_changes_refused.clone(),
+        );
+        Self {
+            registry,
+            calls,
+            errors,
+            latency,
+            prepared_claims,
+            published_devices,
+            gpu_memory,
+            gpu_compute,
+            inventory_reloads,
+            mode_changes_refused,
+        }
+    }
+
+    /// Counts one claim's call of `operation` ("prepare" or "unprepare").
+    pub fn observe_call(&self, operation: &str, took: Duration, error: Option<&Error>) {
+        let labels = CallLabels {
+            operation: operation.to_owned(),
+        };
+        self.calls.get_or_create(&labels).inc();
+        self.latency
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if let Some(error) = error {
+            self.errors
+                .get_or_create(&ErrorLabels {
+                    operation: operation.to_owned(),
+                    retryable: error.is_retryable().to_string(),
+                })
+                .inc();
+        }
+    }
+
+    /// Sets the state gauges from the node's inventory and checkpoint.
+    pub fn observe_state(&self, node: &NodeInventory, record: &Checkpoint) {
+        let prepared = record
+            .claims
+            .values()
+            .filter(|e| e.state == PrepareState::PrepareCompleted)
+            .count();
+        self.prepared_claims
+            .set(gauge_value(u64::try_from(prepared).unwrap_or(u64::MAX)));
+        self.published_devices.set(gauge_value(
+            u64::try_from(offered_devices(node)).unwrap_or(u64::MAX),
+        ));
+        // GPUs that left the inventory must not linger with their last value.
+        self.gpu_memory.clear();
+        self.gpu_compute.clear();
+        for ((gpu, uuid), allocation) in allocated_by_gpu(node, record) {
+            let labels = GpuLabels { gpu, uuid };
+            self.gpu_memory
+                .get_or_create(&labels)
+                .set(gauge_value(allocation.memory_bytes));
+            self.gpu_compute
+                .get_or_create(&labels)
+                .set(allocation.compute_percent);
+        }
+    }
+
+    /// Counts an inventory change handed to the preparer.
+    pub fn observe_inventory_reload(&self) {
+        self.inventory_reloads.inc();
+    }
+
+    /// Counts a refused mode change of the GPU `gpu` (device name) with `uuid`.
+    pub fn observe_mode_change_refused(&self, gpu: &str, uuid: &str) {
+        self.mode_changes_refused
+            .get_or_create(&GpuLabels {
+                gpu: gpu.to_owned(),
+                uuid: uuid.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> Result<String> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .map_err(|e| Error::Metrics(e.to_string()))?;
+        Ok(out)
+    }
+}
+
+/// A [`CdiPreparer`] whose calls and state are measured.
+pub struct MeteredPreparer {
+    inner: Arc<CdiPreparer>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredPreparer {
+    /// Measures `inner` into `metrics`, starting with the state `inner` loaded.
+    pub fn new(inner: Arc<CdiPreparer>, metrics: Arc<Metrics>) -> Self {
+        let metered = Self { inner, metrics };
+        metered.refresh();
+        metered
+    }
+
+    /// Recomputes the state gauges from the preparer's inventory and checkpoint.
+    pub fn refresh(&self) {
+        match (self.inner.inventory(), self.inner.record()) {
+            (Ok(node), Ok(record)) => self.metrics.observe_state(&node, &record),
+            (Err(e), _) | (_, Err(e)) => warn!(error = %e, "cannot refresh the metrics"),
+        }
+    }
+
+    fn measure<T>(&self, operation: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
+        let start = Instant::now();
+        let result = call();
+        self.metrics
+            .observe_call(operation, start.elapsed(), result.as_ref().err());
+        self.refresh();
+        result
+    }
+}
+
+impl ClaimPreparer for MeteredPreparer {
+    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
+        self.measure("prepare", || self.inner.prepare(claim))
+    }
+
+    fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
+        self.measure("unprepare", || self.inner.unprepare(claim))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::checkpoint::{ClaimEntry, HeldDevice};
+    use tessera_driver::inventory::Inventory;
+
+    use super::*;
+
+    const YAML: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n  - model: a100-80g\n    mig:\n    - profile: 1g.10gb\n      count: 7\n  - model: a100-80g\n    mode: shared\n";
+
+    fn held(
+        node: &NodeInventory,
+        gpu: usize,
+        device: &str,
+        share: Option<(u64, i64)>,
+    ) -> HeldDevice {
+        HeldDevice {
+            request: "gpu".to_owned(),
+            pool: "n".to_owned(),
+            device: device.to_owned(),
+            gpu_uuid: node.gpus[gpu].uuid.clone(),
+            mig: device.contains("-mig-"),
+            exclusive: share.is_none(),
+            cdi_ids: Vec::new(),
+            share_memory_bytes: share.map(|s| s.0),
+            share_compute_percent: share.map(|s| s.1),
+        }
+    }
+
+    fn record(devices: Vec<HeldDevice>) -> Checkpoint {
+        let mut record = Checkpoint::new("b");
+        for (i, d) in devices.into_iter().enumerate() {
+            record.claims.insert(
+                format!("u{i}"),
+                ClaimEntry {
+                    namespace: "ns".to_owned(),
+                    name: format!("c{i}"),
+                    state: PrepareState::PrepareCompleted,
+                    devices: vec![d],
+                    host_dirs: Vec::new(),
+                },
+            );
+        }
+        record
+    }
+
+    #[test]
+    fn allocation_counts_whole_gpus_mig_instances_and_shares() {
+        let node = Inventory::from_yaml(YAML)
+            .unwrap()
+            .node("n")
+            .cloned()
+            .unwrap();
+        let mig = node.gpus[1].mig_instances[0].device_name(node.gpus[1].index);
+        let record = record(vec![
+            held(&node, 0, "gpu-0", None),
+            held(&node, 1, &mig, None),
+            held(&node, 2, "gpu-2", Some((4 << 30, 25))),
+            held(&node, 2, "gpu-2", Some((8 << 30, 50))),
+        ]);
+        let by_gpu = allocated_by_gpu(&node, &record);
+        let get = |i: usize| by_gpu[&(format!("gpu-{i}"), node.gpus[i].uuid.clone())];
+        assert_eq!(get(0).memory_bytes, node.gpus[0].memory_bytes);
+        assert_eq!(get(0).compute_percent, 100);
+        assert_eq!(
+            get(1).memory_bytes,
+            node.gpus[1].mig_instances[0].memory_bytes
+        );
+        assert_eq!(
+            get(1).compute_percent,
+            i64::from(node.gpus[1].mig_instances[0].compute_percent)
+        );
+        assert_eq!(get(2).memory_bytes, 12 << 30);
+        assert_eq!(get(2).compute_percent, 75);
+        assert_eq!(offered_devices(&node), 1 + 7 + 1);
+    }
+
+    #[test]
+    fn text_format_lists_every_family() {
+        let node = Inventory::from_yaml(YAML)
+            .unwrap()
+            .node("n")
+            .cloned()
+            .unwrap();
+        let metrics = Metrics::new();
+        metrics.observe_state(&node, &record(vec![held(&node, 0, "gpu-0", None)]));
+        metrics.observe_call("prepare", Duration::from_millis(2), None);
+        metrics.observe_call(
+            "prepare",
+            Duration::from_millis(3),
+            Some(&Error::BadRequest("x".to_owned())),
+        );
+        let text = metrics.encode().unwrap();
+        for line in [
+            "tessera_kubelet_plugin_calls_total{operation=\"prepare\"} 2",
+            "tessera_kubelet_plugin_errors_total{operation=\"prepare\",retryable=\"false\"} 1",
+            "tessera_kubelet_plugin_prepared_claims 1",
+            "tessera_kubelet_plugin_published_devices 9",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(text.contains("# TYPE tessera_kubelet_plugin_call_duration_seconds histogram"));
+    }
+}

@@ -1,0 +1,113 @@
+//! The operations side of the process: log format, the metrics and health endpoint, and the
+//! inventory watcher, started around the plugin's sockets.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use tessera_driver::inventory::NodeInventory;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::discovery::GpuDiscovery;
+use crate::error::Result;
+use crate::health_http::{OpsServer, Readiness};
+use crate::metrics::Metrics;
+use crate::preparer::CdiPreparer;
+use crate::server::RunningPlugin;
+use crate::watch::{InventoryPoller, InventoryWatcher};
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Plain,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Installs the process's log subscriber; `RUST_LOG` sets the level (default `info`).
+pub fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// What [`Ops::start`] runs.
+#[derive(Debug, Clone, Default)]
+pub struct OpsConfig {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; nothing is served when absent.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The inventory file to watch (fake backend), with the poll interval; `None` or a zero
+    /// interval watches nothing.
+    pub watch: Option<(PathBuf, Duration)>,
+    /// Where each inventory the preparer takes is handed on (the slice publisher).
+    pub publish: Option<watch::Sender<NodeInventory>>,
+}
+
+/// The running operations tasks.
+#[derive(Debug)]
+pub struct Ops {
+    http: Option<OpsServer>,
+    watcher: Option<InventoryWatcher>,
+}
+
+impl Ops {
+    /// Starts what `config` asks for, next to the serving `plugin`.
+    pub async fn start(
+        config: OpsConfig,
+        discovery: Box<dyn GpuDiscovery>,
+        preparer: Arc<CdiPreparer>,
+        metrics: Arc<Metrics>,
+        plugin: &RunningPlugin,
+    ) -> Result<Self> {
+        let http = match config.metrics_addr {
+            Some(addr) => Some(
+                OpsServer::start(
+                    addr,
+                    Arc::clone(&metrics),
+                    Readiness::new(plugin.registration()),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let watcher = match config.watch {
+            Some((path, interval)) if !interval.is_zero() => {
+                info!(path = %path.display(), ?interval, "watching the inventory file");
+                let mut poller = InventoryPoller::new(path, discovery, preparer, metrics);
+                if let Some(publish) = config.publish {
+                    poller = poller.publishing_to(publish);
+                }
+                Some(InventoryWatcher::start(poller, interval))
+            }
+            _ => None,
+        };
+        Ok(Self { http, watcher })
+    }
+
+    /// The address the endpoint is bound to, when it runs.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(OpsServer::local_addr)
+    }
+
+    /// Stops the watcher and the endpoint.
+    pub async fn shutdown(self) -> Result<()> {
+        if let Some(watcher) = self.watcher {
+            watcher.shutdown().await?;
+        }
+        if let Some(http) = self.http {
+            http.shutdown().await?;
+        }
+        Ok(())
+    }
+}

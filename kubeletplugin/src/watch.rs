@@ -1,0 +1,239 @@
+//! Watching the fake backend's inventory file: polled (no file-notification dependency), and
+//! on every change re-discovered and handed to the preparer, which refuses mode changes of
+//! GPUs that prepared claims hold.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_driver::inventory::NodeInventory;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::discovery::GpuDiscovery;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::preparer::CdiPreparer;
+
+/// A running watcher.
+#[derive(Debug)]
+pub struct InventoryWatcher {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// What one poll found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Poll {
+    /// The file is as last seen.
+    Unchanged,
+    /// The file changed and the new inventory was taken, with this many refused GPU changes.
+    Reloaded {
+        /// Refused changes of held GPUs.
+        refused: usize,
+    },
+    /// The file changed but could not be read or parsed; the previous inventory stays.
+    Failed(String),
+}
+
+/// Polls `path` and applies its changes; the state between polls is the last content seen.
+pub struct InventoryPoller {
+    path: PathBuf,
+    discovery: Box<dyn GpuDiscovery>,
+    preparer: Arc<CdiPreparer>,
+    metrics: Arc<Metrics>,
+    last: Option<Vec<u8>>,
+    publish: Option<watch::Sender<NodeInventory>>,
+}
+
+impl InventoryPoller {
+    /// A poller of `path`, read through `discovery`; the file's current content counts as
+    /// seen (the preparer was built from it).
+    pub fn new(
+        path: impl Into<PathBuf>,
+        discovery: Box<dyn GpuDiscovery>,
+        preparer: Arc<CdiPreparer>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let path = path.into();
+        let last = std::fs::read(&path).ok();
+        Self {
+            path,
+            discovery,
+            preparer,
+            metrics,
+            last,
+            publish: None,
+        }
+    }
+
+    /// Hands every inventory the preparer takes (refused GPU changes left out) to `publish`,
+    /// which the ResourceSlice publisher follows.
+    #[must_use]
+    pub fn publishing_to(mut self, publish: watch::Sender<NodeInventory>) -> Self {
+        self.publish = Some(publish);
+        self
+    }
+
+    /// Reads the file once and, when its content changed, re-discovers and reconfigures.
+    /// Blocking (file reads).
+    pub fn poll(&mut self) -> Poll {
+        // Content, not the modification time: an edit within the file system's timestamp
+        // granularity, or a copy that keeps the time, is still seen.
+        let content = match std::fs::read(&self.path) {
+            Ok(c) => c,
+            Err(e) => return self.failed(&Error::io("reading", &self.path, e)),
+        };
+        if self.last.as_ref() == Some(&content) {
+            return Poll::Unchanged;
+        }
+        self.last = Some(content);
+        let discovered = match self.discovery.discover() {
+            Ok(node) => node,
+            Err(e) => return self.failed(&e),
+        };
+        let refusals = match self.preparer.reconfigure(&discovered) {
+            Ok(r) => r,
+            Err(e) => return self.failed(&e),
+        };
+        if !refusals.is_empty() {
+            // Forget the content so the next poll tries again: once the holding claims are
+            // unprepared the change is taken without another edit of the file.
+            self.last = None;
+        }
+        for refusal in &refusals {
+            warn!(%refusal, "inventory change refused");
+            self.metrics
+                .observe_mode_change_refused(&refusal.gpu, &refusal.uuid);
+        }
+        self.metrics.observe_inventory_reload();
+        if let (Ok(node), Ok(record)) = (self.preparer.inventory(), self.preparer.record()) {
+            self.metrics.observe_state(&node, &record);
+            if let Some(publish) = &self.publish {
+                // What the preparer holds, not the file: a refused mode change stays
+                // unpublished until it is taken.
+                publish.send_if_modified(|published| {
+                    let changed = *published != node;
+                    if changed {
+                        *published = node;
+                    }
+                    changed
+                });
+            }
+        }
+        info!(path = %self.path.display(), refused = refusals.len(), "inventory reloaded");
+        Poll::Reloaded {
+            refused: refusals.len(),
+        }
+    }
+
+    fn failed(&self, e: &Error) -> Poll {
+        warn!(path = %self.path.display(), error = %e, "inventory change not taken; keeping the previous inventory");
+        Poll::Failed(e.to_string())
+    }
+}
+
+impl InventoryWatcher {
+    /// Polls every `interval` on a blocking worker until [`InventoryWatcher::shutdown`].
+    pub fn start(poller: InventoryPoller, interval: Duration) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let poller = Arc::new(std::sync::Mutex::new(poller));
+        let task = tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => break,
+                    _ = ticker.tick() => {
+                        let poller = Arc::clone(&poller);
+                        let outcome = tokio::task::spawn_blocking(move || {
+                            poller.lock().map(|mut p| p.poll()).ok()
+                        })
+                        .await;
+                        if !matches!(outcome, Ok(Some(_))) {
+                            warn!("inventory poll failed; stopping the watcher");
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Stops polling.
+    pub async fn shutdown(self) -> Result<()> {
+        self.stop.send_replace(true);
+        self.task.await.map_err(|e| Error::Task(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::cdi::Enforcement;
+    use tessera_driver::inventory::GpuMode;
+
+    use super::*;
+    use crate::claims::FakeClaimSource;
+    use crate::discovery::FakeDiscovery;
+    use crate::preparer::CdiPreparerConfig;
+
+    const ONE: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n";
+    const SHARED: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n";
+
+    #[test]
+    fn poll_takes_changes_and_keeps_the_inventory_on_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("inventory.yaml");
+        std::fs::write(&file, ONE).unwrap();
+        let discovery = FakeDiscovery::new(&file, "n");
+        let preparer = Arc::new(
+            CdiPreparer::new(
+                CdiPreparerConfig {
+                    driver_name: "gpu.tessera.dev".to_owned(),
+                    cdi_dir: dir.path().join("cdi"),
+                    state_dir: dir.path().join("state"),
+                    enforcement: Enforcement::None,
+                    boot_id: "b".to_owned(),
+                },
+                discovery.discover().unwrap(),
+                Arc::new(FakeClaimSource::new()),
+            )
+            .unwrap(),
+        );
+        let metrics = Arc::new(Metrics::new());
+        let mut poller = InventoryPoller::new(
+            &file,
+            Box::new(discovery),
+            Arc::clone(&preparer),
+            Arc::clone(&metrics),
+        );
+        assert_eq!(poller.poll(), Poll::Unchanged);
+
+        std::fs::write(&file, "nodes: [").unwrap();
+        assert!(matches!(poller.poll(), Poll::Failed(_)));
+        assert_eq!(
+            preparer.inventory().unwrap().gpus[0].mode,
+            GpuMode::Exclusive
+        );
+
+        std::fs::write(&file, SHARED).unwrap();
+        assert_eq!(poller.poll(), Poll::Reloaded { refused: 0 });
+        assert_eq!(preparer.inventory().unwrap().gpus[0].mode, GpuMode::Shared);
+        assert_eq!(poller.poll(), Poll::Unchanged);
+        assert!(
+            metrics
+                .encode()
+                .unwrap()
+                .contains("tessera_kubelet_plugin_inventory_reloads_total 1")
+        );
+
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(poller.poll(), Poll::Failed(_)));
+        assert_eq!(preparer.inventory().unwrap().gpus[0].mode, GpuMode::Shared);
+    }
+}

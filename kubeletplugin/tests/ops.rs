@@ -1,0 +1,326 @@
+//! The binary's operations side over real loopback HTTP: `/healthz`, `/readyz` following
+//! kubelet's registration verdict, `/metrics` after prepare calls, JSON logs, and the inventory
+//! file watched, with a mode change of a held GPU refused until its claim is unprepared.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tessera_proto::dra::v1;
+use tessera_proto::pluginregistration::v1 as reg;
+use tonic::transport::{Channel, Endpoint};
+
+const DRIVER: &str = "gpu.tessera.dev";
+const NODE: &str = "a100-node";
+
+const INVENTORY: &str = "nodes:\n- name: a100-node\n  gpus:\n  - model: a100-80g\n    count: 2\n";
+/// Both GPUs switched to MIG mode, seven instances each.
+const INVENTORY_MIG: &str = "nodes:\n- name: a100-node\n  gpus:\n  - model: a100-80g\n    count: 2\n    mig:\n    - profile: 1g.10gb\n      count: 7\n";
+
+fn claim(i: usize) -> res::ResourceClaim {
+    res::ResourceClaim {
+        metadata: ObjectMeta {
+            namespace: Some("default".to_owned()),
+            name: Some(format!("claim-{i}")),
+            uid: Some(format!("uid-{i}")),
+            ..ObjectMeta::default()
+        },
+        spec: res::ResourceClaimSpec::default(),
+        status: Some(res::ResourceClaimStatus {
+            allocation: Some(res::AllocationResult {
+                devices: Some(res::DeviceAllocationResult {
+                    results: Some(vec![res::DeviceRequestAllocationResult {
+                        request: "gpu".to_owned(),
+                        driver: DRIVER.to_owned(),
+                        pool: NODE.to_owned(),
+                        device: format!("gpu-{i}"),
+                        ..res::DeviceRequestAllocationResult::default()
+                    }]),
+                    ..res::DeviceAllocationResult::default()
+                }),
+                ..res::AllocationResult::default()
+            }),
+            ..res::ResourceClaimStatus::default()
+        }),
+    }
+}
+
+struct Plugin(Child);
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn connect(socket: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let path = socket.to_owned();
+        let connected = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        if let Ok(channel) = connected {
+            return channel;
+        }
+        assert!(Instant::now() < deadline, "the plugin did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One GET over a fresh connection: status and body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response.split_once("\r\n\r\n").unwrap().1.to_owned();
+    (status, body)
+}
+
+/// The value of the sample whose line starts with `prefix` (name and labels).
+fn sample(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn wait_for_sample(addr: SocketAddr, prefix: &str, value: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, metrics) = get(addr, "/metrics");
+        if sample(&metrics, prefix) == Some(value) {
+            return metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{prefix} never became {value}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // Reason: one scenario, read top to bottom.
+async fn metrics_health_readiness_and_inventory_watch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut yaml = String::new();
+    for i in 0..2 {
+        yaml.push_str("---\n");
+        yaml.push_str(&serde_json::to_string(&claim(i)).unwrap());
+        yaml.push('\n');
+    }
+    std::fs::write(dir.path().join("claims.yaml"), yaml).unwrap();
+    std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
+    let inventory = dir.path().join("inventory.yaml");
+    std::fs::write(&inventory, INVENTORY).unwrap();
+    let log = std::fs::File::create(dir.path().join("log.json")).unwrap();
+    let addr = free_port();
+    let _plugin = Plugin(
+        Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"))
+            .env("NODE_NAME", NODE)
+            .env("RUST_LOG", "info")
+            .args(["--gpu-backend", "fake", "--enforcement", "none"])
+            .args(["--log-format", "json", "--inventory-poll-seconds", "1"])
+            .arg("--metrics-addr")
+            .arg(addr.to_string())
+            .arg("--fake-inventory")
+            .arg(&inventory)
+            .arg("--fake-claims")
+            .arg(dir.path().join("claims.yaml"))
+            .arg("--registration-dir")
+            .arg(dir.path().join("registry"))
+            .arg("--plugin-dir")
+            .arg(dir.path().join("plugin"))
+            .arg("--cdi-dir")
+            .arg(dir.path().join("cdi"))
+            .arg("--boot-id-file")
+            .arg(dir.path().join("boot_id"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap(),
+    );
+    let reg_socket = dir
+        .path()
+        .join("registry")
+        .join(format!("{DRIVER}-reg.sock"));
+    let mut registration =
+        reg::registration_client::RegistrationClient::new(connect(&reg_socket).await);
+    // The endpoint starts right after the sockets.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "the endpoint did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    assert_eq!(get(addr, "/healthz"), (200, "ok\n".to_owned()));
+    let (status, body) = get(addr, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not registered"), "{body}");
+    assert_eq!(get(addr, "/nope").0, 404);
+
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: false,
+            error: "version mismatch".to_owned(),
+        })
+        .await
+        .unwrap();
+    let (status, body) = get(addr, "/readyz");
+    assert_eq!(status, 503);
+    assert!(body.contains("version mismatch"), "{body}");
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(get(addr, "/readyz").0, 200);
+
+    let mut dra = v1::dra_plugin_client::DraPluginClient::new(
+        connect(&dir.path().join("plugin").join("dra.sock")).await,
+    );
+    let answer = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![
+                v1::Claim {
+                    namespace: "default".to_owned(),
+                    name: "claim-0".to_owned(),
+                    uid: "uid-0".to_owned(),
+                },
+                v1::Claim {
+                    namespace: "default".to_owned(),
+                    name: "missing".to_owned(),
+                    uid: "uid-x".to_owned(),
+                },
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.claims["uid-0"].error.is_empty());
+    assert!(!answer.claims["uid-x"].error.is_empty());
+
+    let (status, metrics) = get(addr, "/metrics");
+    assert_eq!(status, 200);
+    let p = "tessera_kubelet_plugin_";
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("{p}calls_total{{operation=\"prepare\"}}")
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("{p}errors_total{{operation=\"prepare\",retryable=\"true\"}}")
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("{p}call_duration_seconds_count{{operation=\"prepare\"}}")
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("{p}call_duration_seconds_bucket{{le=")));
+    assert_eq!(sample(&metrics, &format!("{p}prepared_claims ")), Some(1.0));
+    assert_eq!(
+        sample(&metrics, &format!("{p}published_devices ")),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("{p}gpu_allocated_compute_percent{{gpu=\"gpu-0\"")
+        ),
+        Some(100.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("{p}gpu_allocated_compute_percent{{gpu=\"gpu-1\"")
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+    let memory = sample(
+        &metrics,
+        &format!("{p}gpu_allocated_memory_bytes{{gpu=\"gpu-0\""),
+    )
+    .unwrap();
+    assert!(memory > 70e9, "{metrics}");
+
+    // Both GPUs switch to MIG: gpu-1 is free and takes it (7 instances), gpu-0 is held and
+    // keeps its mode.
+    std::fs::write(&inventory, INVENTORY_MIG).unwrap();
+    let metrics = wait_for_sample(addr, &format!("{p}published_devices "), 8.0).await;
+    assert!(
+        sample(
+            &metrics,
+            &format!("{p}gpu_mode_changes_refused_total{{gpu=\"gpu-0\"")
+        )
+        .unwrap()
+            >= 1.0,
+        "{metrics}"
+    );
+    // Once its claim is gone, gpu-0 takes the change too, without another edit of the file.
+    let answer = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: "default".to_owned(),
+                name: "claim-0".to_owned(),
+                uid: "uid-0".to_owned(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.claims["uid-0"].error.is_empty());
+    let metrics = wait_for_sample(addr, &format!("{p}published_devices "), 14.0).await;
+    assert_eq!(sample(&metrics, &format!("{p}prepared_claims ")), Some(0.0));
+
+    let log = std::fs::read_to_string(dir.path().join("log.json")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "inventory change refused")
+    );
+}
