@@ -29,6 +29,19 @@ pub enum Error {
     /// Output could not be written or encoded.
     #[error("writing output: {0}")]
     Output(String),
+    /// The controller's configuration is unusable (kubeconfig, flags, certificates).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A call to the Kubernetes API server failed.
+    #[error("API server: {action}: {message}")]
+    Api {
+        /// What the controller was doing, e.g. "listing ResourceSlices".
+        action: String,
+        /// The HTTP status code, when the server answered.
+        code: Option<u16>,
+        /// The server's message or the transport error.
+        message: String,
+    },
 }
 
 impl Error {
@@ -36,13 +49,38 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Read { .. } | Self::Malformed(_) => 2,
-            Self::Findings { .. } | Self::Driver(_) | Self::Output(_) => 1,
+            Self::Findings { .. }
+            | Self::Driver(_)
+            | Self::Output(_)
+            | Self::Config(_)
+            | Self::Api { .. } => 1,
         }
     }
 
     /// Whether retrying could succeed without changing the input.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Read { .. } | Self::Output(_))
+        matches!(self, Self::Read { .. } | Self::Output(_) | Self::Api { .. })
+    }
+
+    /// Builds an [`Error::Api`] from a kube client error.
+    pub fn api(action: impl Into<String>, source: &kube::Error) -> Self {
+        let (code, message) = match source {
+            kube::Error::Api(status) => (Some(status.code), status.message.clone()),
+            other => (None, other.to_string()),
+        };
+        Self::Api {
+            action: action.into(),
+            code,
+            message,
+        }
+    }
+
+    /// The HTTP status code of an [`Error::Api`] the server answered.
+    pub fn api_code(&self) -> Option<u16> {
+        match self {
+            Self::Api { code, .. } => *code,
+            _ => None,
+        }
     }
 }
 
