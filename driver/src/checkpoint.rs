@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cdi::{self, PreparedClaim};
+use crate::cdi::{self, MpsDaemon, PreparedClaim};
 use crate::error::{Error, Result};
 
 /// The schema version this module writes and reads.
@@ -100,6 +100,10 @@ pub struct ClaimEntry {
     /// Host directories made for the claim (enforcement state), removed on unprepare.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_dirs: Vec<String>,
+    /// The MPS control daemon the claim's containers connect to (node enforcing with MPS,
+    /// claim holding a share); the plugin keeps it running while a claim records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_daemon: Option<MpsDaemon>,
 }
 
 /// Every claim the node has started or completed preparing, keyed by claim UID.
@@ -259,9 +263,22 @@ impl Checkpoint {
                 state: PrepareState::PrepareStarted,
                 devices,
                 host_dirs,
+                mps_daemon: None,
             },
         );
         Ok(Begin::Started)
+    }
+
+    /// Records the MPS daemon a started claim needs, so a restarted plugin starts it again;
+    /// returns whether the claim is recorded.
+    pub fn set_mps_daemon(&mut self, uid: &str, daemon: Option<MpsDaemon>) -> bool {
+        match self.claims.get_mut(uid) {
+            Some(entry) => {
+                entry.mps_daemon = daemon;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Records that `uid`'s CDI spec is written. Returns its devices; an error when the claim

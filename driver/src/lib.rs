@@ -11,6 +11,8 @@
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
+//! * [`health`]: which GPU events make a GPU unhealthy; the health of published devices.
+//! * [`mps`]: the MPS control daemons the recorded claims need, and their restart backoff.
 //! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
 
 pub mod allocator;
@@ -21,7 +23,9 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod inventory;
+pub mod mps;
 pub mod names;
 pub mod prepare;
 pub mod quantity;

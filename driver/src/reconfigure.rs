@@ -137,6 +137,7 @@ mod tests {
                     share_compute_percent: None,
                 }],
                 host_dirs: Vec::new(),
+                mps_daemon: None,
             },
         );
         record

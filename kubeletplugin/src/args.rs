@@ -13,6 +13,7 @@ use tracing::info;
 use crate::apiserver::{self, ApiClaimSource};
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{FakeDiscovery, GpuDiscovery};
+use crate::health_stream::HealthReporter;
 use crate::metrics::{MeteredPreparer, Metrics};
 use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
 use crate::preparer::{CdiPreparer, CdiPreparerConfig};
@@ -220,7 +221,8 @@ impl Args {
             source,
         )?);
         let metrics = Arc::new(Metrics::new());
-        let plugin = server::start(
+        let health = HealthReporter::spawn(inventory_tx.subscribe());
+        let plugin = server::start_with_health(
             PluginConfig {
                 driver_name: self.driver_name.clone(),
                 registration_dir: self.registration_dir.clone(),
@@ -230,6 +232,7 @@ impl Args {
                 Arc::clone(&preparer),
                 Arc::clone(&metrics),
             )),
+            Some(health.service()),
         )?;
         let watch = match (self.gpu_backend, &self.fake_inventory) {
             (GpuBackend::Fake, Some(path)) => Some((
@@ -257,6 +260,7 @@ impl Args {
         }
         ops.shutdown().await?;
         plugin.shutdown().await?;
+        drop(health);
         Ok(())
     }
 }

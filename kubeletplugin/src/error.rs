@@ -69,6 +69,10 @@ pub enum Error {
         /// The server's message or the transport error.
         message: String,
     },
+    /// An MPS control daemon could not be started or stopped.
+    #[error("MPS: {0}")]
+    Mps(String),
+
     /// Encoding the metrics failed.
     #[error("metrics: {0}")]
     Metrics(String),
@@ -115,6 +119,7 @@ impl Error {
                 | Self::Transport(_)
                 | Self::Task(_)
                 | Self::Api { .. }
+                | Self::Mps(_)
                 | Self::Driver(tessera_driver::Error::DeviceHeld { .. })
         )
     }

@@ -4,8 +4,10 @@
 //! * [`registration`], [`dra`]: the gRPC services, thin layers over the seams below.
 //! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
+//! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs.
 //! * [`claims`]: `ClaimSource`, where allocations come from.
 //! * [`apiserver`]: the API client and `ApiClaimSource`; [`publisher`]: `SlicePublisher`.
+//! * [`health_stream`]: the DRA health API, following the inventory's health.
 //! * [`discovery`]: `GpuDiscovery`, which GPUs the node has.
 //! * [`args`]: the command line and the process around the library.
 
@@ -18,7 +20,9 @@ pub mod discovery;
 pub mod dra;
 pub mod error;
 pub mod health_http;
+pub mod health_stream;
 pub mod metrics;
+pub mod mps;
 pub mod ops;
 pub mod preparer;
 pub mod publisher;

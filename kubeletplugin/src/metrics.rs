@@ -364,6 +364,7 @@ mod tests {
                     state: PrepareState::PrepareCompleted,
                     devices: vec![d],
                     host_dirs: Vec::new(),
+                    mps_daemon: None,
                 },
             );
         }

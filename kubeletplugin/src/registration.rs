@@ -20,6 +20,7 @@ pub struct KubeletVerdict {
 pub struct RegistrationService {
     driver_name: String,
     endpoint: String,
+    health: bool,
     verdict: watch::Sender<Option<KubeletVerdict>>,
 }
 
@@ -34,21 +35,33 @@ impl RegistrationService {
         Self {
             driver_name: driver_name.into(),
             endpoint: endpoint.into(),
+            health: false,
             verdict,
         }
     }
 
+    /// Whether the DRA socket also serves the health API (it is then advertised).
+    #[must_use]
+    pub fn serving_health(mut self, health: bool) -> Self {
+        self.health = health;
+        self
+    }
+
     /// What `GetInfo` answers. v1 comes first: kubelet takes the first version it knows. The
-    /// health service is not listed until the plugin serves it.
+    /// health service is listed when the plugin serves it.
     pub fn info(&self) -> pb::PluginInfo {
+        let mut supported_versions = vec![
+            names::DRA_SERVICE_V1.to_owned(),
+            names::DRA_SERVICE_V1BETA1.to_owned(),
+        ];
+        if self.health {
+            supported_versions.push(names::DRA_HEALTH_SERVICE_V1ALPHA1.to_owned());
+        }
         pb::PluginInfo {
             r#type: names::PLUGIN_TYPE_DRA.to_owned(),
             name: self.driver_name.clone(),
             endpoint: self.endpoint.clone(),
-            supported_versions: vec![
-                names::DRA_SERVICE_V1.to_owned(),
-                names::DRA_SERVICE_V1BETA1.to_owned(),
-            ],
+            supported_versions,
         }
     }
 }

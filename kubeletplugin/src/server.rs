@@ -1,6 +1,7 @@
 //! The plugin's two unix sockets and their gRPC servers.
 //!
-//! The DRA socket (`<plugin-dir>/dra.sock`) serves the DRA API v1 and v1beta1; the
+//! The DRA socket (`<plugin-dir>/dra.sock`) serves the DRA API v1 and v1beta1 (and the health
+//! API v1alpha1 when the plugin reports health); the
 //! registration socket (`<registration-dir>/<driver>-reg.sock`) is what kubelet's plugin
 //! watcher finds. The DRA socket is bound first, so when kubelet sees the registration socket
 //! and connects to the endpoint it is told, the endpoint already answers.
@@ -11,6 +12,7 @@ use std::sync::Arc;
 
 use tessera_driver::names;
 use tessera_proto::dra::{v1, v1beta1};
+use tessera_proto::health::v1alpha1 as health;
 use tessera_proto::pluginregistration::v1 as reg;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
@@ -20,6 +22,7 @@ use tracing::info;
 
 use crate::dra::DraService;
 use crate::error::{Error, Result};
+use crate::health_stream::HealthService;
 use crate::preparer::ClaimPreparer;
 use crate::registration::{KubeletVerdict, RegistrationService};
 
@@ -77,8 +80,20 @@ pub struct RunningPlugin {
     verdict: watch::Receiver<Option<KubeletVerdict>>,
 }
 
-/// Binds both sockets and starts serving; returns once kubelet can connect.
+/// Binds both sockets and starts serving the DRA API without the health API; returns once
+/// kubelet can connect.
 pub fn start(config: PluginConfig, preparer: Arc<dyn ClaimPreparer>) -> Result<RunningPlugin> {
+    start_with_health(config, preparer, None)
+}
+
+/// Binds both sockets and starts serving; with `health`, the DRA socket also serves
+/// `v1alpha1.DRAResourceHealth` and registration advertises it. Returns once kubelet can
+/// connect.
+pub fn start_with_health(
+    config: PluginConfig,
+    preparer: Arc<dyn ClaimPreparer>,
+    health: Option<HealthService>,
+) -> Result<RunningPlugin> {
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -86,10 +101,14 @@ pub fn start(config: PluginConfig, preparer: Arc<dyn ClaimPreparer>) -> Result<R
     let dra = DraService::new(preparer);
     let dra_socket = config.dra_socket();
     let dra_listener = bind(&dra_socket)?;
+    let serves_health = health.is_some();
     let dra_task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
+            .add_optional_service(
+                health.map(health::dra_resource_health_server::DraResourceHealthServer::new),
+            )
             .serve_with_incoming_shutdown(
                 UnixListenerStream::new(dra_listener),
                 until_stopped(stopped.clone()),
@@ -101,7 +120,8 @@ pub fn start(config: PluginConfig, preparer: Arc<dyn ClaimPreparer>) -> Result<R
         config.driver_name.clone(),
         dra_socket.display().to_string(),
         verdict_tx,
-    );
+    )
+    .serving_health(serves_health);
     let reg_socket = config.registration_socket();
     let reg_listener = bind(&reg_socket)?;
     let reg_task = tokio::spawn(

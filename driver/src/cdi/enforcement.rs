@@ -68,7 +68,8 @@ impl Enforcement {
 }
 
 /// An MPS control daemon serving one set of CUDA devices.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct MpsDaemon {
     /// [`mps_daemon_id`] of `devices`.
     pub id: String,

@@ -1,0 +1,719 @@
+//! Starting and supervising MPS control daemons: one per set of GPUs that prepared share claims
+//! use (`tessera_driver::cdi::mps_daemon`), started before such a claim is reported prepared,
+//! restarted with backoff when it dies, stopped when the last claim using it is unprepared,
+//! and started again from the checkpoint after a plugin restart.
+//!
+//! Processes are host behaviour, behind [`ProcessHost`]: [`OsProcessHost`] spawns real ones,
+//! [`FakeProcessHost`] records the calls for unit tests.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tessera_driver::cdi::MpsDaemon;
+use tessera_driver::checkpoint::Checkpoint;
+use tessera_driver::mps;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+
+/// A process to run: program, arguments and the variables added to its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// The program (a path, or a name looked up on `PATH`).
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set on top of the plugin's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// The host's processes and files, as the supervisor uses them.
+pub trait ProcessHost: Send + Sync {
+    /// Starts a long-running process; returns its id.
+    fn spawn(&self, spec: &ProcessSpec) -> Result<u32>;
+    /// Whether the process `pid` (one [`ProcessHost::spawn`] started) has exited.
+    fn has_exited(&self, pid: u32) -> Result<bool>;
+    /// Waits up to `timeout` for `pid` to exit, then kills it.
+    fn stop(&self, pid: u32, timeout: Duration) -> Result<()>;
+    /// Runs a process to completion with `input` on its stdin, killing it after `timeout`.
+    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()>;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, path: &Path) -> Result<()>;
+}
+
+/// Real processes (`std::process`), reaped by [`ProcessHost::has_exited`] and
+/// [`ProcessHost::stop`].
+#[derive(Debug, Default)]
+pub struct OsProcessHost {
+    children: Mutex<HashMap<u32, Child>>,
+}
+
+impl OsProcessHost {
+    /// A host with no children yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn children(&self) -> Result<MutexGuard<'_, HashMap<u32, Child>>> {
+        self.children
+            .lock()
+            .map_err(|_| Error::Task("a thread panicked holding the MPS children".to_owned()))
+    }
+}
+
+fn command(spec: &ProcessSpec) -> Command {
+    let mut command = Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)));
+    command
+}
+
+/// Polls `done` every 20 ms until it says true or `timeout` passes; returns whether it did.
+fn poll_until(timeout: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_child(child: &mut Child, program: &Path, timeout: Duration) -> Result<()> {
+    let exited = poll_until(timeout, || {
+        child
+            .try_wait()
+            .map(|s| s.is_some())
+            .map_err(|e| Error::io("waiting for", program, e))
+    })?;
+    if !exited {
+        warn!(pid = child.id(), program = %program.display(), ?timeout, "process did not exit in time; killing it");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(())
+}
+
+impl ProcessHost for OsProcessHost {
+    fn spawn(&self, spec: &ProcessSpec) -> Result<u32> {
+        let child = command(spec)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| Error::io("starting", &spec.program, e))?;
+        let pid = child.id();
+        self.children()?.insert(pid, child);
+        Ok(pid)
+    }
+
+    fn has_exited(&self, pid: u32) -> Result<bool> {
+        let mut children = self.children()?;
+        let Some(child) = children.get_mut(&pid) else {
+            return Ok(true);
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                info!(pid, %status, "MPS control daemon exited");
+                children.remove(&pid);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(Error::io("waiting for", format!("process {pid}"), e)),
+        }
+    }
+
+    fn stop(&self, pid: u32, timeout: Duration) -> Result<()> {
+        let child = self.children()?.remove(&pid);
+        if let Some(mut child) = child {
+            wait_child(&mut child, Path::new("MPS control daemon"), timeout)?;
+        }
+        Ok(())
+    }
+
+    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()> {
+        let mut child = command(spec)
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::io("starting", &spec.program, e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .map_err(|e| Error::io("writing to", &spec.program, e))?;
+        }
+        wait_child(&mut child, &spec.program, timeout)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+    }
+}
+
+/// A call the supervisor made on a [`FakeProcessHost`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostCall {
+    /// A process was started; it got this id.
+    Spawn(ProcessSpec, u32),
+    /// A process was waited for and stopped.
+    Stop(u32),
+    /// A process was run to completion with this input.
+    Run(ProcessSpec, String),
+    /// A directory was created.
+    CreateDir(PathBuf),
+}
+
+/// Processes that exist only as records: spawned processes get ids from 100 up and create the
+/// daemon's control socket at once (unless told not to); [`FakeProcessHost::kill`] ends one.
+#[derive(Debug, Default)]
+pub struct FakeProcessHost {
+    state: Mutex<FakeState>,
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    calls: Vec<HostCall>,
+    next_pid: u32,
+    alive: BTreeSet<u32>,
+    paths: BTreeSet<PathBuf>,
+    never_ready: bool,
+    fail_spawn: bool,
+}
+
+impl FakeProcessHost {
+    /// A host where every spawned daemon becomes ready at once.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, FakeState> {
+        // A panicking test thread poisons the lock; the records are still worth reading.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Vec<HostCall> {
+        self.state().calls.clone()
+    }
+
+    /// Ends process `pid` as if it crashed.
+    pub fn kill(&self, pid: u32) {
+        self.state().alive.remove(&pid);
+    }
+
+    /// Makes later spawned daemons never create their control socket.
+    pub fn never_ready(&self) {
+        self.state().never_ready = true;
+    }
+
+    /// Makes later spawns fail (a missing binary).
+    pub fn fail_spawns(&self, fail: bool) {
+        self.state().fail_spawn = fail;
+    }
+
+    /// The processes running now.
+    pub fn alive(&self) -> BTreeSet<u32> {
+        self.state().alive.clone()
+    }
+}
+
+impl ProcessHost for FakeProcessHost {
+    fn spawn(&self, spec: &ProcessSpec) -> Result<u32> {
+        let mut s = self.state();
+        if s.fail_spawn {
+            return Err(Error::io(
+                "starting",
+                &spec.program,
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ));
+        }
+        let pid = 100 + s.next_pid;
+        s.next_pid += 1;
+        s.alive.insert(pid);
+        if !s.never_ready
+            && let Some((_, pipe)) = spec.env.iter().find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+        {
+            let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
+            s.paths.insert(control);
+        }
+        s.calls.push(HostCall::Spawn(spec.clone(), pid));
+        Ok(pid)
+    }
+
+    fn has_exited(&self, pid: u32) -> Result<bool> {
+        Ok(!self.state().alive.contains(&pid))
+    }
+
+    fn stop(&self, pid: u32, _timeout: Duration) -> Result<()> {
+        let mut s = self.state();
+        s.alive.remove(&pid);
+        s.calls.push(HostCall::Stop(pid));
+        Ok(())
+    }
+
+    fn run(&self, spec: &ProcessSpec, input: &str, _timeout: Duration) -> Result<()> {
+        let mut s = self.state();
+        if let Some((_, pipe)) = spec.env.iter().find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY") {
+            let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
+            s.paths.remove(&control);
+        }
+        s.calls.push(HostCall::Run(spec.clone(), input.to_owned()));
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.state().paths.contains(path)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        self.state()
+            .calls
+            .push(HostCall::CreateDir(path.to_owned()));
+        Ok(())
+    }
+}
+
+/// How the supervisor runs daemons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsConfig {
+    /// The `nvidia-cuda-mps-control` binary.
+    pub control_binary: PathBuf,
+    /// How long a starting daemon may take to create its control socket.
+    pub ready_timeout: Duration,
+    /// How long `quit` and the daemon's exit after it may take.
+    pub quit_timeout: Duration,
+}
+
+impl MpsConfig {
+    /// Defaults: 10 s to become ready, 10 s to quit.
+    pub fn new(control_binary: impl Into<PathBuf>) -> Self {
+        Self {
+            control_binary: control_binary.into(),
+            ready_timeout: Duration::from_secs(10),
+            quit_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Supervised {
+    daemon: MpsDaemon,
+    claims: BTreeSet<String>,
+    pid: Option<u32>,
+    failures: u32,
+    restart_at: Option<Instant>,
+}
+
+/// Keeps one MPS control daemon running per GPU set that prepared claims use.
+pub struct MpsSupervisor {
+    config: MpsConfig,
+    host: Arc<dyn ProcessHost>,
+    daemons: Mutex<BTreeMap<String, Supervised>>,
+}
+
+impl std::fmt::Debug for MpsSupervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpsSupervisor")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MpsSupervisor {
+    /// A supervisor running daemons on `host`.
+    pub fn new(config: MpsConfig, host: Arc<dyn ProcessHost>) -> Self {
+        Self {
+            config,
+            host,
+            daemons: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, BTreeMap<String, Supervised>>> {
+        self.daemons
+            .lock()
+            .map_err(|_| Error::Task("a thread panicked holding the MPS daemons".to_owned()))
+    }
+
+    fn spec(&self, daemon: &MpsDaemon, args: Vec<String>) -> ProcessSpec {
+        ProcessSpec {
+            program: self.config.control_binary.clone(),
+            args,
+            env: mps::daemon_env(daemon),
+        }
+    }
+
+    /// Sends `quit` to whatever daemon listens on `daemon`'s pipe directory.
+    fn quit(&self, daemon: &MpsDaemon) -> Result<()> {
+        self.host.run(
+            &self.spec(daemon, Vec::new()),
+            mps::QUIT_COMMAND,
+            self.config.quit_timeout,
+        )
+    }
+
+    /// Starts `daemon` and waits until it accepts clients.
+    fn start(&self, daemon: &MpsDaemon) -> Result<u32> {
+        for dir in mps::daemon_dirs(daemon) {
+            self.host.create_dir_all(Path::new(dir))?;
+        }
+        let control = PathBuf::from(mps::control_socket(daemon));
+        if self.host.exists(&control) {
+            // A daemon an earlier run of the plugin left (the plugin ran outside a container
+            // and was restarted): stop it, so the one we start is ours to watch.
+            info!(daemon = %daemon.id, "stopping a daemon an earlier run left");
+            if let Err(e) = self.quit(daemon) {
+                warn!(daemon = %daemon.id, error = %e, "could not stop the earlier daemon");
+            }
+        }
+        let pid = self
+            .host
+            .spawn(&self.spec(daemon, vec![mps::FOREGROUND_ARG.to_owned()]))?;
+        let mut exited = false;
+        let ready = poll_until(self.config.ready_timeout, || {
+            exited = self.host.has_exited(pid)?;
+            Ok(exited || self.host.exists(&control))
+        })?;
+        if ready && !exited {
+            info!(daemon = %daemon.id, pid, devices = %daemon.devices.join(","), "MPS control daemon started");
+            return Ok(pid);
+        }
+        let _ = self.host.stop(pid, Duration::ZERO);
+        Err(Error::Mps(format!(
+            "MPS control daemon {} ({}) {}",
+            daemon.id,
+            self.config.control_binary.display(),
+            if exited {
+                "exited while starting; see its log directory".to_owned()
+            } else {
+                format!(
+                    "did not create {} within {:?}",
+                    control.display(),
+                    self.config.ready_timeout
+                )
+            }
+        )))
+    }
+
+    /// Makes sure `daemon` runs for `claim`: starts it (and waits until it accepts clients)
+    /// unless it already runs. Blocking.
+    pub fn ensure(&self, claim: &str, daemon: &MpsDaemon) -> Result<()> {
+        let mut daemons = self.lock()?;
+        let running = match daemons.get(&daemon.id).and_then(|s| s.pid) {
+            Some(pid) => !self.host.has_exited(pid)?,
+            None => false,
+        };
+        if !running {
+            let pid = self.start(daemon)?;
+            let entry = daemons
+                .entry(daemon.id.clone())
+                .or_insert_with(|| Supervised {
+                    daemon: daemon.clone(),
+                    claims: BTreeSet::new(),
+                    pid: None,
+                    failures: 0,
+                    restart_at: None,
+                });
+            entry.pid = Some(pid);
+            entry.restart_at = None;
+        }
+        if let Some(entry) = daemons.get_mut(&daemon.id) {
+            entry.claims.insert(claim.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Forgets `claim`; a daemon no claim uses any more is stopped (`quit`, then killed if it
+    /// does not exit). Blocking; failures to stop are logged, the daemon is forgotten anyway.
+    pub fn release(&self, claim: &str) -> Result<()> {
+        let mut daemons = self.lock()?;
+        let idle: Vec<String> = daemons
+            .iter_mut()
+            .filter_map(|(id, s)| {
+                (s.claims.remove(claim) && s.claims.is_empty()).then(|| id.clone())
+            })
+            .collect();
+        for id in idle {
+            let Some(s) = daemons.remove(&id) else {
+                continue;
+            };
+            if let Err(e) = self.quit(&s.daemon) {
+                warn!(daemon = %id, error = %e, "quit failed; stopping the process");
+            }
+            if let Some(pid) = s.pid {
+                self.host.stop(pid, self.config.quit_timeout)?;
+            }
+            info!(daemon = %id, "MPS control daemon stopped: no claim uses it");
+        }
+        Ok(())
+    }
+
+    /// Starts every daemon `record`'s claims need (after a plugin restart). A daemon that does
+    /// not start is retried by [`MpsSupervisor::check`]. Blocking.
+    pub fn restore(&self, record: &Checkpoint) -> Result<()> {
+        let now = Instant::now();
+        for (id, wanted) in mps::wanted_daemons(record) {
+            let pid = match self.start(&wanted.daemon) {
+                Ok(pid) => Some(pid),
+                Err(e) => {
+                    warn!(daemon = %id, error = %e, "MPS control daemon did not start; will retry");
+                    None
+                }
+            };
+            self.lock()?.insert(
+                id,
+                Supervised {
+                    daemon: wanted.daemon,
+                    claims: wanted.claims,
+                    failures: u32::from(pid.is_none()),
+                    restart_at: pid.is_none().then(|| now + mps::restart_delay(1)),
+                    pid,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Restarts the daemons that died, each after its backoff delay. Blocking.
+    pub fn check(&self, now: Instant) -> Result<()> {
+        let mut daemons = self.lock()?;
+        for (id, s) in daemons.iter_mut() {
+            if let Some(pid) = s.pid {
+                if !self.host.has_exited(pid)? {
+                    continue;
+                }
+                s.pid = None;
+                s.failures = s.failures.saturating_add(1);
+                let delay = mps::restart_delay(s.failures);
+                warn!(daemon = %id, pid, failures = s.failures, ?delay, "MPS control daemon died; restarting");
+                s.restart_at = Some(now + delay);
+            }
+            if s.restart_at.is_some_and(|at| now >= at) {
+                match self.start(&s.daemon) {
+                    Ok(pid) => {
+                        s.pid = Some(pid);
+                        s.restart_at = None;
+                    }
+                    Err(e) => {
+                        s.failures = s.failures.saturating_add(1);
+                        let delay = mps::restart_delay(s.failures);
+                        warn!(daemon = %id, error = %e, ?delay, "MPS control daemon restart failed");
+                        s.restart_at = Some(now + delay);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The daemons supervised now, by id, with the claims using each.
+    pub fn daemons(&self) -> Result<BTreeMap<String, BTreeSet<String>>> {
+        Ok(self
+            .lock()?
+            .iter()
+            .map(|(id, s)| (id.clone(), s.claims.clone()))
+            .collect())
+    }
+
+    /// A daemon that stayed up resets its failure count: backoff is for crash loops.
+    fn settle(&self) -> Result<()> {
+        for s in self.lock()?.values_mut() {
+            if s.pid.is_some() {
+                s.failures = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the daemons every `interval` on a blocking worker, until the task is aborted.
+    pub fn spawn_watchdog(self: Arc<Self>, interval: Duration) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut ticks: u32 = 0;
+            loop {
+                ticker.tick().await;
+                ticks = ticks.wrapping_add(1);
+                let me = Arc::clone(&self);
+                let settle = ticks % 60 == 0;
+                let outcome = tokio::task::spawn_blocking(move || {
+                    me.check(Instant::now())?;
+                    if settle { me.settle() } else { Ok(()) }
+                })
+                .await;
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(error = %e, "checking MPS daemons failed"),
+                    Err(e) => warn!(error = %e, "MPS watchdog worker failed"),
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::checkpoint::{ClaimEntry, PrepareState};
+
+    use super::*;
+
+    fn daemon(uuids: &[&str]) -> MpsDaemon {
+        let id = tessera_driver::cdi::mps_daemon_id(uuids);
+        MpsDaemon {
+            pipe_dir: format!("/run/mps/{id}/pipe"),
+            shm_dir: format!("/run/mps/{id}/shm"),
+            log_dir: format!("/var/log/mps/{id}"),
+            id,
+            devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
+        }
+    }
+
+    fn supervisor(host: &Arc<FakeProcessHost>) -> MpsSupervisor {
+        let mut config = MpsConfig::new("/usr/bin/nvidia-cuda-mps-control");
+        config.ready_timeout = Duration::from_millis(100);
+        MpsSupervisor::new(config, Arc::clone(host) as Arc<dyn ProcessHost>)
+    }
+
+    fn spawns(host: &FakeProcessHost) -> Vec<(ProcessSpec, u32)> {
+        host.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                HostCall::Spawn(s, pid) => Some((s, pid)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn quits(host: &FakeProcessHost) -> usize {
+        host.calls()
+            .iter()
+            .filter(|c| matches!(c, HostCall::Run(_, input) if input == "quit\n"))
+            .count()
+    }
+
+    #[test]
+    fn the_first_claim_starts_the_daemon_and_the_last_one_stops_it() {
+        let host = Arc::new(FakeProcessHost::new());
+        let sup = supervisor(&host);
+        let d = daemon(&["GPU-1"]);
+        sup.ensure("a", &d).unwrap();
+        sup.ensure("b", &d).unwrap();
+        let started = spawns(&host);
+        assert_eq!(started.len(), 1, "one daemon per GPU set");
+        let (spec, pid) = &started[0];
+        assert_eq!(spec.args, ["-f"]);
+        assert!(
+            spec.env
+                .contains(&("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-1".to_owned()))
+        );
+        assert!(host.calls().contains(&HostCall::CreateDir(PathBuf::from(&d.pipe_dir))));
+
+        sup.release("a").unwrap();
+        assert_eq!(quits(&host), 0);
+        sup.release("b").unwrap();
+        assert_eq!(quits(&host), 1);
+        assert!(host.calls().contains(&HostCall::Stop(*pid)));
+        assert!(sup.daemons().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_daemon_that_dies_is_restarted_after_its_backoff() {
+        let host = Arc::new(FakeProcessHost::new());
+        let sup = supervisor(&host);
+        let d = daemon(&["GPU-1"]);
+        sup.ensure("a", &d).unwrap();
+        let pid = spawns(&host)[0].1;
+        host.kill(pid);
+        let t0 = Instant::now();
+        sup.check(t0).unwrap();
+        assert_eq!(spawns(&host).len(), 1, "not before the delay");
+        sup.check(t0 + Duration::from_millis(999)).unwrap();
+        assert_eq!(spawns(&host).len(), 1);
+        sup.check(t0 + Duration::from_secs(1)).unwrap();
+        assert_eq!(spawns(&host).len(), 2);
+
+        host.kill(spawns(&host)[1].1);
+        let t1 = t0 + Duration::from_secs(2);
+        sup.check(t1).unwrap();
+        sup.check(t1 + Duration::from_secs(1)).unwrap();
+        assert_eq!(spawns(&host).len(), 2, "the second death waits 2 s");
+        sup.check(t1 + Duration::from_secs(2)).unwrap();
+        assert_eq!(spawns(&host).len(), 3);
+    }
+
+    #[test]
+    fn a_daemon_that_never_gets_ready_fails_the_claim() {
+        let host = Arc::new(FakeProcessHost::new());
+        host.never_ready();
+        let sup = supervisor(&host);
+        let err = sup.ensure("a", &daemon(&["GPU-1"])).unwrap_err();
+        assert!(err.to_string().contains("did not create"), "{err}");
+        assert!(host.alive().is_empty(), "the stuck process is stopped");
+        assert!(sup.daemons().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_restart_starts_the_daemons_the_checkpoint_records() {
+        let host = Arc::new(FakeProcessHost::new());
+        let sup = supervisor(&host);
+        let mut record = Checkpoint::new("b");
+        for (uid, d) in [("a", daemon(&["GPU-1"])), ("b", daemon(&["GPU-1", "GPU-2"]))] {
+            record.claims.insert(
+                uid.to_owned(),
+                ClaimEntry {
+                    namespace: "ns".to_owned(),
+                    name: uid.to_owned(),
+                    state: PrepareState::PrepareCompleted,
+                    devices: Vec::new(),
+                    host_dirs: Vec::new(),
+                    mps_daemon: Some(d),
+                },
+            );
+        }
+        sup.restore(&record).unwrap();
+        assert_eq!(spawns(&host).len(), 2);
+        sup.release("b").unwrap();
+        assert_eq!(quits(&host), 1);
+        assert_eq!(sup.daemons().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_missing_binary_is_retried_by_the_watchdog() {
+        let host = Arc::new(FakeProcessHost::new());
+        host.fail_spawns(true);
+        let sup = supervisor(&host);
+        let mut record = Checkpoint::new("b");
+        record.claims.insert(
+            "a".to_owned(),
+            ClaimEntry {
+                namespace: "ns".to_owned(),
+                name: "a".to_owned(),
+                state: PrepareState::PrepareCompleted,
+                devices: Vec::new(),
+                host_dirs: Vec::new(),
+                mps_daemon: Some(daemon(&["GPU-1"])),
+            },
+        );
+        let t0 = Instant::now();
+        sup.restore(&record).unwrap();
+        host.fail_spawns(false);
+        sup.check(t0 + Duration::from_secs(2)).unwrap();
+        assert_eq!(spawns(&host).len(), 1);
+    }
+}
