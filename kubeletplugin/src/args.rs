@@ -15,6 +15,7 @@ use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{FakeDiscovery, GpuDiscovery};
 use crate::health_stream::HealthReporter;
 use crate::metrics::{MeteredPreparer, Metrics};
+use crate::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
 use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
 use crate::preparer::{CdiPreparer, CdiPreparerConfig};
 use crate::publisher::{PublisherConfig, SlicePublisher};
@@ -92,6 +93,13 @@ pub struct Args {
         default_value = "/var/log/tessera/mps"
     )]
     pub mps_log_dir_root: String,
+    /// MPS: the `nvidia-cuda-mps-control` binary (a path, or a name looked up on `PATH`).
+    #[arg(
+        long,
+        env = "TESSERA_MPS_CONTROL_BINARY",
+        default_value = "nvidia-cuda-mps-control"
+    )]
+    pub mps_control_binary: PathBuf,
     /// HAMi-core: host path of the installed libvgpu.so.
     #[arg(
         long,
@@ -209,7 +217,7 @@ impl Args {
             .trim()
             .to_owned();
         let plugin_dir = self.plugin_dir();
-        let preparer = Arc::new(CdiPreparer::new(
+        let mut preparer = CdiPreparer::new(
             CdiPreparerConfig {
                 driver_name: self.driver_name.clone(),
                 cdi_dir: self.cdi_dir.clone(),
@@ -219,7 +227,17 @@ impl Args {
             },
             node,
             source,
-        )?);
+        )?;
+        let mut watchdog = None;
+        if self.enforcement == EnforcementKind::Mps {
+            let supervisor = Arc::new(MpsSupervisor::new(
+                MpsConfig::new(self.mps_control_binary.clone()),
+                Arc::new(OsProcessHost::new()),
+            ));
+            preparer = preparer.with_mps(Arc::clone(&supervisor))?;
+            watchdog = Some(supervisor.spawn_watchdog(Duration::from_secs(1)));
+        }
+        let preparer = Arc::new(preparer);
         let metrics = Arc::new(Metrics::new());
         let health = HealthReporter::spawn(inventory_tx.subscribe());
         let plugin = server::start_with_health(
@@ -256,6 +274,11 @@ impl Args {
         shutdown.await;
         info!("shutting down");
         if let Some(task) = publishing {
+            task.abort();
+        }
+        if let Some(task) = watchdog {
+            // The daemons keep running: containers of prepared claims still use them, and a
+            // restarted plugin finds them through the checkpoint.
             task.abort();
         }
         ops.shutdown().await?;

@@ -44,6 +44,8 @@ pub trait ProcessHost: Send + Sync {
     fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()>;
     /// Whether `path` exists.
     fn exists(&self, path: &Path) -> bool;
+    /// Whether a server accepts connections on the unix socket `path`.
+    fn answers(&self, path: &Path) -> bool;
     /// Creates a directory and its parents.
     fn create_dir_all(&self, path: &Path) -> Result<()>;
 }
@@ -157,6 +159,10 @@ impl ProcessHost for OsProcessHost {
         path.exists()
     }
 
+    fn answers(&self, path: &Path) -> bool {
+        std::os::unix::net::UnixStream::connect(path).is_ok()
+    }
+
     fn create_dir_all(&self, path: &Path) -> Result<()> {
         std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
     }
@@ -190,6 +196,7 @@ struct FakeState {
     paths: BTreeSet<PathBuf>,
     never_ready: bool,
     fail_spawn: bool,
+    answering: bool,
 }
 
 impl FakeProcessHost {
@@ -218,6 +225,15 @@ impl FakeProcessHost {
     /// Makes later spawned daemons never create their control socket.
     pub fn never_ready(&self) {
         self.state().never_ready = true;
+    }
+
+    /// Leaves a daemon of an earlier run on `pipe_dir`: its control socket exists and, when
+    /// `answering`, accepts connections.
+    pub fn leftover_daemon(&self, pipe_dir: &str, answering: bool) {
+        let mut s = self.state();
+        s.paths
+            .insert(PathBuf::from(format!("{pipe_dir}/{}", mps::CONTROL_SOCKET)));
+        s.answering = answering;
     }
 
     /// Makes later spawns fail (a missing binary).
@@ -279,6 +295,11 @@ impl ProcessHost for FakeProcessHost {
         self.state().paths.contains(path)
     }
 
+    fn answers(&self, path: &Path) -> bool {
+        let s = self.state();
+        s.paths.contains(path) && s.answering
+    }
+
     fn create_dir_all(&self, path: &Path) -> Result<()> {
         self.state()
             .calls
@@ -309,11 +330,21 @@ impl MpsConfig {
     }
 }
 
+/// A daemon that runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Process {
+    /// Our child, with its id.
+    Child(u32),
+    /// A daemon an earlier run of the plugin started, found answering on its control socket;
+    /// alive while it answers.
+    Adopted,
+}
+
 #[derive(Debug)]
 struct Supervised {
     daemon: MpsDaemon,
     claims: BTreeSet<String>,
-    pid: Option<u32>,
+    process: Option<Process>,
     failures: u32,
     restart_at: Option<Instant>,
 }
@@ -366,16 +397,31 @@ impl MpsSupervisor {
         )
     }
 
-    /// Starts `daemon` and waits until it accepts clients.
-    fn start(&self, daemon: &MpsDaemon) -> Result<u32> {
+    /// Whether the daemon's process still runs.
+    fn alive(&self, daemon: &MpsDaemon, process: Process) -> Result<bool> {
+        Ok(match process {
+            Process::Child(pid) => !self.host.has_exited(pid)?,
+            Process::Adopted => self
+                .host
+                .answers(Path::new(&mps::control_socket(daemon))),
+        })
+    }
+
+    /// Starts `daemon` and waits until it accepts clients; a daemon an earlier run of the
+    /// plugin left that still answers is adopted instead (its clients keep working).
+    fn start(&self, daemon: &MpsDaemon) -> Result<Process> {
         for dir in mps::daemon_dirs(daemon) {
             self.host.create_dir_all(Path::new(dir))?;
         }
         let control = PathBuf::from(mps::control_socket(daemon));
+        if self.host.answers(&control) {
+            info!(daemon = %daemon.id, "adopted the MPS control daemon an earlier run left");
+            return Ok(Process::Adopted);
+        }
         if self.host.exists(&control) {
-            // A daemon an earlier run of the plugin left (the plugin ran outside a container
-            // and was restarted): stop it, so the one we start is ours to watch.
-            info!(daemon = %daemon.id, "stopping a daemon an earlier run left");
+            // A control socket nobody answers on: a daemon that died with an earlier run.
+            // Asking it to quit is harmless and lets the new daemon take the directory.
+            info!(daemon = %daemon.id, "stopping the remains of an earlier daemon");
             if let Err(e) = self.quit(daemon) {
                 warn!(daemon = %daemon.id, error = %e, "could not stop the earlier daemon");
             }
@@ -390,7 +436,7 @@ impl MpsSupervisor {
         })?;
         if ready && !exited {
             info!(daemon = %daemon.id, pid, devices = %daemon.devices.join(","), "MPS control daemon started");
-            return Ok(pid);
+            return Ok(Process::Child(pid));
         }
         let _ = self.host.stop(pid, Duration::ZERO);
         Err(Error::Mps(format!(
@@ -413,22 +459,22 @@ impl MpsSupervisor {
     /// unless it already runs. Blocking.
     pub fn ensure(&self, claim: &str, daemon: &MpsDaemon) -> Result<()> {
         let mut daemons = self.lock()?;
-        let running = match daemons.get(&daemon.id).and_then(|s| s.pid) {
-            Some(pid) => !self.host.has_exited(pid)?,
+        let running = match daemons.get(&daemon.id).and_then(|s| s.process) {
+            Some(process) => self.alive(daemon, process)?,
             None => false,
         };
         if !running {
-            let pid = self.start(daemon)?;
+            let process = self.start(daemon)?;
             let entry = daemons
                 .entry(daemon.id.clone())
                 .or_insert_with(|| Supervised {
                     daemon: daemon.clone(),
                     claims: BTreeSet::new(),
-                    pid: None,
+                    process: None,
                     failures: 0,
                     restart_at: None,
                 });
-            entry.pid = Some(pid);
+            entry.process = Some(process);
             entry.restart_at = None;
         }
         if let Some(entry) = daemons.get_mut(&daemon.id) {
@@ -454,7 +500,7 @@ impl MpsSupervisor {
             if let Err(e) = self.quit(&s.daemon) {
                 warn!(daemon = %id, error = %e, "quit failed; stopping the process");
             }
-            if let Some(pid) = s.pid {
+            if let Some(Process::Child(pid)) = s.process {
                 self.host.stop(pid, self.config.quit_timeout)?;
             }
             info!(daemon = %id, "MPS control daemon stopped: no claim uses it");
@@ -467,8 +513,8 @@ impl MpsSupervisor {
     pub fn restore(&self, record: &Checkpoint) -> Result<()> {
         let now = Instant::now();
         for (id, wanted) in mps::wanted_daemons(record) {
-            let pid = match self.start(&wanted.daemon) {
-                Ok(pid) => Some(pid),
+            let process = match self.start(&wanted.daemon) {
+                Ok(process) => Some(process),
                 Err(e) => {
                     warn!(daemon = %id, error = %e, "MPS control daemon did not start; will retry");
                     None
@@ -479,9 +525,9 @@ impl MpsSupervisor {
                 Supervised {
                     daemon: wanted.daemon,
                     claims: wanted.claims,
-                    failures: u32::from(pid.is_none()),
-                    restart_at: pid.is_none().then(|| now + mps::restart_delay(1)),
-                    pid,
+                    failures: u32::from(process.is_none()),
+                    restart_at: process.is_none().then(|| now + mps::restart_delay(1)),
+                    process,
                 },
             );
         }
@@ -492,20 +538,20 @@ impl MpsSupervisor {
     pub fn check(&self, now: Instant) -> Result<()> {
         let mut daemons = self.lock()?;
         for (id, s) in daemons.iter_mut() {
-            if let Some(pid) = s.pid {
-                if !self.host.has_exited(pid)? {
+            if let Some(process) = s.process {
+                if self.alive(&s.daemon, process)? {
                     continue;
                 }
-                s.pid = None;
+                s.process = None;
                 s.failures = s.failures.saturating_add(1);
                 let delay = mps::restart_delay(s.failures);
-                warn!(daemon = %id, pid, failures = s.failures, ?delay, "MPS control daemon died; restarting");
+                warn!(daemon = %id, ?process, failures = s.failures, ?delay, "MPS control daemon died; restarting");
                 s.restart_at = Some(now + delay);
             }
             if s.restart_at.is_some_and(|at| now >= at) {
                 match self.start(&s.daemon) {
-                    Ok(pid) => {
-                        s.pid = Some(pid);
+                    Ok(process) => {
+                        s.process = Some(process);
                         s.restart_at = None;
                     }
                     Err(e) => {
@@ -532,7 +578,7 @@ impl MpsSupervisor {
     /// A daemon that stayed up resets its failure count: backoff is for crash loops.
     fn settle(&self) -> Result<()> {
         for s in self.lock()?.values_mut() {
-            if s.pid.is_some() {
+            if s.process.is_some() {
                 s.failures = 0;
             }
         }
@@ -691,6 +737,25 @@ mod tests {
         sup.release("b").unwrap();
         assert_eq!(quits(&host), 1);
         assert_eq!(sup.daemons().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_daemon_an_earlier_run_left_is_adopted_when_it_answers() {
+        let host = Arc::new(FakeProcessHost::new());
+        let d = daemon(&["GPU-1"]);
+        host.leftover_daemon(&d.pipe_dir, true);
+        let sup = supervisor(&host);
+        sup.ensure("a", &d).unwrap();
+        assert!(spawns(&host).is_empty(), "its clients keep their server");
+        sup.release("a").unwrap();
+        assert_eq!(quits(&host), 1);
+
+        let host = Arc::new(FakeProcessHost::new());
+        host.leftover_daemon(&d.pipe_dir, false);
+        let sup = supervisor(&host);
+        sup.ensure("a", &d).unwrap();
+        assert_eq!(quits(&host), 1, "the dead daemon's remains are told to quit");
+        assert_eq!(spawns(&host).len(), 1);
     }
 
     #[test]

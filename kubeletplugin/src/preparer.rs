@@ -18,12 +18,13 @@ use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
 use tessera_driver::prepare::prepare_on_node;
 use tessera_driver::reconfigure::{Reconfigured, Refusal, reconfigure};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::atomic_file;
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::crash;
 use crate::error::{Error, Result};
+use crate::mps::MpsSupervisor;
 
 /// File name of the checkpoint in the state directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
@@ -71,6 +72,7 @@ pub struct CdiPreparer {
     node: RwLock<NodeInventory>,
     source: Arc<dyn ClaimSource>,
     record: Mutex<Checkpoint>,
+    mps: Option<Arc<MpsSupervisor>>,
 }
 
 impl CdiPreparer {
@@ -98,6 +100,7 @@ impl CdiPreparer {
             node: RwLock::new(node),
             source,
             record: Mutex::new(record),
+            mps: None,
         };
         preparer.recover()?;
         info!(
@@ -106,6 +109,17 @@ impl CdiPreparer {
             "loaded checkpoint"
         );
         Ok(preparer)
+    }
+
+    /// Runs the MPS control daemons of share claims through `supervisor`: the daemons the
+    /// checkpoint's claims need are started now, and each later claim's daemon is started
+    /// before the claim is reported prepared. Without a supervisor, specs still point at the
+    /// daemons but nothing starts them. Blocking.
+    pub fn with_mps(mut self, supervisor: Arc<MpsSupervisor>) -> Result<Self> {
+        let record = self.record()?;
+        supervisor.restore(&record)?;
+        self.mps = Some(supervisor);
+        Ok(self)
     }
 
     /// Finishes what a crash interrupted: temp files of interrupted writes go, and every claim
@@ -244,6 +258,7 @@ impl ClaimPreparer for CdiPreparer {
         let prepared = prepare_on_node(&object, &self.config.driver_name, &node)?;
         let spec = cdi::build_spec(&prepared, &self.config.enforcement)?.to_json()?;
         let host_dirs = cdi::host_dirs(&prepared, &self.config.enforcement)?;
+        let daemon = cdi::mps_daemon(&prepared, &self.config.enforcement)?;
         {
             let mut record = self.lock()?;
             let mut next = record.clone();
@@ -252,6 +267,7 @@ impl ClaimPreparer for CdiPreparer {
             {
                 return Ok(answer(&devices));
             }
+            next.set_mps_daemon(&prepared.uid, daemon.clone());
             self.commit(&mut record, next)?;
         }
         drop(node);
@@ -266,6 +282,11 @@ impl ClaimPreparer for CdiPreparer {
             spec.as_bytes(),
         )?;
         crash::point(crash::PREPARE_AFTER_CDI_WRITTEN);
+        if let (Some(supervisor), Some(daemon)) = (&self.mps, &daemon) {
+            // Before "completed": kubelet starts the containers as soon as we answer, and
+            // their CUDA clients need the daemon's pipe.
+            supervisor.ensure(&prepared.uid, daemon)?;
+        }
         let mut record = self.lock()?;
         let mut next = record.clone();
         let devices = next.complete_prepare(&prepared.uid)?;
@@ -295,6 +316,13 @@ impl ClaimPreparer for CdiPreparer {
         self.commit(&mut record, next)?;
         drop(record);
         crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_REMOVED);
+        if let Some(supervisor) = &self.mps {
+            // The claim is gone from the record either way; a daemon that does not stop
+            // cleanly is killed and forgotten by the supervisor.
+            if let Err(e) = supervisor.release(&claim.uid) {
+                warn!(%claim, error = %e, "stopping the claim's MPS daemon failed");
+            }
+        }
         info!(%claim, "unprepared");
         Ok(())
     }

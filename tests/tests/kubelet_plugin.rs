@@ -558,3 +558,153 @@ async fn a_restarted_plugin_remembers_prepared_claims_until_reboot() {
     let preparer = h.preparer("boot-2", h.source());
     assert!(preparer.claims().unwrap().is_empty());
 }
+
+/// A stand-in for `nvidia-cuda-mps-control`: with `-f` it records its argv and environment,
+/// creates the control file in its pipe directory and stays in the foreground (as the real
+/// daemon does with `-f`); without arguments it reads one command from stdin, records it, and
+/// on `quit` ends the daemon of the same pipe directory.
+fn mps_stand_in(dir: &Path) -> (PathBuf, PathBuf) {
+    let log = dir.join("mps-calls.log");
+    let script = dir.join("nvidia-cuda-mps-control");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+log='{log}'
+if [ "$1" = "-f" ]; then
+  echo "daemon args=$* visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY logdir=$CUDA_MPS_LOG_DIRECTORY" >> "$log"
+  echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/stand-in.pid"
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exec sleep 600
+fi
+read command
+echo "client command=$command pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+if [ "$command" = quit ] && [ -f "$CUDA_MPS_PIPE_DIRECTORY/stand-in.pid" ]; then
+  kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/stand-in.pid")"
+  rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" "$CUDA_MPS_PIPE_DIRECTORY/stand-in.pid"
+fi
+"#,
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script, log)
+}
+
+fn mps_preparer(
+    h: &Harness,
+    node: &str,
+    script: &Path,
+) -> (CdiPreparer, Arc<tessera_kubelet_plugin::mps::MpsSupervisor>) {
+    use tessera_kubelet_plugin::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
+    let text =
+        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
+    let inventory = Inventory::from_yaml(&text).unwrap().node(node).cloned().unwrap();
+    let supervisor = Arc::new(MpsSupervisor::new(
+        MpsConfig::new(script),
+        Arc::new(OsProcessHost::new()),
+    ));
+    let preparer = CdiPreparer::new(
+        CdiPreparerConfig {
+            driver_name: DRIVER.to_owned(),
+            cdi_dir: h.path("cdi"),
+            state_dir: h.path("state"),
+            enforcement: Enforcement::Mps {
+                pipe_dir_root: h.path("mps").display().to_string(),
+                log_dir_root: h.path("mps-log").display().to_string(),
+            },
+            boot_id: "boot-1".to_owned(),
+        },
+        inventory,
+        Arc::new(h.source()),
+    )
+    .unwrap()
+    .with_mps(Arc::clone(&supervisor))
+    .unwrap();
+    (preparer, supervisor)
+}
+
+fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_claim_gets_its_mps_daemon_until_it_is_unprepared() {
+    let h = Harness::new();
+    let (script, log) = mps_stand_in(h.dir.path());
+    let (node, share) = h
+        .claims
+        .iter()
+        .find(|(name, (_, node))| name.contains("share") && node != NODE)
+        .map(|(name, (_, node))| (node.clone(), h.claim_ref(name)))
+        .expect("a share claim lands on a shared node");
+    let (preparer, supervisor) = mps_preparer(&h, &node, &script);
+    let plugin = h.start_with(preparer);
+
+    let answer = prepare_v1(&plugin, std::slice::from_ref(&share)).await;
+    assert_eq!(answer[&share.2].error, "");
+    let daemons = supervisor.daemons().unwrap();
+    assert_eq!(daemons.len(), 1, "{daemons:?}");
+    let (id, users) = daemons.into_iter().next().unwrap();
+    assert_eq!(users.into_iter().collect::<Vec<_>>(), [share.2.clone()]);
+    let pipe = h.path("mps").join(&id).join("pipe");
+    let lines = log_lines(&log);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("daemon args=-f visible=GPU-"), "{}", lines[0]);
+    assert!(lines[0].contains(&format!("pipe={}", pipe.display())), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("logdir={}", h.path("mps-log").join(&id).display())),
+        "{}",
+        lines[0]
+    );
+    // The spec points the containers at the same pipe directory.
+    let spec = std::fs::read_to_string(h.path("cdi").join(cdi::spec_file_name(&share.2))).unwrap();
+    assert!(spec.contains(&pipe.display().to_string()));
+
+    // Preparing again is idempotent: no second daemon.
+    prepare_v1(&plugin, std::slice::from_ref(&share)).await;
+    assert_eq!(log_lines(&log).len(), 1);
+
+    assert_eq!(unprepare_v1(&plugin, std::slice::from_ref(&share)).await, [""]);
+    let lines = log_lines(&log);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[1], format!("client command=quit pipe={}", pipe.display()));
+    assert!(supervisor.daemons().unwrap().is_empty());
+    assert!(!pipe.join("control").exists());
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_plugin_starts_the_mps_daemons_its_checkpoint_records() {
+    let h = Harness::new();
+    let (script, log) = mps_stand_in(h.dir.path());
+    let (node, share) = h
+        .claims
+        .iter()
+        .find(|(name, (_, node))| name.contains("share") && node != NODE)
+        .map(|(name, (_, node))| (node.clone(), h.claim_ref(name)))
+        .unwrap();
+    let (preparer, supervisor) = mps_preparer(&h, &node, &script);
+    let plugin = h.start_with(preparer);
+    assert_eq!(prepare_v1(&plugin, std::slice::from_ref(&share)).await[&share.2].error, "");
+    plugin.shutdown().await.unwrap();
+    let id = supervisor.daemons().unwrap().into_keys().next().unwrap();
+    drop(supervisor);
+    // The first daemon still runs (a stand-in's control file is no socket, so the new run
+    // cannot adopt it: it tells it to quit and starts its own).
+    let (_preparer, supervisor) = mps_preparer(&h, &node, &script);
+    assert_eq!(
+        supervisor.daemons().unwrap()[&id].iter().collect::<Vec<_>>(),
+        [&share.2]
+    );
+    let lines = log_lines(&log);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[1].starts_with("client command=quit"));
+    assert!(lines[2].starts_with("daemon args=-f"));
+    supervisor.release(&share.2).unwrap();
+}
