@@ -72,6 +72,46 @@ pub fn after_event(current: Health, event: GpuEvent, fatal_seen: bool) -> Health
     }
 }
 
+/// The health of each GPU of a node as events arrive, by GPU UUID; a GPU no event named is
+/// healthy.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GpuHealthTracker {
+    gpus: BTreeMap<String, (Health, bool)>,
+}
+
+impl GpuHealthTracker {
+    /// A tracker where every GPU is healthy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes `event` of the GPU `uuid`; returns whether its health changed.
+    pub fn observe(&mut self, uuid: &str, event: GpuEvent) -> bool {
+        let (current, fatal_seen) = self
+            .gpus
+            .get(uuid)
+            .copied()
+            .unwrap_or((Health::Healthy, false));
+        let fatal = fatal_seen || matches!(event, GpuEvent::Xid(x) if xid_is_fatal(x));
+        let next = after_event(current, event, fatal);
+        self.gpus.insert(uuid.to_owned(), (next, fatal));
+        next != current
+    }
+
+    /// The GPU's health now.
+    pub fn health(&self, uuid: &str) -> Health {
+        self.gpus.get(uuid).map_or(Health::Healthy, |(h, _)| *h)
+    }
+
+    /// Marks every GPU of `node` with its tracked health (`healthy` is false unless
+    /// [`Health::Healthy`]).
+    pub fn apply(&self, node: &mut NodeInventory) {
+        for gpu in &mut node.gpus {
+            gpu.healthy = self.health(&gpu.uuid) == Health::Healthy;
+        }
+    }
+}
+
 /// The health of every device `node` publishes, by device name: a GPU's devices (the GPU, or
 /// its MIG instances) all share the GPU's health.
 pub fn device_health(node: &NodeInventory) -> BTreeMap<String, Health> {
@@ -246,6 +286,22 @@ mod tests {
             after_event(lost, GpuEvent::Answering, true),
             Health::Unhealthy
         );
+    }
+
+    #[test]
+    fn the_tracker_keeps_a_gpu_unhealthy_after_a_fatal_xid() {
+        let mut t = GpuHealthTracker::new();
+        assert!(!t.observe("GPU-1", GpuEvent::Xid(13)));
+        assert!(t.observe("GPU-1", GpuEvent::Lost));
+        assert!(t.observe("GPU-1", GpuEvent::Answering));
+        assert_eq!(t.health("GPU-1"), Health::Healthy);
+        assert!(t.observe("GPU-1", GpuEvent::Xid(79)));
+        assert!(!t.observe("GPU-1", GpuEvent::Answering));
+        let mut n = node();
+        n.gpus[1].uuid = "GPU-1".to_owned();
+        t.apply(&mut n);
+        assert!(n.gpus[0].healthy);
+        assert!(!n.gpus[1].healthy);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! [`Inventory::from_yaml`] fills them from a fake-inventory file (documented in
 //! docs/inventory.md), defaulting every field that file leaves out deterministically.
 
+pub mod discovered;
 mod file;
 mod mig;
 pub mod models;

@@ -11,6 +11,7 @@
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
+//! * [`gpu_mode`]: the admin's choice of GPU modes (flags, node labels) applied to an inventory.
 //! * [`health`]: which GPU events make a GPU unhealthy; the health of published devices.
 //! * [`mps`]: the MPS control daemons the recorded claims need, and their restart backoff.
 //! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
@@ -23,6 +24,7 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gpu_mode;
 pub mod health;
 pub mod inventory;
 pub mod mps;

@@ -23,7 +23,7 @@ pub const CONTROL_SOCKET: &str = "control";
 /// The first delay before a daemon that died is started again.
 pub const FIRST_RESTART_DELAY: Duration = Duration::from_secs(1);
 /// The longest delay before a daemon that died is started again.
-pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(60);
+pub const MAX_RESTART_DELAY: Duration = Duration::from_mins(1);
 
 /// A daemon the recorded claims need, with the claims that use it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +135,10 @@ mod tests {
     fn the_daemon_sees_its_devices_in_order_and_its_directories() {
         let d = daemon(&["GPU-2", "GPU-1"]);
         let env = daemon_env(&d);
-        assert_eq!(env[0], ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-2,GPU-1".to_owned()));
+        assert_eq!(
+            env[0],
+            ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-2,GPU-1".to_owned())
+        );
         assert_eq!(env[1].1, d.pipe_dir);
         assert_eq!(env[2].1, d.log_dir);
         assert_eq!(control_socket(&d), format!("{}/control", d.pipe_dir));
@@ -146,7 +149,7 @@ mod tests {
         assert_eq!(restart_delay(1), Duration::from_secs(1));
         assert_eq!(restart_delay(2), Duration::from_secs(2));
         assert_eq!(restart_delay(4), Duration::from_secs(8));
-        assert_eq!(restart_delay(7), Duration::from_secs(60));
-        assert_eq!(restart_delay(u32::MAX), Duration::from_secs(60));
+        assert_eq!(restart_delay(7), Duration::from_mins(1));
+        assert_eq!(restart_delay(u32::MAX), Duration::from_mins(1));
     }
 }

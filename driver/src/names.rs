@@ -86,6 +86,12 @@ pub const CDI_KIND: &str = "k8s.gpu.tessera.dev/claim";
 pub const SCHEDULING_GATE: &str = "gpu.tessera.dev/allocation";
 /// Finalizer kube-scheduler puts on claims before allocating them; the controller does the same.
 pub const CLAIM_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
+/// Node label choosing the mode of every non-MIG GPU of the node: `exclusive` or `shared`
+/// (`mig` is accepted and changes nothing: MIG mode comes from the hardware).
+pub const LABEL_GPU_MODE: &str = "gpu.tessera.dev/mode";
+/// Prefix of the node labels choosing one GPU's mode, followed by the GPU's index:
+/// `gpu.tessera.dev/mode.gpu-3: shared`. Wins over [`LABEL_GPU_MODE`].
+pub const LABEL_GPU_MODE_PER_GPU_PREFIX: &str = "gpu.tessera.dev/mode.gpu-";
 /// Well-known node label holding the node's name.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 

@@ -1,21 +1,34 @@
 //! The command line, and the process around the library: logs, signals, start and stop.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use tessera_driver::cdi::Enforcement;
+use tessera_driver::gpu_mode::ModeChoice;
+use tessera_driver::health::GpuHealthTracker;
+use tessera_driver::inventory::{GpuMode, NodeInventory};
 use tessera_driver::names;
-use tracing::info;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+/// A background task of the plugin, aborted at shutdown.
+type Task = JoinHandle<()>;
+
+/// The NVML library and the GPUs' health, shared by discovery and the event watcher.
+pub type NvmlParts = (Arc<dyn NvmlLibrary>, Arc<Mutex<GpuHealthTracker>>);
 
 use crate::apiserver::{self, ApiClaimSource};
 use crate::claims::{ClaimSource, FakeClaimSource};
-use crate::discovery::{FakeDiscovery, GpuDiscovery};
+use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
 use crate::health_stream::HealthReporter;
 use crate::metrics::{MeteredPreparer, Metrics};
 use crate::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
+use crate::node_labels;
+use crate::nvml::{NvmlDiscovery, NvmlHealthWatcher, NvmlLibrary, WrapperLibrary};
 use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
 use crate::preparer::{CdiPreparer, CdiPreparerConfig};
 use crate::publisher::{PublisherConfig, SlicePublisher};
@@ -24,10 +37,28 @@ use crate::server::{self, PluginConfig};
 /// Where GPUs are discovered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GpuBackend {
-    /// NVML on the node (not built yet).
+    /// NVML on the node (`libnvidia-ml.so.1`, loaded at start).
     Nvml,
     /// An inventory file (`--fake-inventory`).
     Fake,
+}
+
+/// The mode of a GPU the admin chooses (MIG comes from the hardware).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Whole GPUs, one claim each.
+    Exclusive,
+    /// Shares of memory and compute.
+    Shared,
+}
+
+impl From<ModeArg> for GpuMode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Exclusive => Self::Exclusive,
+            ModeArg::Shared => Self::Shared,
+        }
+    }
 }
 
 /// How shares are enforced inside containers.
@@ -54,6 +85,24 @@ pub struct Args {
     /// Where GPUs are discovered.
     #[arg(long, env = "TESSERA_GPU_BACKEND", value_enum, default_value = "nvml")]
     pub gpu_backend: GpuBackend,
+    /// NVML library for `--gpu-backend nvml` (a file name searched the usual way, or a path).
+    #[arg(
+        long,
+        env = "TESSERA_NVML_LIBRARY",
+        default_value = "libnvidia-ml.so.1"
+    )]
+    pub nvml_library: PathBuf,
+    /// Where the host's sysfs is mounted (the `PCIe` root complexes of NVML GPUs).
+    #[arg(long, env = "TESSERA_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// Mode of every non-MIG GPU of the node [default: exclusive, or the inventory file's];
+    /// the node label `gpu.tessera.dev/mode` wins over it.
+    #[arg(long, env = "TESSERA_GPU_MODE", value_enum)]
+    pub gpu_mode: Option<ModeArg>,
+    /// Mode of single GPUs, `<index>=<mode>` (repeat, or comma-separate in the environment);
+    /// wins over `--gpu-mode`; the label `gpu.tessera.dev/mode.gpu-<index>` wins over it.
+    #[arg(long, env = "TESSERA_GPU_MODE_OVERRIDES", value_delimiter = ',')]
+    pub gpu_mode_override: Vec<String>,
     /// Inventory file for `--gpu-backend fake`.
     #[arg(long, env = "TESSERA_FAKE_INVENTORY")]
     pub fake_inventory: Option<PathBuf>,
@@ -171,57 +220,105 @@ impl Args {
         }
     }
 
-    /// The GPU discovery the flags choose.
-    pub fn discovery(&self) -> anyhow::Result<Box<dyn GpuDiscovery>> {
+    /// The mode choice of the flags.
+    pub fn mode_flags(&self) -> anyhow::Result<ModeChoice> {
+        Ok(ModeChoice::from_flags(
+            self.gpu_mode.map(GpuMode::from),
+            &self.gpu_mode_override,
+        )?)
+    }
+
+    /// The GPU discovery the flags choose, and for NVML the library and the GPUs' health the
+    /// event watcher feeds.
+    pub fn discovery(&self) -> anyhow::Result<(Arc<dyn GpuDiscovery>, Option<NvmlParts>)> {
         match self.gpu_backend {
-            GpuBackend::Nvml => anyhow::bail!(
-                "--gpu-backend nvml is not built yet; use --gpu-backend fake --fake-inventory FILE"
-            ),
+            GpuBackend::Nvml => {
+                let lib: Arc<dyn NvmlLibrary> = Arc::new(WrapperLibrary::open(&self.nvml_library)?);
+                let discovery =
+                    NvmlDiscovery::new(Arc::clone(&lib), self.node_name.clone(), &self.sysfs_root);
+                let health = discovery.health();
+                Ok((Arc::new(discovery), Some((lib, health))))
+            }
             GpuBackend::Fake => {
                 let path = self
                     .fake_inventory
                     .clone()
                     .context("--gpu-backend fake needs --fake-inventory")?;
-                Ok(Box::new(FakeDiscovery::new(path, self.node_name.clone())))
+                Ok((
+                    Arc::new(FakeDiscovery::new(path, self.node_name.clone())),
+                    None,
+                ))
             }
         }
     }
 
-    /// Runs the plugin until `shutdown` completes, then stops cleanly.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let node = self.discovery()?.discover()?;
-        // The sender stays alive for the whole run: publishing follows what it holds.
-        let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(node.clone());
-        let mut publishing = None;
-        let source: Arc<dyn ClaimSource> = if let Some(path) = &self.fake_claims {
+    /// The mode choice of the flags, and the effective choice with the node's labels over
+    /// them (read before the first discovery, so the first publication has the chosen modes; a
+    /// Node that cannot be read now is read again at every poll).
+    async fn initial_modes(
+        &self,
+        client: Option<&kube::Client>,
+    ) -> anyhow::Result<(ModeChoice, Arc<RwLock<ModeChoice>>)> {
+        let flags = self.mode_flags()?;
+        let choice = Arc::new(RwLock::new(flags.clone()));
+        if let Some(client) = client {
+            match node_labels::read(client, &self.node_name).await {
+                Ok(labels) => {
+                    node_labels::take(&choice, &flags, &labels);
+                }
+                Err(e) => {
+                    warn!(error = %e, "reading the node's GPU mode labels failed; using the flags");
+                }
+            }
+        }
+        Ok((flags, choice))
+    }
+
+    /// Where claims come from: the `--fake-claims` file, or the API server (then the slice
+    /// publisher follows `inventory` too).
+    fn claim_source(
+        &self,
+        client: Option<&kube::Client>,
+        inventory: tokio::sync::watch::Receiver<NodeInventory>,
+    ) -> anyhow::Result<(Arc<dyn ClaimSource>, Option<Task>)> {
+        if let Some(path) = &self.fake_claims {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            Arc::new(FakeClaimSource::from_yaml(
-                &text,
-                &path.display().to_string(),
-            )?)
-        } else {
-            let client = apiserver::client(self.kubeconfig.as_deref()).await?;
-            let publisher = SlicePublisher::new(
-                client.clone(),
-                PublisherConfig::new(self.driver_name.clone(), self.node_name.clone()),
-            );
-            publishing = Some(Arc::new(publisher).spawn(inventory_rx));
-            Arc::new(ApiClaimSource::new(
-                client,
-                tokio::runtime::Handle::current(),
-            ))
-        };
+            let source = FakeClaimSource::from_yaml(&text, &path.display().to_string())?;
+            return Ok((Arc::new(source), None));
+        }
+        let client = client
+            .cloned()
+            .context("an API client exists without --fake-claims")?;
+        let publisher = SlicePublisher::new(
+            client.clone(),
+            PublisherConfig::new(self.driver_name.clone(), self.node_name.clone()),
+        );
+        let publishing = Arc::new(publisher).spawn(inventory);
+        let source = ApiClaimSource::new(client, tokio::runtime::Handle::current());
+        Ok((Arc::new(source), Some(publishing)))
+    }
+
+    /// The preparer, with its MPS supervisor (and the supervisor's watchdog) under
+    /// `--enforcement mps`.
+    fn preparer(
+        &self,
+        node: NodeInventory,
+        source: Arc<dyn ClaimSource>,
+        plugin_dir: &Path,
+    ) -> anyhow::Result<(Arc<CdiPreparer>, Option<Task>)> {
         let boot_id = std::fs::read_to_string(&self.boot_id_file)
             .with_context(|| format!("reading the boot id from {}", self.boot_id_file.display()))?
             .trim()
             .to_owned();
-        let plugin_dir = self.plugin_dir();
         let mut preparer = CdiPreparer::new(
             CdiPreparerConfig {
                 driver_name: self.driver_name.clone(),
                 cdi_dir: self.cdi_dir.clone(),
-                state_dir: self.state_dir.clone().unwrap_or_else(|| plugin_dir.clone()),
+                state_dir: self
+                    .state_dir
+                    .clone()
+                    .unwrap_or_else(|| plugin_dir.to_owned()),
                 enforcement: self.enforcement(),
                 boot_id,
             },
@@ -237,14 +334,31 @@ impl Args {
             preparer = preparer.with_mps(Arc::clone(&supervisor))?;
             watchdog = Some(supervisor.spawn_watchdog(Duration::from_secs(1)));
         }
-        let preparer = Arc::new(preparer);
+        Ok((Arc::new(preparer), watchdog))
+    }
+
+    /// Runs the plugin until `shutdown` completes, then stops cleanly.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let client = match &self.fake_claims {
+            Some(_) => None,
+            None => Some(apiserver::client(self.kubeconfig.as_deref()).await?),
+        };
+        let (flags, choice) = self.initial_modes(client.as_ref()).await?;
+        let (backend, nvml) = self.discovery()?;
+        let discovery = ChosenModes::new(backend, Arc::clone(&choice));
+        let node = discovery.discover()?;
+        // The sender stays alive for the whole run: publishing follows what it holds.
+        let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(node.clone());
+        let (source, publishing) = self.claim_source(client.as_ref(), inventory_rx)?;
+        let plugin_dir = self.plugin_dir();
+        let (preparer, watchdog) = self.preparer(node, source, &plugin_dir)?;
         let metrics = Arc::new(Metrics::new());
         let health = HealthReporter::spawn(inventory_tx.subscribe());
         let plugin = server::start_with_health(
             PluginConfig {
                 driver_name: self.driver_name.clone(),
                 registration_dir: self.registration_dir.clone(),
-                plugin_dir,
+                plugin_dir: plugin_dir.clone(),
             },
             Arc::new(MeteredPreparer::new(
                 Arc::clone(&preparer),
@@ -252,20 +366,40 @@ impl Args {
             )),
             Some(health.service()),
         )?;
-        let watch = match (self.gpu_backend, &self.fake_inventory) {
-            (GpuBackend::Fake, Some(path)) => Some((
-                path.clone(),
-                Duration::from_secs(self.inventory_poll_seconds),
+        let interval = Duration::from_secs(self.inventory_poll_seconds);
+        let file = match self.gpu_backend {
+            GpuBackend::Fake => self.fake_inventory.clone(),
+            GpuBackend::Nvml => None,
+        };
+        let wake = Arc::new(Notify::new());
+        let events = match nvml {
+            Some((lib, health)) => Some(NvmlHealthWatcher::start(
+                lib,
+                health,
+                Arc::clone(&wake),
+                Duration::from_secs(1),
+            )?),
+            None => None,
+        };
+        let labels = match &client {
+            Some(client) if !interval.is_zero() => Some(node_labels::spawn_watcher(
+                client.clone(),
+                self.node_name.clone(),
+                flags,
+                Arc::clone(&choice),
+                Arc::clone(&wake),
+                interval,
             )),
             _ => None,
         };
         let ops = Ops::start(
             OpsConfig {
                 metrics_addr: self.metrics_addr,
-                watch,
+                watch: Some((file, interval)),
+                wake,
                 publish: Some(inventory_tx),
             },
-            self.discovery()?,
+            Box::new(discovery),
             preparer,
             metrics,
             &plugin,
@@ -275,6 +409,12 @@ impl Args {
         info!("shutting down");
         if let Some(task) = publishing {
             task.abort();
+        }
+        if let Some(task) = labels {
+            task.abort();
+        }
+        if let Some(events) = events {
+            tokio::task::spawn_blocking(move || events.shutdown()).await?;
         }
         if let Some(task) = watchdog {
             // The daemons keep running: containers of prepared claims still use them, and a

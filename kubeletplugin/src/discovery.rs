@@ -1,12 +1,17 @@
-//! Which GPUs this node has: the `GpuDiscovery` seam.
+//! Which GPUs this node has: the `GpuDiscovery` seam, its fake backend, and the admin's choice
+//! of GPU modes applied on top of any backend.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 
+use tessera_driver::gpu_mode::ModeChoice;
 use tessera_driver::inventory::{Inventory, NodeInventory};
+use tracing::warn;
 
 use crate::error::{Error, Result};
 
-/// Finds the node's GPUs. The NVML backend comes later; the fake one reads an inventory file.
+/// Finds the node's GPUs: NVML on real nodes (`crate::nvml::NvmlDiscovery`), an inventory file
+/// in tests and demos ([`FakeDiscovery`]).
 pub trait GpuDiscovery: Send + Sync {
     /// The node's GPUs and MIG instances as of now.
     fn discover(&self) -> Result<NodeInventory>;
@@ -46,5 +51,97 @@ impl GpuDiscovery for FakeDiscovery {
                 self.path.display()
             ))
         })
+    }
+}
+
+impl<D: GpuDiscovery + ?Sized> GpuDiscovery for Arc<D> {
+    fn discover(&self) -> Result<NodeInventory> {
+        self.as_ref().discover()
+    }
+}
+
+/// What a backend discovers, with the admin's choice of modes applied
+/// (`tessera_driver::gpu_mode`); the choice is shared with whoever follows the node's labels.
+#[derive(Clone)]
+pub struct ChosenModes {
+    inner: Arc<dyn GpuDiscovery>,
+    choice: Arc<RwLock<ModeChoice>>,
+    reported: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for ChosenModes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChosenModes")
+            .field("choice", &self.choice)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChosenModes {
+    /// `inner`'s GPUs with the modes `choice` says.
+    pub fn new(inner: Arc<dyn GpuDiscovery>, choice: Arc<RwLock<ModeChoice>>) -> Self {
+        Self {
+            inner,
+            choice,
+            reported: Arc::default(),
+        }
+    }
+}
+
+impl GpuDiscovery for ChosenModes {
+    fn discover(&self) -> Result<NodeInventory> {
+        let mut node = self.inner.discover()?;
+        let conflicts = self
+            .choice
+            .read()
+            .map_err(|_| Error::Task("a thread panicked holding the mode choice".to_owned()))?
+            .apply(&mut node);
+        let texts: Vec<String> = conflicts.iter().map(ToString::to_string).collect();
+        if let Ok(mut reported) = self.reported.lock()
+            && *reported != texts
+        {
+            // Once per change, not at every poll.
+            for text in &texts {
+                warn!(conflict = %text, "GPU mode not applied");
+            }
+            *reported = texts;
+        }
+        Ok(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::inventory::GpuMode;
+
+    use super::*;
+
+    #[test]
+    fn the_chosen_modes_apply_to_what_the_backend_finds_and_follow_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("inventory.yaml");
+        std::fs::write(
+            &file,
+            "nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: 2\n",
+        )
+        .unwrap();
+        let choice = Arc::new(RwLock::new(
+            ModeChoice::from_flags(None, &["1=shared".to_owned()]).unwrap(),
+        ));
+        let discovery = ChosenModes::new(
+            Arc::new(FakeDiscovery::new(&file, "n")),
+            Arc::clone(&choice),
+        );
+        let modes = |d: &ChosenModes| -> Vec<GpuMode> {
+            d.discover().unwrap().gpus.iter().map(|g| g.mode).collect()
+        };
+        assert_eq!(modes(&discovery), [GpuMode::Exclusive, GpuMode::Shared]);
+        *choice.write().unwrap() = ModeChoice {
+            node: Some(GpuMode::Shared),
+            ..ModeChoice::default()
+        };
+        assert_eq!(modes(&discovery), [GpuMode::Shared, GpuMode::Shared]);
     }
 }

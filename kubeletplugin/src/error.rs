@@ -69,6 +69,17 @@ pub enum Error {
         /// The server's message or the transport error.
         message: String,
     },
+    /// An NVML call failed.
+    #[error("NVML {call}: {message}")]
+    Nvml {
+        /// The NVML call (or step) that failed.
+        call: &'static str,
+        /// What kind of failure it was.
+        kind: NvmlErrorKind,
+        /// NVML's message.
+        message: String,
+    },
+
     /// An MPS control daemon could not be started or stopped.
     #[error("MPS: {0}")]
     Mps(String),
@@ -76,6 +87,23 @@ pub enum Error {
     /// Encoding the metrics failed.
     #[error("metrics: {0}")]
     Metrics(String),
+}
+
+/// The kinds of NVML failure the plugin tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NvmlErrorKind {
+    /// NVML cannot be used at all (no library, no driver, no permission).
+    Unavailable,
+    /// The GPU does not support the call.
+    NotSupported,
+    /// The thing asked for does not exist (an empty MIG slot, an NVLink past the last).
+    NotFound,
+    /// The GPU fell off the bus or does not answer.
+    GpuLost,
+    /// No event arrived in time.
+    Timeout,
+    /// Anything else.
+    Other,
 }
 
 impl Error {
@@ -120,6 +148,7 @@ impl Error {
                 | Self::Task(_)
                 | Self::Api { .. }
                 | Self::Mps(_)
+                | Self::Nvml { .. }
                 | Self::Driver(tessera_driver::Error::DeviceHeld { .. })
         )
     }

@@ -169,10 +169,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_reports_everything_then_each_change() {
-        let mut node = Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: 2\n")
-            .unwrap()
-            .nodes
-            .remove(0);
+        let mut node =
+            Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: 2\n")
+                .unwrap()
+                .nodes
+                .remove(0);
         let (tx, rx) = watch::channel(node.clone());
         let reporter = HealthReporter::spawn(rx);
         let mut stream = reporter
@@ -183,13 +184,21 @@ mod tests {
             .into_inner();
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.devices.len(), 2);
-        assert!(first.devices.iter().all(|d| d.health() == pb::HealthStatus::Healthy));
+        assert!(
+            first
+                .devices
+                .iter()
+                .all(|d| d.health() == pb::HealthStatus::Healthy)
+        );
 
         node.gpus[1].healthy = false;
         tx.send_replace(node.clone());
         let next = stream.next().await.unwrap().unwrap();
         assert_eq!(next.devices.len(), 1);
-        assert_eq!(next.devices[0].device.as_ref().unwrap().device_name, "gpu-1");
+        assert_eq!(
+            next.devices[0].device.as_ref().unwrap().device_name,
+            "gpu-1"
+        );
         assert_eq!(next.devices[0].device.as_ref().unwrap().pool_name, "n");
         assert_eq!(next.devices[0].health(), pb::HealthStatus::Unhealthy);
         assert!(next.devices[0].last_updated_time > 0);

@@ -8,7 +8,7 @@
 //! * [`claims`]: `ClaimSource`, where allocations come from.
 //! * [`apiserver`]: the API client and `ApiClaimSource`; [`publisher`]: `SlicePublisher`.
 //! * [`health_stream`]: the DRA health API, following the inventory's health.
-//! * [`discovery`]: `GpuDiscovery`, which GPUs the node has.
+//! * [`discovery`]: `GpuDiscovery`, which GPUs the node has; [`nvml`]: its NVML backend.
 //! * [`args`]: the command line and the process around the library.
 
 pub mod apiserver;
@@ -23,6 +23,8 @@ pub mod health_http;
 pub mod health_stream;
 pub mod metrics;
 pub mod mps;
+pub mod node_labels;
+pub mod nvml;
 pub mod ops;
 pub mod preparer;
 pub mod publisher;

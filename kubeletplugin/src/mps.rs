@@ -261,7 +261,10 @@ impl ProcessHost for FakeProcessHost {
         s.next_pid += 1;
         s.alive.insert(pid);
         if !s.never_ready
-            && let Some((_, pipe)) = spec.env.iter().find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+            && let Some((_, pipe)) = spec
+                .env
+                .iter()
+                .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
         {
             let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
             s.paths.insert(control);
@@ -283,7 +286,11 @@ impl ProcessHost for FakeProcessHost {
 
     fn run(&self, spec: &ProcessSpec, input: &str, _timeout: Duration) -> Result<()> {
         let mut s = self.state();
-        if let Some((_, pipe)) = spec.env.iter().find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY") {
+        if let Some((_, pipe)) = spec
+            .env
+            .iter()
+            .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+        {
             let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
             s.paths.remove(&control);
         }
@@ -401,9 +408,7 @@ impl MpsSupervisor {
     fn alive(&self, daemon: &MpsDaemon, process: Process) -> Result<bool> {
         Ok(match process {
             Process::Child(pid) => !self.host.has_exited(pid)?,
-            Process::Adopted => self
-                .host
-                .answers(Path::new(&mps::control_socket(daemon))),
+            Process::Adopted => self.host.answers(Path::new(&mps::control_socket(daemon))),
         })
     }
 
@@ -595,7 +600,7 @@ impl MpsSupervisor {
                 ticker.tick().await;
                 ticks = ticks.wrapping_add(1);
                 let me = Arc::clone(&self);
-                let settle = ticks % 60 == 0;
+                let settle = ticks.is_multiple_of(60);
                 let outcome = tokio::task::spawn_blocking(move || {
                     me.check(Instant::now())?;
                     if settle { me.settle() } else { Ok(()) }
@@ -668,7 +673,10 @@ mod tests {
             spec.env
                 .contains(&("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-1".to_owned()))
         );
-        assert!(host.calls().contains(&HostCall::CreateDir(PathBuf::from(&d.pipe_dir))));
+        assert!(
+            host.calls()
+                .contains(&HostCall::CreateDir(PathBuf::from(&d.pipe_dir)))
+        );
 
         sup.release("a").unwrap();
         assert_eq!(quits(&host), 0);
@@ -719,7 +727,10 @@ mod tests {
         let host = Arc::new(FakeProcessHost::new());
         let sup = supervisor(&host);
         let mut record = Checkpoint::new("b");
-        for (uid, d) in [("a", daemon(&["GPU-1"])), ("b", daemon(&["GPU-1", "GPU-2"]))] {
+        for (uid, d) in [
+            ("a", daemon(&["GPU-1"])),
+            ("b", daemon(&["GPU-1", "GPU-2"])),
+        ] {
             record.claims.insert(
                 uid.to_owned(),
                 ClaimEntry {
@@ -754,7 +765,11 @@ mod tests {
         host.leftover_daemon(&d.pipe_dir, false);
         let sup = supervisor(&host);
         sup.ensure("a", &d).unwrap();
-        assert_eq!(quits(&host), 1, "the dead daemon's remains are told to quit");
+        assert_eq!(
+            quits(&host),
+            1,
+            "the dead daemon's remains are told to quit"
+        );
         assert_eq!(spawns(&host).len(), 1);
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use tessera_driver::inventory::NodeInventory;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::info;
 
 use crate::discovery::GpuDiscovery;
@@ -47,9 +47,11 @@ pub fn init_logs(format: LogFormat) {
 pub struct OpsConfig {
     /// Where `/metrics`, `/healthz` and `/readyz` are served; nothing is served when absent.
     pub metrics_addr: Option<SocketAddr>,
-    /// The inventory file to watch (fake backend), with the poll interval; `None` or a zero
-    /// interval watches nothing.
-    pub watch: Option<(PathBuf, Duration)>,
+    /// How to follow the inventory: the fake backend's file (`None` re-discovers at every
+    /// poll, as NVML does) and the poll interval; `None` or a zero interval follows nothing.
+    pub watch: Option<(Option<PathBuf>, Duration)>,
+    /// Wakes the watcher for a discovery at once (health events, mode label changes).
+    pub wake: Arc<Notify>,
     /// Where each inventory the preparer takes is handed on (the slice publisher).
     pub publish: Option<watch::Sender<NodeInventory>>,
 }
@@ -83,12 +85,12 @@ impl Ops {
         };
         let watcher = match config.watch {
             Some((path, interval)) if !interval.is_zero() => {
-                info!(path = %path.display(), ?interval, "watching the inventory file");
+                info!(path = ?path, ?interval, "following the inventory");
                 let mut poller = InventoryPoller::new(path, discovery, preparer, metrics);
                 if let Some(publish) = config.publish {
                     poller = poller.publishing_to(publish);
                 }
-                Some(InventoryWatcher::start(poller, interval))
+                Some(InventoryWatcher::start(poller, interval, config.wake))
             }
             _ => None,
         };

@@ -1,13 +1,15 @@
-//! Watching the fake backend's inventory file: polled (no file-notification dependency), and
-//! on every change re-discovered and handed to the preparer, which refuses mode changes of
-//! GPUs that prepared claims hold.
+//! Following the node's inventory: re-discovered at every poll (the fake backend only when its
+//! file's content changed; the file is polled, no file-notification dependency), and at once
+//! when woken (an NVML health event, a changed mode label); every change is handed to the
+//! preparer, which refuses mode changes of GPUs that prepared claims hold, and on to the slice
+//! publisher and the health stream.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_driver::inventory::NodeInventory;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -37,35 +39,52 @@ pub enum Poll {
     Failed(String),
 }
 
-/// Polls `path` and applies its changes; the state between polls is the last content seen.
+/// Re-discovers and applies the changes; the state between polls is the last file content
+/// (fake backend) or the last inventory discovered.
 pub struct InventoryPoller {
-    path: PathBuf,
+    path: Option<PathBuf>,
     discovery: Box<dyn GpuDiscovery>,
     preparer: Arc<CdiPreparer>,
     metrics: Arc<Metrics>,
     last: Option<Vec<u8>>,
+    last_node: Option<NodeInventory>,
     publish: Option<watch::Sender<NodeInventory>>,
 }
 
 impl InventoryPoller {
-    /// A poller of `path`, read through `discovery`; the file's current content counts as
-    /// seen (the preparer was built from it).
+    /// A poller of `discovery`; with `path` (the fake backend's file) discovery runs only when
+    /// the file's content changed, and its current content counts as seen (the preparer was
+    /// built from it).
     pub fn new(
-        path: impl Into<PathBuf>,
+        path: Option<PathBuf>,
         discovery: Box<dyn GpuDiscovery>,
         preparer: Arc<CdiPreparer>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let path = path.into();
-        let last = std::fs::read(&path).ok();
+        let last = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        let last_node = preparer.inventory().ok();
         Self {
             path,
             discovery,
             preparer,
             metrics,
             last,
+            last_node,
             publish: None,
         }
+    }
+
+    /// Makes the next poll discover and apply even if nothing it watches changed (the mode
+    /// choice or a GPU's health did).
+    pub fn invalidate(&mut self) {
+        self.last = None;
+        self.last_node = None;
+    }
+
+    fn source(&self) -> String {
+        self.path
+            .as_ref()
+            .map_or_else(|| "NVML".to_owned(), |p| p.display().to_string())
     }
 
     /// Hands every inventory the preparer takes (refused GPU changes left out) to `publish`,
@@ -76,31 +95,37 @@ impl InventoryPoller {
         self
     }
 
-    /// Reads the file once and, when its content changed, re-discovers and reconfigures.
-    /// Blocking (file reads).
+    /// Re-discovers (with a file: only when its content changed) and, when the inventory
+    /// changed, reconfigures. Blocking (file reads, NVML calls).
     pub fn poll(&mut self) -> Poll {
-        // Content, not the modification time: an edit within the file system's timestamp
-        // granularity, or a copy that keeps the time, is still seen.
-        let content = match std::fs::read(&self.path) {
-            Ok(c) => c,
-            Err(e) => return self.failed(&Error::io("reading", &self.path, e)),
-        };
-        if self.last.as_ref() == Some(&content) {
-            return Poll::Unchanged;
+        if let Some(path) = &self.path {
+            // Content, not the modification time: an edit within the file system's timestamp
+            // granularity, or a copy that keeps the time, is still seen.
+            let content = match std::fs::read(path) {
+                Ok(c) => c,
+                Err(e) => return self.failed(&Error::io("reading", path, e)),
+            };
+            if self.last.as_ref() == Some(&content) {
+                return Poll::Unchanged;
+            }
+            self.last = Some(content);
         }
-        self.last = Some(content);
         let discovered = match self.discovery.discover() {
             Ok(node) => node,
             Err(e) => return self.failed(&e),
         };
+        if self.path.is_none() && self.last_node.as_ref() == Some(&discovered) {
+            return Poll::Unchanged;
+        }
+        self.last_node = Some(discovered.clone());
         let refusals = match self.preparer.reconfigure(&discovered) {
             Ok(r) => r,
             Err(e) => return self.failed(&e),
         };
         if !refusals.is_empty() {
-            // Forget the content so the next poll tries again: once the holding claims are
+            // Forget what was seen so the next poll tries again: once the holding claims are
             // unprepared the change is taken without another edit of the file.
-            self.last = None;
+            self.invalidate();
         }
         for refusal in &refusals {
             warn!(%refusal, "inventory change refused");
@@ -122,21 +147,22 @@ impl InventoryPoller {
                 });
             }
         }
-        info!(path = %self.path.display(), refused = refusals.len(), "inventory reloaded");
+        info!(source = %self.source(), refused = refusals.len(), "inventory reloaded");
         Poll::Reloaded {
             refused: refusals.len(),
         }
     }
 
     fn failed(&self, e: &Error) -> Poll {
-        warn!(path = %self.path.display(), error = %e, "inventory change not taken; keeping the previous inventory");
+        warn!(source = %self.source(), error = %e, "inventory change not taken; keeping the previous inventory");
         Poll::Failed(e.to_string())
     }
 }
 
 impl InventoryWatcher {
-    /// Polls every `interval` on a blocking worker until [`InventoryWatcher::shutdown`].
-    pub fn start(poller: InventoryPoller, interval: Duration) -> Self {
+    /// Polls every `interval` on a blocking worker, and at once (discovering even if nothing
+    /// it watches changed) whenever `wake` is notified, until [`InventoryWatcher::shutdown`].
+    pub fn start(poller: InventoryPoller, interval: Duration, wake: Arc<Notify>) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let poller = Arc::new(std::sync::Mutex::new(poller));
         let task = tokio::spawn(async move {
@@ -144,19 +170,27 @@ impl InventoryWatcher {
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticker.tick().await;
             loop {
-                tokio::select! {
+                let forced = tokio::select! {
                     _ = stopped.changed() => break,
-                    _ = ticker.tick() => {
-                        let poller = Arc::clone(&poller);
-                        let outcome = tokio::task::spawn_blocking(move || {
-                            poller.lock().map(|mut p| p.poll()).ok()
+                    _ = ticker.tick() => false,
+                    () = wake.notified() => true,
+                };
+                let poller = Arc::clone(&poller);
+                let outcome = tokio::task::spawn_blocking(move || {
+                    poller
+                        .lock()
+                        .map(|mut p| {
+                            if forced {
+                                p.invalidate();
+                            }
+                            p.poll()
                         })
-                        .await;
-                        if !matches!(outcome, Ok(Some(_))) {
-                            warn!("inventory poll failed; stopping the watcher");
-                            break;
-                        }
-                    }
+                        .ok()
+                })
+                .await;
+                if !matches!(outcome, Ok(Some(_))) {
+                    warn!("inventory poll failed; stopping the watcher");
+                    break;
                 }
             }
         });
@@ -207,7 +241,7 @@ mod tests {
         );
         let metrics = Arc::new(Metrics::new());
         let mut poller = InventoryPoller::new(
-            &file,
+            Some(file.clone()),
             Box::new(discovery),
             Arc::clone(&preparer),
             Arc::clone(&metrics),

@@ -26,7 +26,11 @@ fn inventory(gpu1_healthy: bool) -> String {
 async fn connect(socket: &Path) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", socket.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            socket.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let socket = socket.to_owned();
@@ -151,17 +155,20 @@ async fn an_unhealthy_gpu_is_streamed_and_tainted_until_it_recovers() {
         .into_inner();
     assert_eq!(
         info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
 
-    let mut stream =
-        health::dra_resource_health_client::DraResourceHealthClient::new(
-            connect(&path("plugin").join("dra.sock")).await,
-        )
-        .node_watch_resources(health::NodeWatchResourcesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = health::dra_resource_health_client::DraResourceHealthClient::new(
+        connect(&path("plugin").join("dra.sock")).await,
+    )
+    .node_watch_resources(health::NodeWatchResourcesRequest {})
+    .await
+    .unwrap()
+    .into_inner();
     let first = stream.message().await.unwrap().unwrap();
     let mut seen: Vec<(String, String, i32)> = first
         .devices

@@ -600,7 +600,11 @@ fn mps_preparer(
     use tessera_kubelet_plugin::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
     let text =
         std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
-    let inventory = Inventory::from_yaml(&text).unwrap().node(node).cloned().unwrap();
+    let inventory = Inventory::from_yaml(&text)
+        .unwrap()
+        .node(node)
+        .cloned()
+        .unwrap();
     let supervisor = Arc::new(MpsSupervisor::new(
         MpsConfig::new(script),
         Arc::new(OsProcessHost::new()),
@@ -655,8 +659,16 @@ async fn a_share_claim_gets_its_mps_daemon_until_it_is_unprepared() {
     let pipe = h.path("mps").join(&id).join("pipe");
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("daemon args=-f visible=GPU-"), "{}", lines[0]);
-    assert!(lines[0].contains(&format!("pipe={}", pipe.display())), "{}", lines[0]);
+    assert!(
+        lines[0].starts_with("daemon args=-f visible=GPU-"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains(&format!("pipe={}", pipe.display())),
+        "{}",
+        lines[0]
+    );
     assert!(
         lines[0].contains(&format!("logdir={}", h.path("mps-log").join(&id).display())),
         "{}",
@@ -670,10 +682,16 @@ async fn a_share_claim_gets_its_mps_daemon_until_it_is_unprepared() {
     prepare_v1(&plugin, std::slice::from_ref(&share)).await;
     assert_eq!(log_lines(&log).len(), 1);
 
-    assert_eq!(unprepare_v1(&plugin, std::slice::from_ref(&share)).await, [""]);
+    assert_eq!(
+        unprepare_v1(&plugin, std::slice::from_ref(&share)).await,
+        [""]
+    );
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 2, "{lines:?}");
-    assert_eq!(lines[1], format!("client command=quit pipe={}", pipe.display()));
+    assert_eq!(
+        lines[1],
+        format!("client command=quit pipe={}", pipe.display())
+    );
     assert!(supervisor.daemons().unwrap().is_empty());
     assert!(!pipe.join("control").exists());
     plugin.shutdown().await.unwrap();
@@ -691,7 +709,10 @@ async fn a_restarted_plugin_starts_the_mps_daemons_its_checkpoint_records() {
         .unwrap();
     let (preparer, supervisor) = mps_preparer(&h, &node, &script);
     let plugin = h.start_with(preparer);
-    assert_eq!(prepare_v1(&plugin, std::slice::from_ref(&share)).await[&share.2].error, "");
+    assert_eq!(
+        prepare_v1(&plugin, std::slice::from_ref(&share)).await[&share.2].error,
+        ""
+    );
     plugin.shutdown().await.unwrap();
     let id = supervisor.daemons().unwrap().into_keys().next().unwrap();
     drop(supervisor);
@@ -699,7 +720,9 @@ async fn a_restarted_plugin_starts_the_mps_daemons_its_checkpoint_records() {
     // cannot adopt it: it tells it to quit and starts its own).
     let (_preparer, supervisor) = mps_preparer(&h, &node, &script);
     assert_eq!(
-        supervisor.daemons().unwrap()[&id].iter().collect::<Vec<_>>(),
+        supervisor.daemons().unwrap()[&id]
+            .iter()
+            .collect::<Vec<_>>(),
         [&share.2]
     );
     let lines = log_lines(&log);

@@ -599,7 +599,7 @@ fn pcie_root_of(pci_bus_id: &str) -> String {
 }
 
 /// `dddd:bb:dd.f` in lower case; an 8-digit NVML domain (`00000000:07:00.0`) is shortened.
-fn normalize_pci_bus_id(id: &str) -> Option<String> {
+pub(super) fn normalize_pci_bus_id(id: &str) -> Option<String> {
     let id = id.trim().to_ascii_lowercase();
     let (rest, function) = id.rsplit_once('.')?;
     let mut parts = rest.split(':');
