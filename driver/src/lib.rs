@@ -11,8 +11,11 @@
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
+//! * [`admission`]: the admission webhook's decisions (scheduling gate, claim checks).
+//! * [`inspect`]: the operator's view of a cluster and why a gated pod is pending.
 //! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
 
+pub mod admission;
 pub mod allocator;
 pub mod apiversion;
 pub mod batch;
@@ -21,6 +24,7 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod inspect;
 pub mod inventory;
 pub mod names;
 pub mod prepare;
