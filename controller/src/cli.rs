@@ -1,4 +1,4 @@
-//! The offline `tessera` command: demo, allocate and validate, with no cluster and no GPU.
+//! The `tessera` command: demo, allocate and validate offline (no cluster, no GPU), inspect live.
 
 pub mod allocate;
 pub mod demo;
