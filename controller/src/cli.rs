@@ -1,13 +1,16 @@
-//! The offline `tessera` command: demo, allocate and validate, with no cluster and no GPU.
+//! The `tessera` command: demo, allocate and validate offline (no cluster, no GPU), inspect live.
 
 pub mod allocate;
 pub mod demo;
 pub mod input;
+pub mod inspect;
 pub mod output;
 pub mod validate;
 
 use std::io::Write as _;
 use std::path::PathBuf;
+
+use inspect::InspectFormat;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -16,7 +19,8 @@ use tessera_driver::names;
 
 use crate::error::{Error, Result};
 
-/// Try Tessera's GPU allocation offline: plain Kubernetes YAML in, decisions out.
+/// Try Tessera's GPU allocation offline (plain Kubernetes YAML in, decisions out), and inspect
+/// a live cluster.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, about)]
 pub struct Cli {
@@ -59,6 +63,33 @@ pub enum Command {
         /// Files or folders to check (`-` reads standard input).
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
+    },
+    /// Show a live cluster's GPUs per node (mode, memory and compute allocated and free, the
+    /// claims and pods using them), or why a gated pod is pending (`inspect pod NAME`).
+    Inspect {
+        /// Kubeconfig file; without it, the pod's service account.
+        #[arg(long, global = true, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, global = true, default_value = "table")]
+        output: InspectFormat,
+        /// What to inspect (default: every node's GPUs).
+        #[command(subcommand)]
+        target: Option<InspectTarget>,
+    },
+}
+
+/// What `tessera inspect` looks at.
+#[derive(Debug, Subcommand)]
+pub enum InspectTarget {
+    /// Explain why a pod is pending: not Tessera's, waiting for claims, or why its claims
+    /// cannot be placed.
+    Pod {
+        /// The pod's name.
+        name: String,
+        /// The pod's namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
     },
 }
 
@@ -117,6 +148,26 @@ impl Cli {
             Command::Validate { files } => {
                 let objects = input::Objects::load(files)?;
                 validate::run(&objects, &self.driver_name, out)
+            }
+            Command::Inspect {
+                kubeconfig,
+                output,
+                target,
+            } => {
+                let target = match target {
+                    None => inspect::Target::Cluster,
+                    Some(InspectTarget::Pod { name, namespace }) => inspect::Target::Pod {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    },
+                };
+                inspect::run(
+                    kubeconfig.as_deref(),
+                    &self.driver_name,
+                    &target,
+                    *output,
+                    out,
+                )
             }
         }
     }

@@ -1,8 +1,9 @@
-//! Tessera's control-plane side. For now: the offline `tessera` CLI (demo, allocate, validate),
-//! a thin adapter around the pure core in `tessera-driver`.
+//! Tessera's control-plane side: the `tessera` CLI (offline demo, allocate, validate; live
+//! inspect) and the admission webhook, thin adapters around the pure core in `tessera-driver`.
 
 pub mod apiserver;
 pub mod cli;
 pub mod error;
+pub mod webhook;
 
 pub use error::{Error, Result};

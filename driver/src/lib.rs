@@ -11,11 +11,14 @@
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
+//! * [`admission`]: the admission webhook's decisions (scheduling gate, claim checks).
 //! * [`gpu_mode`]: the admin's choice of GPU modes (flags, node labels) applied to an inventory.
 //! * [`health`]: which GPU events make a GPU unhealthy; the health of published devices.
+//! * [`inspect`]: the operator's view of a cluster and why a gated pod is pending.
 //! * [`mps`]: the MPS control daemons the recorded claims need, and their restart backoff.
 //! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
 
+pub mod admission;
 pub mod allocator;
 pub mod apiversion;
 pub mod batch;
@@ -26,6 +29,7 @@ pub mod config;
 pub mod error;
 pub mod gpu_mode;
 pub mod health;
+pub mod inspect;
 pub mod inventory;
 pub mod mps;
 pub mod names;

@@ -97,6 +97,10 @@ pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// Annotation on a DeviceClass marking it as a class of Tessera shares (value `"true"`).
 pub const ANNOTATION_SHARE_CLASS: &str = "gpu.tessera.dev/share-class";
+/// Annotation on a DeviceClass choosing whether pods using it are allocated by Tessera's
+/// controller (they get the scheduling gate at admission): `"true"` marks a class, `"false"`
+/// opts out one of the classes marked by default ([`CLASS_SHARED_GPU`], [`CLASS_MIG_GPU`]).
+pub const ANNOTATION_ALLOCATE: &str = "gpu.tessera.dev/allocate";
 /// Device taint key the kubelet plugin puts on GPUs it finds unhealthy.
 pub const TAINT_UNHEALTHY: &str = "gpu.tessera.dev/unhealthy";
 /// Device taint effect: do not allocate the device to claims that do not tolerate the taint.

@@ -1,0 +1,278 @@
+//! `tessera inspect`: the live cluster's GPUs, and why a gated pod is pending.
+//!
+//! Reads through `--kubeconfig` (or the pod's service account), in the resource.k8s.io version
+//! the API server serves; every figure comes from `tessera_driver::inspect`, the same
+//! accounting the allocator uses.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1 as core;
+use kube::api::{Api, DynamicObject, ListParams};
+use tessera_driver::allocator::Policy;
+use tessera_driver::apiversion::{self, ApiVersion};
+use tessera_driver::inspect::{self, ClusterObjects, ClusterView, PodExplanation};
+
+use crate::apiserver;
+use crate::cli::input::Objects;
+use crate::error::{Error, Result};
+
+/// Output formats of `tessera inspect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InspectFormat {
+    /// A table for people.
+    Table,
+    /// JSON.
+    Json,
+}
+
+/// What to inspect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Every node's GPUs.
+    Cluster,
+    /// Why one pod is pending.
+    Pod {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        name: String,
+    },
+}
+
+/// Runs `tessera inspect` to completion on its own runtime, appending the output to `out`.
+pub fn run(
+    kubeconfig: Option<&Path>,
+    driver: &str,
+    target: &Target,
+    format: InspectFormat,
+    out: &mut String,
+) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Config(format!("starting the async runtime: {e}")))?;
+    runtime.block_on(inspect(kubeconfig, driver, target, format, out))
+}
+
+/// `tessera inspect`, for callers that have a runtime.
+pub async fn inspect(
+    kubeconfig: Option<&Path>,
+    driver: &str,
+    target: &Target,
+    format: InspectFormat,
+    out: &mut String,
+) -> Result<()> {
+    let client = apiserver::client(kubeconfig).await?;
+    let version = apiserver::served_resource_version(&client).await?;
+    match target {
+        Target::Cluster => {
+            let objects = fetch(&client, version, true).await?;
+            let view = inspect::cluster_view(
+                driver,
+                &objects.slices,
+                &objects.classes,
+                &objects.claims,
+                &objects.pods,
+            )?;
+            match format {
+                InspectFormat::Json => write_json(&view, out),
+                InspectFormat::Table => {
+                    write_cluster_table(&view, out);
+                    Ok(())
+                }
+            }
+        }
+        Target::Pod { namespace, name } => {
+            let pod = Api::<core::Pod>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::api(format!("getting pod {namespace}/{name}"), &e))?
+                .ok_or_else(|| Error::Api {
+                    action: format!("getting pod {namespace}/{name}"),
+                    code: Some(404),
+                    message: "not found".to_owned(),
+                })?;
+            let objects = fetch(&client, version, false).await?;
+            let explanation = inspect::explain_pod(
+                driver,
+                Policy::FirstFit,
+                &pod,
+                &ClusterObjects {
+                    classes: &objects.classes,
+                    slices: &objects.slices,
+                    claims: &objects.claims,
+                    nodes: &objects.nodes,
+                },
+            )?;
+            match format {
+                InspectFormat::Json => write_json(&explanation, out),
+                InspectFormat::Table => {
+                    write_explanation(&explanation, out);
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// Lists DeviceClasses, ResourceSlices, ResourceClaims and Nodes (and Pods when `pods`).
+async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result<Objects> {
+    let mut objects = Objects::default();
+    for (kind, plural) in [
+        ("DeviceClass", "deviceclasses"),
+        ("ResourceSlice", "resourceslices"),
+        ("ResourceClaim", "resourceclaims"),
+    ] {
+        let api: Api<DynamicObject> =
+            Api::all_with(client.clone(), &apiserver::resource(version, kind, plural));
+        let action = format!("listing {plural}");
+        let listed = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::api(action.clone(), &e))?;
+        for item in listed.items {
+            let mut value = serde_json::to_value(&item).map_err(|e| Error::Api {
+                action: action.clone(),
+                code: None,
+                message: format!("cannot re-encode: {e}"),
+            })?;
+            if let Some(map) = value.as_object_mut() {
+                // List items may come without type information: they are what was listed.
+                map.entry("apiVersion")
+                    .or_insert_with(|| version.as_str().into());
+                map.entry("kind").or_insert_with(|| kind.into());
+            }
+            objects.push(apiversion::decode_document(value, &action)?);
+        }
+    }
+    objects.nodes = Api::<core::Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::api("listing nodes", &e))?
+        .items;
+    if pods {
+        objects.pods = Api::<core::Pod>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::api("listing pods", &e))?
+            .items;
+    }
+    Ok(objects)
+}
+
+fn write_json(value: &impl serde::Serialize, out: &mut String) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
+    out.push_str(&text);
+    out.push('\n');
+    Ok(())
+}
+
+/// Writes rows as columns padded to their widest cell (the last column unpadded).
+fn write_table(rows: &[Vec<String>], out: &mut String) {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+fn write_cluster_table(view: &ClusterView, out: &mut String) {
+    if view.nodes.is_empty() {
+        let _ = writeln!(out, "no GPUs published by Tessera's driver");
+        return;
+    }
+    let mut rows = vec![
+        [
+            "NODE",
+            "GPU",
+            "MODEL",
+            "MODE",
+            "MEMORY ALLOC/TOTAL",
+            "MEMORY FREE",
+            "COMPUTE ALLOC",
+            "COMPUTE FREE",
+            "CLAIMS (PODS)",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for node in &view.nodes {
+        for gpu in &node.gpus {
+            let claims = gpu
+                .claims
+                .iter()
+                .map(|c| {
+                    if c.pods.is_empty() {
+                        format!("{}/{}", c.namespace, c.name)
+                    } else {
+                        format!("{}/{} ({})", c.namespace, c.name, c.pods.join(", "))
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            rows.push(vec![
+                node.node.clone(),
+                gpu.device.clone(),
+                if gpu.model.is_empty() {
+                    "-".to_owned()
+                } else {
+                    gpu.model.clone()
+                },
+                gpu.mode.clone(),
+                format!("{}/{}", gpu.memory_allocated, gpu.memory_total),
+                gpu.memory_free.to_string(),
+                format!("{}%", gpu.compute_allocated),
+                format!("{}%", gpu.compute_free),
+                if claims.is_empty() {
+                    "-".to_owned()
+                } else {
+                    claims
+                },
+            ]);
+        }
+    }
+    write_table(&rows, out);
+}
+
+fn write_explanation(e: &PodExplanation, out: &mut String) {
+    let _ = writeln!(out, "Pod {}/{}: {}", e.namespace, e.name, e.message);
+    if !e.claims.is_empty() {
+        let _ = writeln!(out, "\nClaims:");
+        let mut rows = vec![
+            ["  POD CLAIM", "RESOURCECLAIM", "STATE", "DETAIL"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        for c in &e.claims {
+            rows.push(vec![
+                format!("  {}", c.pod_claim),
+                c.claim.clone().unwrap_or_else(|| "-".to_owned()),
+                c.state.to_owned(),
+                c.detail.clone().unwrap_or_default(),
+            ]);
+        }
+        write_table(&rows, out);
+    }
+    if !e.conditions.is_empty() {
+        let _ = writeln!(out, "\nConditions not true:");
+        for c in &e.conditions {
+            let _ = writeln!(out, "  {c}");
+        }
+    }
+}

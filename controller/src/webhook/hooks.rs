@@ -1,0 +1,433 @@
+//! The three admission hooks: from an `AdmissionReview` to its answer.
+//!
+//! * `/mutate-pods` adds the scheduling gate to pods whose claims use classes marked for
+//!   Tessera allocation. It never denies: anything it cannot decide is "no gate" plus a warning.
+//! * `/mutate-claims` rewrites the opaque parameters of ResourceClaims and
+//!   ResourceClaimTemplates canonically.
+//! * `/validate-claims` checks every Tessera opaque config and share rule of ResourceClaims and
+//!   ResourceClaimTemplates and denies with a message naming the field and the rule.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::resource::v1 as res;
+use tessera_driver::admission::{self, ClaimSource, PodClaim};
+use tessera_driver::apiversion::{self, Object};
+use tessera_driver::cel::CelCache;
+
+use super::lookup::AdmissionLookup;
+use super::review::{
+    AdmissionRequest, AdmissionResponse, AdmissionReview, AdmissionReviewResponse,
+};
+use crate::error::Result;
+
+/// One of the webhook's hooks, by URL path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// Adds the scheduling gate to pods (mutating, fail-open).
+    MutatePods,
+    /// Rewrites opaque parameters of claims and templates canonically (mutating, fail-open).
+    MutateClaims,
+    /// Checks claims and templates (validating, fail-closed).
+    ValidateClaims,
+}
+
+impl Hook {
+    /// Every hook.
+    pub const ALL: [Self; 3] = [Self::MutatePods, Self::MutateClaims, Self::ValidateClaims];
+
+    /// The URL path the hook is served at.
+    pub const fn path(self) -> &'static str {
+        match self {
+            Self::MutatePods => "/mutate-pods",
+            Self::MutateClaims => "/mutate-claims",
+            Self::ValidateClaims => "/validate-claims",
+        }
+    }
+
+    /// The hook served at `path`.
+    pub fn from_path(path: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|h| h.path() == path)
+    }
+}
+
+/// What the hooks share: the cluster lookup and the settings.
+pub struct Admission {
+    lookup: Arc<dyn AdmissionLookup>,
+    driver: String,
+    lookup_timeout: Duration,
+    cel: Arc<CelCache>,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("driver", &self.driver)
+            .field("lookup_timeout", &self.lookup_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The kinds the claim hooks review.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per review, matched at once; boxing buys nothing"
+)]
+enum ClaimObject {
+    Claim(res::ResourceClaim),
+    Template(res::ResourceClaimTemplate),
+}
+
+impl ClaimObject {
+    fn spec(&self) -> &res::ResourceClaimSpec {
+        match self {
+            Self::Claim(c) => &c.spec,
+            Self::Template(t) => &t.spec.spec,
+        }
+    }
+}
+
+impl Admission {
+    /// Hooks reading the cluster through `lookup`, for Tessera's `driver`; every lookup of one
+    /// review together may take `lookup_timeout`.
+    pub fn new(lookup: Arc<dyn AdmissionLookup>, driver: &str, lookup_timeout: Duration) -> Self {
+        Self {
+            lookup,
+            driver: driver.to_owned(),
+            lookup_timeout,
+            cel: Arc::new(CelCache::new()),
+        }
+    }
+
+    /// Answers one `AdmissionReview` body; `Err` is a body that is not a review (HTTP 400).
+    pub async fn review(
+        &self,
+        hook: Hook,
+        body: &[u8],
+    ) -> std::result::Result<AdmissionReviewResponse, String> {
+        let review: AdmissionReview = serde_json::from_slice(body)
+            .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+        if review.api_version != super::review::ADMISSION_API_VERSION
+            || review.kind != super::review::ADMISSION_KIND
+        {
+            return Err(format!(
+                "expected apiVersion {} kind {}, got apiVersion {:?} kind {:?}",
+                super::review::ADMISSION_API_VERSION,
+                super::review::ADMISSION_KIND,
+                review.api_version,
+                review.kind
+            ));
+        }
+        let request = review
+            .request
+            .ok_or_else(|| "the AdmissionReview has no request".to_owned())?;
+        let response = match hook {
+            Hook::MutatePods => self.mutate_pod(&request).await,
+            Hook::MutateClaims => mutate_claim(&request),
+            Hook::ValidateClaims => self.validate_claim(&request).await,
+        };
+        tracing::debug!(
+            hook = hook.path(),
+            uid = %request.uid,
+            operation = %request.operation,
+            resource = %request.resource.resource,
+            namespace = request.namespace.as_deref().unwrap_or_default(),
+            name = request.name.as_deref().unwrap_or_default(),
+            allowed = response.allowed,
+            patched = response.patch.is_some(),
+            "reviewed"
+        );
+        Ok(AdmissionReviewResponse::new(response))
+    }
+
+    async fn mutate_pod(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        let allow = AdmissionResponse::allow(&request.uid);
+        if request.resource.resource != "pods"
+            || request.operation != "CREATE"
+            || request.sub_resource.is_some()
+        {
+            return allow;
+        }
+        let pod: core::Pod = match request
+            .object
+            .clone()
+            .map(serde_json::from_value)
+            .transpose()
+        {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return allow,
+            Err(e) => {
+                return allow.with_warnings(vec![format!(
+                    "Tessera could not read the pod ({e}); kube-scheduler will allocate its claims"
+                )]);
+            }
+        };
+        if pod
+            .spec
+            .as_ref()
+            .is_none_or(|s| s.resource_claims.as_ref().is_none_or(Vec::is_empty))
+        {
+            return allow;
+        }
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_else(|| "default".to_owned());
+        let Ok(decision) =
+            tokio::time::timeout(self.lookup_timeout, self.decide_gate(&pod, &namespace)).await
+        else {
+            tracing::warn!(
+                namespace,
+                pod = pod_name(&pod),
+                "the claims' lookups timed out; the pod is admitted without the gate"
+            );
+            return allow.with_warnings(vec![format!(
+                "Tessera could not read the pod's claims within {:?}; kube-scheduler will allocate them",
+                self.lookup_timeout
+            )]);
+        };
+        if decision.gated {
+            tracing::info!(
+                namespace,
+                pod = pod_name(&pod),
+                reasons = decision.reasons.join("; "),
+                added = !decision.patch.is_empty(),
+                "scheduling gate"
+            );
+        }
+        for warning in &decision.warnings {
+            tracing::warn!(
+                namespace,
+                pod = pod_name(&pod),
+                warning,
+                "admission warning"
+            );
+        }
+        allow
+            .with_patch(&decision.patch)
+            .with_warnings(decision.warnings)
+    }
+
+    async fn decide_gate(&self, pod: &core::Pod, namespace: &str) -> admission::GateDecision {
+        // Look everything up first: the decision itself is pure and synchronous.
+        let mut sources = Vec::new();
+        let refs = PodClaim::resolve_all(pod, |claim, template| {
+            sources.push((claim.map(str::to_owned), template.map(str::to_owned)));
+            ClaimSource::Empty
+        });
+        let mut claims = Vec::with_capacity(refs.len());
+        for (mut entry, (claim, template)) in refs.into_iter().zip(sources) {
+            entry.source = match (claim, template) {
+                (Some(name), _) => match self.lookup.resource_claim(namespace, &name).await {
+                    Ok(Some(c)) => ClaimSource::Claim(c.spec),
+                    Ok(None) => ClaimSource::Missing,
+                    Err(e) => ClaimSource::Failed(e.to_string()),
+                },
+                (None, Some(name)) => {
+                    match self.lookup.resource_claim_template(namespace, &name).await {
+                        Ok(Some(t)) => ClaimSource::Template(t.spec.spec),
+                        Ok(None) => ClaimSource::Missing,
+                        Err(e) => ClaimSource::Failed(e.to_string()),
+                    }
+                }
+                (None, None) => ClaimSource::Empty,
+            };
+            claims.push(entry);
+        }
+        let mut classes = std::collections::BTreeMap::new();
+        for entry in &claims {
+            if let ClaimSource::Claim(spec) | ClaimSource::Template(spec) = &entry.source {
+                for name in admission::spec_classes(spec) {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = classes.entry(name) {
+                        let found = self
+                            .lookup
+                            .device_class(slot.key())
+                            .await
+                            .map_err(|e| e.to_string());
+                        slot.insert(found);
+                    }
+                }
+            }
+        }
+        admission::decide_gate(pod, &claims, &mut |name| {
+            classes.get(name).cloned().unwrap_or(Ok(None))
+        })
+    }
+
+    async fn validate_claim(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        let allow = AdmissionResponse::allow(&request.uid);
+        if !matches!(request.operation.as_str(), "CREATE" | "UPDATE")
+            || request.sub_resource.is_some()
+        {
+            return allow;
+        }
+        let object = match decode_claim_object(request, request.object.as_ref()) {
+            Ok(Some(o)) => o,
+            Ok(None) => return allow,
+            Err(message) => {
+                return AdmissionResponse::deny(&request.uid, 400, "BadRequest", message);
+            }
+        };
+        if request.operation == "UPDATE"
+            && let Ok(Some(old)) = decode_claim_object(request, request.old_object.as_ref())
+            && old.spec() == object.spec()
+        {
+            // Metadata-only updates (finalizers, labels) of objects admitted before must never
+            // be blocked, whatever rules they break.
+            return allow;
+        }
+        let described = describe(request, &object);
+        let classes = match tokio::time::timeout(
+            self.lookup_timeout,
+            self.classes_of(object.spec()),
+        )
+        .await
+        {
+            Ok(Ok(classes)) => classes,
+            Ok(Err(e)) => {
+                return AdmissionResponse::deny(
+                    &request.uid,
+                    503,
+                    "ServiceUnavailable",
+                    format!("{described}: cannot be checked now, retry: {e}"),
+                );
+            }
+            Err(_) => {
+                return AdmissionResponse::deny(
+                    &request.uid,
+                    503,
+                    "ServiceUnavailable",
+                    format!(
+                        "{described}: cannot be checked now (DeviceClass lookups took over {:?}), retry",
+                        self.lookup_timeout
+                    ),
+                );
+            }
+        };
+        let prefix = match &object {
+            ClaimObject::Claim(_) => "",
+            ClaimObject::Template(_) => "spec.",
+        };
+        let spec = object.spec().clone();
+        let (driver, cel) = (self.driver.clone(), Arc::clone(&self.cel));
+        let checked = described.clone();
+        // CEL compilation is CPU work on user input: keep it off the async workers.
+        let errors = tokio::task::spawn_blocking(move || {
+            admission::review_claim_spec(&checked, &spec, prefix, &driver, &classes, &cel)
+        })
+        .await;
+        match errors {
+            Ok(errors) if errors.is_empty() => allow,
+            Ok(errors) => {
+                let message = errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::info!(object = described, message, "denied");
+                AdmissionResponse::deny(&request.uid, 422, "Invalid", message)
+            }
+            Err(e) => AdmissionResponse::deny(
+                &request.uid,
+                500,
+                "InternalError",
+                format!("{described}: the check failed: {e}"),
+            ),
+        }
+    }
+
+    async fn classes_of(&self, spec: &res::ResourceClaimSpec) -> Result<Vec<res::DeviceClass>> {
+        let mut found = Vec::new();
+        for name in admission::spec_classes(spec) {
+            if let Some(class) = self.lookup.device_class(&name).await? {
+                found.push(class);
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn mutate_claim(request: &AdmissionRequest) -> AdmissionResponse {
+    let allow = AdmissionResponse::allow(&request.uid);
+    if request.operation != "CREATE" || request.sub_resource.is_some() {
+        return allow;
+    }
+    // A claim that cannot be decoded is the validating hook's to deny; here it stays as sent.
+    match decode_claim_object(request, request.object.as_ref()) {
+        Ok(Some(ClaimObject::Claim(c))) => {
+            allow.with_patch(&admission::canonical_parameters_patch(&c.spec, "/spec"))
+        }
+        Ok(Some(ClaimObject::Template(t))) => allow.with_patch(
+            &admission::canonical_parameters_patch(&t.spec.spec, "/spec/spec"),
+        ),
+        Ok(None) | Err(_) => allow,
+    }
+}
+
+/// Decodes a reviewed claim or template in any served version; `Ok(None)` for other kinds.
+fn decode_claim_object(
+    request: &AdmissionRequest,
+    object: Option<&serde_json::Value>,
+) -> std::result::Result<Option<ClaimObject>, String> {
+    let Some(value) = object else {
+        return Ok(None);
+    };
+    if !matches!(
+        request.resource.resource.as_str(),
+        "resourceclaims" | "resourceclaimtemplates"
+    ) {
+        return Ok(None);
+    }
+    let mut value = value.clone();
+    if let Some(map) = value.as_object_mut() {
+        // The review's kind names the object where the object itself may not.
+        if !request.kind.group.is_empty() {
+            map.entry("apiVersion").or_insert_with(|| {
+                format!("{}/{}", request.kind.group, request.kind.version).into()
+            });
+        }
+        map.entry("kind")
+            .or_insert_with(|| request.kind.kind.clone().into());
+    }
+    let context = format!(
+        "{} {}/{}",
+        request.kind.kind,
+        request.namespace.as_deref().unwrap_or_default(),
+        request.name.as_deref().unwrap_or_default()
+    );
+    match apiversion::decode_document(value, &context) {
+        Ok(Object::ResourceClaim(c)) => Ok(Some(ClaimObject::Claim(c))),
+        Ok(Object::ResourceClaimTemplate(t)) => Ok(Some(ClaimObject::Template(t))),
+        Ok(_) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn describe(request: &AdmissionRequest, object: &ClaimObject) -> String {
+    let (kind, meta) = match object {
+        ClaimObject::Claim(c) => ("ResourceClaim", &c.metadata),
+        ClaimObject::Template(t) => ("ResourceClaimTemplate", &t.metadata),
+    };
+    let namespace = request
+        .namespace
+        .as_deref()
+        .or(meta.namespace.as_deref())
+        .unwrap_or("default");
+    let name = meta
+        .name
+        .as_deref()
+        .or(request.name.as_deref())
+        .or(meta.generate_name.as_deref())
+        .unwrap_or("<unnamed>");
+    format!("{kind} {namespace}/{name}")
+}
+
+fn pod_name(pod: &core::Pod) -> &str {
+    pod.metadata
+        .name
+        .as_deref()
+        .or(pod.metadata.generate_name.as_deref())
+        .unwrap_or("<unnamed>")
+}

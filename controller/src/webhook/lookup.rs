@@ -1,0 +1,259 @@
+//! What the webhook reads from the cluster: DeviceClasses, ResourceClaims and
+//! ResourceClaimTemplates, behind a small trait with a kube implementation and a fake.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use k8s_openapi::api::resource::v1 as res;
+use kube::api::{Api, DynamicObject};
+use tessera_driver::apiversion::{self, ApiVersion, Object};
+
+use crate::apiserver;
+use crate::error::{Error, Result};
+
+/// The future a lookup returns: the object, `None` when it does not exist, or an error.
+pub type LookupFuture<'a, T> = Pin<Box<dyn Future<Output = Result<Option<T>>> + Send + 'a>>;
+
+/// Reads the objects an admission decision needs, in their v1 shape.
+pub trait AdmissionLookup: Send + Sync {
+    /// The DeviceClass `name`.
+    fn device_class<'a>(&'a self, name: &'a str) -> LookupFuture<'a, res::DeviceClass>;
+    /// The ResourceClaim `namespace/name`.
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> LookupFuture<'a, res::ResourceClaim>;
+    /// The ResourceClaimTemplate `namespace/name`.
+    fn resource_claim_template<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> LookupFuture<'a, res::ResourceClaimTemplate>;
+}
+
+/// The lookup against the API server, in the resource.k8s.io version it serves.
+#[derive(Clone)]
+pub struct ApiAdmissionLookup {
+    client: kube::Client,
+    version: ApiVersion,
+}
+
+impl std::fmt::Debug for ApiAdmissionLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiAdmissionLookup")
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiAdmissionLookup {
+    /// A lookup through `client`, after asking which resource.k8s.io version it serves.
+    pub async fn new(client: kube::Client) -> Result<Self> {
+        let version = apiserver::served_resource_version(&client).await?;
+        Ok(Self::with_version(client, version))
+    }
+
+    /// A lookup through `client` in a known served version.
+    pub fn with_version(client: kube::Client, version: ApiVersion) -> Self {
+        Self { client, version }
+    }
+
+    async fn get(
+        &self,
+        kind: &str,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Object>> {
+        let resource = apiserver::resource(self.version, kind, plural);
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
+        };
+        let described = match namespace {
+            Some(ns) => format!("{kind} {ns}/{name}"),
+            None => format!("{kind} {name}"),
+        };
+        let action = format!("getting {described}");
+        let Some(found) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::api(action.clone(), &e))?
+        else {
+            return Ok(None);
+        };
+        let mut value = serde_json::to_value(&found).map_err(|e| Error::Api {
+            action: action.clone(),
+            code: None,
+            message: format!("cannot re-encode the answer: {e}"),
+        })?;
+        if let Some(map) = value.as_object_mut() {
+            // An answer without type information is the kind and version asked for.
+            map.entry("apiVersion")
+                .or_insert_with(|| self.version.as_str().into());
+            map.entry("kind").or_insert_with(|| kind.into());
+        }
+        Ok(Some(apiversion::decode_document(value, &described)?))
+    }
+}
+
+fn wrong_kind(kind: &str) -> Error {
+    Error::Api {
+        action: format!("getting a {kind}"),
+        code: None,
+        message: format!("the answer is not a {kind}"),
+    }
+}
+
+impl AdmissionLookup for ApiAdmissionLookup {
+    fn device_class<'a>(&'a self, name: &'a str) -> LookupFuture<'a, res::DeviceClass> {
+        Box::pin(async move {
+            match self.get("DeviceClass", "deviceclasses", None, name).await? {
+                None => Ok(None),
+                Some(Object::DeviceClass(c)) => Ok(Some(c)),
+                Some(_) => Err(wrong_kind("DeviceClass")),
+            }
+        })
+    }
+
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> LookupFuture<'a, res::ResourceClaim> {
+        Box::pin(async move {
+            match self
+                .get("ResourceClaim", "resourceclaims", Some(namespace), name)
+                .await?
+            {
+                None => Ok(None),
+                Some(Object::ResourceClaim(c)) => Ok(Some(c)),
+                Some(_) => Err(wrong_kind("ResourceClaim")),
+            }
+        })
+    }
+
+    fn resource_claim_template<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> LookupFuture<'a, res::ResourceClaimTemplate> {
+        Box::pin(async move {
+            match self
+                .get(
+                    "ResourceClaimTemplate",
+                    "resourceclaimtemplates",
+                    Some(namespace),
+                    name,
+                )
+                .await?
+            {
+                None => Ok(None),
+                Some(Object::ResourceClaimTemplate(t)) => Ok(Some(t)),
+                Some(_) => Err(wrong_kind("ResourceClaimTemplate")),
+            }
+        })
+    }
+}
+
+/// How a [`FakeAdmissionLookup`] answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum FakeBehaviour {
+    /// From its objects.
+    #[default]
+    Answer,
+    /// Every lookup fails with this message (an API server that answers 500).
+    Fail(String),
+    /// Every lookup waits forever (an API server that does not answer).
+    Hang,
+}
+
+/// A deterministic in-memory lookup for tests.
+#[derive(Debug, Clone, Default)]
+pub struct FakeAdmissionLookup {
+    classes: BTreeMap<String, res::DeviceClass>,
+    claims: BTreeMap<(String, String), res::ResourceClaim>,
+    templates: BTreeMap<(String, String), res::ResourceClaimTemplate>,
+    behaviour: FakeBehaviour,
+}
+
+fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
+    (
+        meta.namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+impl FakeAdmissionLookup {
+    /// An empty cluster.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a DeviceClass.
+    #[must_use]
+    pub fn with_class(mut self, class: res::DeviceClass) -> Self {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        self.classes.insert(name, class);
+        self
+    }
+
+    /// Adds a ResourceClaim (namespace `default` when unset).
+    #[must_use]
+    pub fn with_claim(mut self, claim: res::ResourceClaim) -> Self {
+        self.claims.insert(ns_name(&claim.metadata), claim);
+        self
+    }
+
+    /// Adds a ResourceClaimTemplate (namespace `default` when unset).
+    #[must_use]
+    pub fn with_template(mut self, template: res::ResourceClaimTemplate) -> Self {
+        self.templates.insert(ns_name(&template.metadata), template);
+        self
+    }
+
+    /// Sets how every lookup answers.
+    #[must_use]
+    pub fn behaving(mut self, behaviour: FakeBehaviour) -> Self {
+        self.behaviour = behaviour;
+        self
+    }
+
+    fn answer<'a, T: Clone + Send + 'a>(&'a self, found: Option<&'a T>) -> LookupFuture<'a, T> {
+        match &self.behaviour {
+            FakeBehaviour::Answer => Box::pin(std::future::ready(Ok(found.cloned()))),
+            FakeBehaviour::Fail(message) => Box::pin(std::future::ready(Err(Error::Api {
+                action: "fake lookup".to_owned(),
+                code: Some(500),
+                message: message.clone(),
+            }))),
+            FakeBehaviour::Hang => Box::pin(std::future::pending()),
+        }
+    }
+}
+
+impl AdmissionLookup for FakeAdmissionLookup {
+    fn device_class<'a>(&'a self, name: &'a str) -> LookupFuture<'a, res::DeviceClass> {
+        self.answer(self.classes.get(name))
+    }
+
+    fn resource_claim<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> LookupFuture<'a, res::ResourceClaim> {
+        self.answer(self.claims.get(&(namespace.to_owned(), name.to_owned())))
+    }
+
+    fn resource_claim_template<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> LookupFuture<'a, res::ResourceClaimTemplate> {
+        self.answer(self.templates.get(&(namespace.to_owned(), name.to_owned())))
+    }
+}

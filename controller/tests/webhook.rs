@@ -1,0 +1,562 @@
+//! The admission webhook over real HTTPS on 127.0.0.1: `AdmissionReview` v1 requests in, the
+//! answers the API server expects out, with a certificate made by the test.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1 as res;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tessera_controller::webhook::{
+    self, AdmissionLookup, FakeAdmissionLookup, FakeBehaviour, WebhookConfig,
+};
+use tessera_driver::names;
+use tokio::sync::oneshot;
+
+/// A CA and a serving certificate for `localhost`, written as `tls.crt`/`tls.key` into `dir`;
+/// returns the CA certificate the client trusts.
+fn issue_certificate(dir: &Path) -> CertificateDer<'static> {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    let cert = params.signed_by(&key, &ca).unwrap();
+    // Written next to the target and renamed, as a Secret volume update swaps files.
+    let write = |name: &str, text: String| {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    };
+    write("tls.crt", cert.pem());
+    write("tls.key", key.serialize_pem());
+    ca.der().clone()
+}
+
+struct Running {
+    addr: std::net::SocketAddr,
+    ca: CertificateDer<'static>,
+    dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(lookup: FakeAdmissionLookup) -> Self {
+        Self::start_with(lookup, webhook::DEFAULT_LOOKUP_TIMEOUT).await
+    }
+
+    async fn start_with(lookup: FakeAdmissionLookup, lookup_timeout: Duration) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = issue_certificate(dir.path());
+        let mut config = WebhookConfig::new("127.0.0.1:0".parse().unwrap(), dir.path());
+        config.lookup_timeout = lookup_timeout;
+        let lookup: Arc<dyn AdmissionLookup> = Arc::new(lookup);
+        let bound = webhook::bind(config, lookup).await.unwrap();
+        let addr = bound.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            bound
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            ca,
+            dir,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Sends one request over a fresh TLS connection trusting `ca`; returns status and body.
+    async fn send_trusting(
+        &self,
+        ca: &CertificateDer<'static>,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let tls = connector
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Ok((status, body.to_vec()))
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+        self.send_trusting(&self.ca, method, path, body)
+            .await
+            .unwrap()
+    }
+
+    /// POSTs a review of `object` to `path`; returns the review's `response`.
+    async fn review(&self, path: &str, request: Value) -> Value {
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": request,
+        });
+        let (status, body) = self
+            .send("POST", path, serde_json::to_vec(&review).unwrap())
+            .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(answer["kind"], "AdmissionReview");
+        assert_eq!(answer["response"]["uid"], request["uid"]);
+        answer["response"].clone()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap();
+    }
+}
+
+fn pod_request(claims: &Value, extra_spec: &Value) -> Value {
+    let mut spec = json!({
+        "containers": [{"name": "main", "image": "cuda"}],
+        "resourceClaims": claims,
+    });
+    for (k, v) in extra_spec.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a",
+        "operation": "CREATE",
+        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "train-"}, "spec": spec},
+    })
+}
+
+fn claim(namespace: &str, name: &str, class: &str) -> res::ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}},
+    }))
+    .unwrap()
+}
+
+fn template(namespace: &str, name: &str, class: &str) -> res::ResourceClaimTemplate {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}},
+    }))
+    .unwrap()
+}
+
+fn decoded_patch(response: &Value) -> Value {
+    assert_eq!(response["patchType"], "JSONPatch");
+    // k8s-openapi's ByteString decodes the base64 the API server expects.
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(response["patch"].clone()).unwrap();
+    serde_json::from_slice(&bytes.0).unwrap()
+}
+
+fn share_claim_request(version: &str, object: &Value, operation: &str) -> Value {
+    json!({
+        "uid": "u-claim",
+        "kind": {"group": "resource.k8s.io", "version": version, "kind": "ResourceClaim"},
+        "resource": {"group": "resource.k8s.io", "version": version, "resource": "resourceclaims"},
+        "namespace": "team-a",
+        "name": "share",
+        "operation": operation,
+        "object": object,
+    })
+}
+
+fn share_claim(compute: i64) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": names::CLASS_SHARED_GPU}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": names::DEFAULT_DRIVER_NAME, "parameters":
+                {"apiVersion": names::CONFIG_API_VERSION, "kind": "GpuShare", "memory": "10Gi", "compute": compute}}}],
+        }},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_claim_uses_the_shared_class_gets_the_scheduling_gate() {
+    let lookup =
+        FakeAdmissionLookup::new().with_claim(claim("team-a", "share", names::CLASS_SHARED_GPU));
+    let hook = Running::start(lookup).await;
+    let response = hook
+        .review(
+            "/mutate-pods",
+            pod_request(
+                &json!([{"name": "gpu", "resourceClaimName": "share"}]),
+                &json!({}),
+            ),
+        )
+        .await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        decoded_patch(&response),
+        json!([{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": names::SCHEDULING_GATE}]}])
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_using_an_annotated_class_gates_the_pod_and_keeps_its_other_gates() {
+    let marked: res::DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "fast.example.com", "annotations": {names::ANNOTATION_ALLOCATE: "true"}},
+        "spec": {},
+    }))
+    .unwrap();
+    let lookup = FakeAdmissionLookup::new()
+        .with_class(marked)
+        .with_template(template("team-a", "fast", "fast.example.com"));
+    let hook = Running::start(lookup).await;
+    let response = hook
+        .review(
+            "/mutate-pods",
+            pod_request(
+                &json!([{"name": "gpu", "resourceClaimTemplateName": "fast"}]),
+                &json!({"schedulingGates": [{"name": "example.com/quota"}]}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        decoded_patch(&response),
+        json!([{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": names::SCHEDULING_GATE}}])
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_whole_gpus_is_left_to_kube_scheduler() {
+    let lookup = FakeAdmissionLookup::new().with_claim(claim("team-a", "whole", names::CLASS_GPU));
+    let hook = Running::start(lookup).await;
+    let response = hook
+        .review(
+            "/mutate-pods",
+            pod_request(
+                &json!([{"name": "gpu", "resourceClaimName": "whole"}]),
+                &json!({}),
+            ),
+        )
+        .await;
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("patch").is_none(), "{response}");
+    assert!(response.get("warnings").is_none(), "{response}");
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_claim_does_not_exist_yet_is_admitted_ungated_with_a_warning() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let response = hook
+        .review(
+            "/mutate-pods",
+            pod_request(
+                &json!([{"name": "gpu", "resourceClaimName": "later"}]),
+                &json!({}),
+            ),
+        )
+        .await;
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("patch").is_none());
+    let warning = response["warnings"][0].as_str().unwrap();
+    assert!(warning.contains("ResourceClaim later"), "{warning}");
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_that_does_not_answer_never_blocks_a_pod() {
+    let lookup = FakeAdmissionLookup::new().behaving(FakeBehaviour::Hang);
+    let hook = Running::start_with(lookup, Duration::from_millis(200)).await;
+    let response = hook
+        .review(
+            "/mutate-pods",
+            pod_request(
+                &json!([{"name": "gpu", "resourceClaimName": "share"}]),
+                &json!({}),
+            ),
+        )
+        .await;
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("patch").is_none());
+    assert!(
+        response["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("kube-scheduler")
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_that_breaks_a_rule_is_denied_naming_the_field_and_the_rule() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &share_claim(7), "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 422);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("ResourceClaim team-a/share")
+            && message.contains("spec.devices.config[0].opaque.parameters.compute")
+            && message.contains("multiple of 5"),
+        "{message}"
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_share_is_admitted_in_every_served_version() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &share_claim(50), "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    // v1beta1 keeps request fields flat, without `exactly`.
+    let mut old = share_claim(50);
+    old["apiVersion"] = json!("resource.k8s.io/v1beta1");
+    old["spec"]["devices"]["requests"] =
+        json!([{"name": "gpu", "deviceClassName": names::CLASS_SHARED_GPU}]);
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1beta1", &old, "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_capacity_request_is_denied() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": names::CLASS_SHARED_GPU,
+            "capacity": {"requests": {"gpu.tessera.dev/memory": "-5Gi"}},
+        }}]}},
+    });
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &claim, "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message
+            .contains("spec.devices.requests[0].exactly.capacity.requests.gpu.tessera.dev/memory")
+            && message.contains("negative"),
+        "{message}"
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_is_checked_one_level_deeper() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let claim = share_claim(150);
+    let request = json!({
+        "uid": "u-template",
+        "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaimTemplate"},
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaimtemplates"},
+        "namespace": "team-a",
+        "name": "share",
+        "operation": "CREATE",
+        "object": {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "share", "namespace": "team-a"},
+            "spec": {"spec": claim["spec"].clone()},
+        },
+    });
+    let response = hook.review("/validate-claims", request).await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("ResourceClaimTemplate team-a/share: spec.spec.devices.requests[0]"),
+        "{message}"
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_updates_of_a_claim_admitted_before_are_never_blocked() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let mut request = share_claim_request("v1", &share_claim(7), "UPDATE");
+    let mut with_finalizer = share_claim(7);
+    with_finalizer["metadata"]["finalizers"] = json!([names::CLAIM_FINALIZER]);
+    request["oldObject"] = request["object"].clone();
+    request["object"] = with_finalizer;
+    let response = hook.review("/validate-claims", request).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_fails_closed_when_classes_cannot_be_read() {
+    let lookup = FakeAdmissionLookup::new().behaving(FakeBehaviour::Fail("etcd is down".into()));
+    let hook = Running::start(lookup).await;
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &share_claim(50), "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 503);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("etcd is down")
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opaque_parameters_are_rewritten_canonically_at_creation() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let response = hook
+        .review(
+            "/mutate-claims",
+            share_claim_request("v1", &share_claim(50), "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], true);
+    let patch = decoded_patch(&response);
+    assert_eq!(patch[0]["op"], "replace");
+    assert_eq!(patch[0]["path"], "/spec/devices/config/0/opaque/parameters");
+    assert_eq!(
+        patch[0]["value"],
+        share_claim(50)["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_gets_an_http_error_never_a_crash() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let (status, _) = hook
+        .send("POST", "/validate-claims", b"{not json".to_vec())
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = hook
+        .send(
+            "POST",
+            "/mutate-pods",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = hook
+        .send(
+            "POST",
+            "/validate-claims",
+            vec![b' '; webhook::server::MAX_BODY_BYTES + 1],
+        )
+        .await;
+    assert_eq!(status, 413);
+    let (status, _) = hook.send("GET", "/validate-claims", Vec::new()).await;
+    assert_eq!(status, 405);
+    let (status, _) = hook.send("POST", "/nowhere", Vec::new()).await;
+    assert_eq!(status, 404);
+    // A claim whose object is not a claim at all is denied by validation, with the reason.
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &json!({"spec": {"devices": "many"}}), "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], false);
+    // And the server still answers.
+    let (status, body) = hook.send("GET", "/healthz", Vec::new()).await;
+    assert_eq!((status, body.as_slice()), (200, b"ok\n".as_slice()));
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_served_on_the_next_connection() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let old_ca = hook.ca.clone();
+    let new_ca = issue_certificate(hook.dir.path());
+    let (status, _) = hook
+        .send_trusting(&new_ca, "GET", "/healthz", Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let refused = hook
+        .send_trusting(&old_ca, "GET", "/healthz", Vec::new())
+        .await;
+    assert!(refused.is_err(), "the old certificate is still served");
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_written_rotation_keeps_the_previous_certificate() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    std::fs::write(hook.dir.path().join("tls.key"), "not a key").unwrap();
+    let (status, _) = hook.send("GET", "/healthz", Vec::new()).await;
+    assert_eq!(status, 200);
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_certificate_files_are_a_clear_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = WebhookConfig::new("127.0.0.1:0".parse().unwrap(), dir.path());
+    let err = webhook::bind(config, Arc::new(FakeAdmissionLookup::new()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("tls.crt"), "{err}");
+}

@@ -1,0 +1,27 @@
+//! The admission webhook's decisions, as pure functions of the objects under review.
+//!
+//! * [`gate`]: which pods get Tessera's scheduling gate at creation (the mutating hook).
+//! * [`claim`]: what a ResourceClaim or ResourceClaimTemplate must obey (the validating hook),
+//!   and the JSON patch that rewrites its opaque parameters canonically (the mutating hook).
+//!
+//! The webhook in the controller fetches what these functions read and turns their answers into
+//! `AdmissionReview` responses; nothing here knows about HTTP or the API server.
+
+pub mod claim;
+pub mod gate;
+
+use serde::Serialize;
+
+pub use claim::{canonical_parameters_patch, review_claim_spec};
+pub use gate::{ClaimSource, GateDecision, PodClaim, class_is_gated, decide_gate, spec_classes};
+
+/// One operation of an RFC 6902 JSON patch, as the API server applies it to a mutated object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PatchOp {
+    /// `add` or `replace`.
+    pub op: &'static str,
+    /// The JSON pointer of the target, e.g. `/spec/schedulingGates/-`.
+    pub path: String,
+    /// The value to put there.
+    pub value: serde_json::Value,
+}

@@ -1,0 +1,223 @@
+//! Per node and GPU: mode, memory and compute allocated and free, and who holds it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::resource::v1 as res;
+use serde::Serialize;
+
+use crate::allocator::Snapshot;
+use crate::error::Result;
+use crate::names;
+use crate::quantity::{Format, Quantity};
+
+/// A claim holding (part of) a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimHold {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The pods using the claim: those it is reserved for, else those that name it.
+    pub pods: Vec<String>,
+}
+
+/// One GPU (or MIG instance) and its use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRow {
+    /// The device name, e.g. `gpu-0`.
+    pub device: String,
+    /// The model attribute, e.g. `a100-80g` (empty when not published).
+    pub model: String,
+    /// `exclusive`, `shared` or `mig`.
+    pub mode: String,
+    /// The memory it declares.
+    pub memory_total: Quantity,
+    /// Memory allocated: all of it when held whole, else the sum of its shares.
+    pub memory_allocated: Quantity,
+    /// Memory free.
+    pub memory_free: Quantity,
+    /// Compute allocated, in percent.
+    pub compute_allocated: i64,
+    /// Compute free, in percent.
+    pub compute_free: i64,
+    /// Allocations holding it whole.
+    pub exclusive: u32,
+    /// Share allocations on it.
+    pub shares: u32,
+    /// The claims holding it, by namespace and name.
+    pub claims: Vec<ClaimHold>,
+}
+
+/// The GPUs of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGpus {
+    /// The node (or, for a pool not bound to one node, `pool <name>`).
+    pub node: String,
+    /// Its GPUs, in published order.
+    pub gpus: Vec<GpuRow>,
+}
+
+/// Every node with Tessera GPUs, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterView {
+    /// The nodes.
+    pub nodes: Vec<NodeGpus>,
+}
+
+fn attribute(device: &res::Device, driver: &str, name: &str) -> Option<String> {
+    let attrs = device.attributes.as_ref()?;
+    let a = attrs
+        .get(name)
+        .or_else(|| attrs.get(&format!("{driver}/{name}")))?;
+    a.string
+        .clone()
+        .or_else(|| a.int.map(|i| i.to_string()))
+        .or_else(|| a.bool.map(|b| b.to_string()))
+        .or_else(|| a.version.clone())
+}
+
+fn mode(device: &res::Device, driver: &str) -> String {
+    if attribute(device, driver, names::ATTR_TYPE).as_deref() == Some(names::TYPE_MIG) {
+        return names::TYPE_MIG.to_owned();
+    }
+    match attribute(device, driver, names::ATTR_SHARING) {
+        Some(s) if s == names::SHARING_SHARED => s,
+        _ if device.allow_multiple_allocations == Some(true) => names::SHARING_SHARED.to_owned(),
+        _ => names::SHARING_EXCLUSIVE.to_owned(),
+    }
+}
+
+/// The pods using `claim`: its `reservedFor` pods, else the pods of its namespace naming it.
+fn claim_pods(claim: &res::ResourceClaim, pods: &[core::Pod]) -> Vec<String> {
+    let reserved: Vec<String> = claim
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .filter(|r| r.resource == "pods")
+        .map(|r| r.name.clone())
+        .collect();
+    if !reserved.is_empty() {
+        return reserved;
+    }
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let namespace = claim.metadata.namespace.as_deref();
+    pods.iter()
+        .filter(|p| p.metadata.namespace.as_deref() == namespace)
+        .filter(|p| {
+            let by_spec = p
+                .spec
+                .iter()
+                .flat_map(|s| s.resource_claims.iter().flatten())
+                .any(|rc| rc.resource_claim_name.as_deref() == Some(name));
+            let by_status = p
+                .status
+                .iter()
+                .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+                .any(|rc| rc.resource_claim_name.as_deref() == Some(name));
+            by_spec || by_status
+        })
+        .filter_map(|p| p.metadata.name.clone())
+        .collect()
+}
+
+/// Computes the view of every Tessera GPU from the cluster's objects.
+///
+/// Use comes from the allocator's snapshot of the allocated claims (shares by their recorded
+/// amounts, whole devices in full), so it is exactly what the allocator sees.
+pub fn cluster_view(
+    driver: &str,
+    slices: &[res::ResourceSlice],
+    classes: &[res::DeviceClass],
+    claims: &[res::ResourceClaim],
+    pods: &[core::Pod],
+) -> Result<ClusterView> {
+    let allocated: Vec<res::ResourceClaim> = claims
+        .iter()
+        .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+        .cloned()
+        .collect();
+    let snapshot = Snapshot::for_driver(driver, slices, classes, &allocated)?;
+    let mut devices: BTreeMap<(&str, &str), &res::Device> = BTreeMap::new();
+    let mut pool_node: BTreeMap<&str, String> = BTreeMap::new();
+    for slice in slices.iter().filter(|s| s.spec.driver == driver) {
+        let pool = slice.spec.pool.name.as_str();
+        let node = slice
+            .spec
+            .node_name
+            .clone()
+            .unwrap_or_else(|| format!("pool {pool}"));
+        pool_node.entry(pool).or_insert(node);
+        for device in slice.spec.devices.iter().flatten() {
+            devices.insert((pool, device.name.as_str()), device);
+        }
+    }
+    let mut holders: BTreeMap<(String, String), Vec<ClaimHold>> = BTreeMap::new();
+    for claim in &allocated {
+        let results = claim
+            .status
+            .iter()
+            .filter_map(|s| s.allocation.as_ref())
+            .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+            .filter(|r| r.driver == driver);
+        let hold = ClaimHold {
+            namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+            name: claim.metadata.name.clone().unwrap_or_default(),
+            pods: claim_pods(claim, pods),
+        };
+        for r in results {
+            let list = holders
+                .entry((r.pool.clone(), r.device.clone()))
+                .or_default();
+            if !list.contains(&hold) {
+                list.push(hold.clone());
+            }
+        }
+    }
+    let mut nodes: BTreeMap<String, Vec<GpuRow>> = BTreeMap::new();
+    for usage in snapshot.device_usage() {
+        if usage.driver != driver {
+            continue;
+        }
+        let Some(device) = devices.get(&(usage.pool.as_str(), usage.device.as_str())) else {
+            continue;
+        };
+        let total = usage.memory_total;
+        let free = Quantity::from_nanos(
+            total
+                .nanos()
+                .saturating_sub(usage.memory_used.nanos())
+                .max(0),
+            Format::BinarySi,
+        );
+        let node = pool_node
+            .get(usage.pool.as_str())
+            .cloned()
+            .unwrap_or_else(|| format!("pool {}", usage.pool));
+        nodes.entry(node).or_default().push(GpuRow {
+            model: attribute(device, driver, names::ATTR_MODEL).unwrap_or_default(),
+            mode: mode(device, driver),
+            memory_total: total,
+            memory_allocated: usage.memory_used,
+            memory_free: free,
+            compute_allocated: usage.compute_used,
+            compute_free: (100 - usage.compute_used).max(0),
+            exclusive: usage.exclusive,
+            shares: usage.shares,
+            claims: holders
+                .remove(&(usage.pool.clone(), usage.device.clone()))
+                .unwrap_or_default(),
+            device: usage.device,
+        });
+    }
+    Ok(ClusterView {
+        nodes: nodes
+            .into_iter()
+            .map(|(node, gpus)| NodeGpus { node, gpus })
+            .collect(),
+    })
+}

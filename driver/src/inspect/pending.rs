@@ -1,0 +1,292 @@
+//! Why a pod is still pending: not Tessera's, waiting for claims, or what the allocator says.
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::resource::v1 as res;
+use serde::Serialize;
+
+use crate::allocator::Policy;
+use crate::batch::{BatchInput, BatchOptions, allocate_batch};
+use crate::error::Result;
+use crate::names;
+
+/// The short answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Verdict {
+    /// The pod is bound to a node: it is not pending on scheduling.
+    Scheduled,
+    /// The pod does not carry Tessera's gate: kube-scheduler schedules it.
+    NotGated,
+    /// Some of its claims do not exist yet.
+    WaitingForClaims,
+    /// Its claims fit now: the controller has not placed them yet.
+    Fits,
+    /// Its claims cannot be placed together on any node; the message says why.
+    Unplaceable,
+    /// Its claims are allocated; the controller still has to remove the gate.
+    Allocated,
+}
+
+/// One of the pod's claims.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimState {
+    /// The entry's name in the pod's `spec.resourceClaims`.
+    pub pod_claim: String,
+    /// The ResourceClaim's name, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// `allocated`, `pending` or `missing`.
+    pub state: &'static str,
+    /// More about it, e.g. which template has not produced its claim yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Why a pod is where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodExplanation {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The short answer.
+    pub verdict: Verdict,
+    /// The answer in words.
+    pub message: String,
+    /// The pod's claims.
+    pub claims: Vec<ClaimState>,
+    /// The pod's conditions that are not true, as `type: reason: message`.
+    pub conditions: Vec<String>,
+}
+
+/// What the explanation reads: the cluster's objects (claims of every namespace, since
+/// allocated ones take devices from everyone).
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterObjects<'a> {
+    /// DeviceClasses.
+    pub classes: &'a [res::DeviceClass],
+    /// ResourceSlices.
+    pub slices: &'a [res::ResourceSlice],
+    /// ResourceClaims.
+    pub claims: &'a [res::ResourceClaim],
+    /// Nodes.
+    pub nodes: &'a [core::Node],
+}
+
+fn is_allocated(claim: &res::ResourceClaim) -> bool {
+    claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.allocation.is_some())
+}
+
+/// Explains `pod`: bound, not Tessera's, waiting for claims, or the allocator's verdict on
+/// its pending claims against what is allocated now (all on one node, as the controller
+/// places them), with `policy`.
+pub fn explain_pod(
+    driver: &str,
+    policy: Policy,
+    pod: &core::Pod,
+    cluster: &ClusterObjects<'_>,
+) -> Result<PodExplanation> {
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    let mut explanation = PodExplanation {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        namespace: namespace.clone(),
+        verdict: Verdict::NotGated,
+        message: String::new(),
+        claims: Vec::new(),
+        conditions: unmet_conditions(pod),
+    };
+    let spec = pod.spec.clone().unwrap_or_default();
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        explanation.verdict = Verdict::Scheduled;
+        explanation.message = format!("bound to node {node}: not pending on scheduling");
+        return Ok(explanation);
+    }
+    let gates: Vec<&str> = spec
+        .scheduling_gates
+        .iter()
+        .flatten()
+        .map(|g| g.name.as_str())
+        .collect();
+    if !gates.contains(&names::SCHEDULING_GATE) {
+        explanation.message = if gates.is_empty() {
+            "not gated: kube-scheduler's (see its events and the PodScheduled condition)".to_owned()
+        } else {
+            format!(
+                "not gated by Tessera: kube-scheduler's, once these gates are removed: {}",
+                gates.join(", ")
+            )
+        };
+        return Ok(explanation);
+    }
+
+    // The pod's copy names every claim directly, so the batch allocator places exactly
+    // this pod's claims together.
+    let (resolved_pod, states, pending, missing) = resolve_claims(pod, &namespace, cluster.claims);
+    explanation.claims = states;
+    if missing {
+        explanation.verdict = Verdict::WaitingForClaims;
+        "gated by Tessera and waiting for its claims to exist (see claims)"
+            .clone_into(&mut explanation.message);
+        return Ok(explanation);
+    }
+    if pending.is_empty() {
+        explanation.verdict = Verdict::Allocated;
+        "every claim is allocated: the controller still has to remove the gate (is it running?)"
+            .clone_into(&mut explanation.message);
+        return Ok(explanation);
+    }
+    let mut claims: Vec<res::ResourceClaim> = cluster
+        .claims
+        .iter()
+        .filter(|c| is_allocated(c))
+        .cloned()
+        .collect();
+    claims.extend(pending);
+    let outcomes = allocate_batch(
+        &BatchInput {
+            classes: cluster.classes,
+            slices: cluster.slices,
+            claims: &claims,
+            nodes: cluster.nodes,
+            pods: std::slice::from_ref(&resolved_pod),
+        },
+        &BatchOptions {
+            driver_name: driver.to_owned(),
+            policy,
+            node: None,
+        },
+    )?;
+    if let Some(failed) = outcomes.iter().find(|o| !o.allocated) {
+        explanation.verdict = Verdict::Unplaceable;
+        explanation.message = format!(
+            "gated by Tessera; its claims cannot be placed now: {}",
+            failed.reason.as_deref().unwrap_or("no reason given")
+        );
+    } else {
+        explanation.verdict = Verdict::Fits;
+        let node = outcomes
+            .iter()
+            .find_map(|o| o.node.clone())
+            .unwrap_or_else(|| "any node".to_owned());
+        explanation.message = format!(
+            "gated by Tessera; its claims fit on {node} now: the controller has not placed them yet \
+             (is it running and leading?)"
+        );
+    }
+    Ok(explanation)
+}
+
+/// The pod's claims resolved: a copy of the pod naming every claim directly (so the batch
+/// allocator places exactly its claims together), each entry's state, its pending claims,
+/// and whether any claim is missing.
+fn resolve_claims(
+    pod: &core::Pod,
+    namespace: &str,
+    claims: &[res::ResourceClaim],
+) -> (core::Pod, Vec<ClaimState>, Vec<res::ResourceClaim>, bool) {
+    let statuses: Vec<&core::PodResourceClaimStatus> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+        .collect();
+    let mut resolved_pod = pod.clone();
+    let mut states = Vec::new();
+    let mut pending: Vec<res::ResourceClaim> = Vec::new();
+    let mut missing = false;
+    let entries = resolved_pod
+        .spec
+        .iter_mut()
+        .flat_map(|s| s.resource_claims.iter_mut().flatten());
+    for entry in entries {
+        let name = match (
+            &entry.resource_claim_name,
+            &entry.resource_claim_template_name,
+        ) {
+            (Some(n), _) => Some(n.clone()),
+            (None, Some(_)) => statuses
+                .iter()
+                .find(|s| s.name == entry.name)
+                .and_then(|s| s.resource_claim_name.clone()),
+            (None, None) => None,
+        };
+        let found = name.as_ref().and_then(|n| {
+            claims.iter().find(|c| {
+                c.metadata.name.as_ref() == Some(n)
+                    && c.metadata.namespace.as_deref().unwrap_or("default") == namespace
+            })
+        });
+        let state = match (found, &name, &entry.resource_claim_template_name) {
+            (Some(c), _, _) if is_allocated(c) => ClaimState {
+                pod_claim: entry.name.clone(),
+                claim: name.clone(),
+                state: "allocated",
+                detail: None,
+            },
+            (Some(c), _, _) => {
+                pending.push(c.clone());
+                ClaimState {
+                    pod_claim: entry.name.clone(),
+                    claim: name.clone(),
+                    state: "pending",
+                    detail: None,
+                }
+            }
+            (None, Some(n), _) => {
+                missing = true;
+                ClaimState {
+                    pod_claim: entry.name.clone(),
+                    claim: Some(n.clone()),
+                    state: "missing",
+                    detail: Some(format!("ResourceClaim {namespace}/{n} does not exist")),
+                }
+            }
+            (None, None, template) => {
+                missing = true;
+                ClaimState {
+                    pod_claim: entry.name.clone(),
+                    claim: None,
+                    state: "missing",
+                    detail: Some(template.as_ref().map_or_else(
+                        || "names neither a claim nor a template".to_owned(),
+                        |t| {
+                            format!(
+                                "the claim from ResourceClaimTemplate {t} has not been created yet \
+                                 (kube-controller-manager creates it)"
+                            )
+                        },
+                    )),
+                }
+            }
+        };
+        entry.resource_claim_name.clone_from(&state.claim);
+        entry.resource_claim_template_name = None;
+        states.push(state);
+    }
+    (resolved_pod, states, pending, missing)
+}
+
+/// The pod's conditions that are not true, as `type: reason: message`.
+fn unmet_conditions(pod: &core::Pod) -> Vec<String> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .filter(|c| c.status != "True")
+        .map(|c| {
+            format!(
+                "{}: {}: {}",
+                c.type_,
+                c.reason.as_deref().unwrap_or("-"),
+                c.message.as_deref().unwrap_or("-")
+            )
+        })
+        .collect()
+}

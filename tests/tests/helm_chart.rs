@@ -1,0 +1,441 @@
+//! The Helm chart's static parts, without a helm binary: the chart's DeviceClasses are the
+//! repository's, every template is YAML once its actions are filled in from values.yaml, every
+//! value a template names exists, the plugin's arguments parse with the plugin's own command
+//! line, and the webhook registration matches the hooks the controller serves.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::Parser as _;
+use serde_yaml::Value;
+use tessera_controller::webhook::Hook;
+use tessera_driver::names;
+
+const RELEASE: &str = "tessera";
+const NAMESPACE: &str = "tessera-system";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/helm/tessera")
+}
+
+fn values() -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(chart().join("values.yaml")).unwrap()).unwrap()
+}
+
+fn lookup<'a>(values: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.')
+        .try_fold(values, |v, key| v.as_mapping()?.get(key))
+}
+
+/// The `{{ ... }}` actions of a template, in order, with their byte ranges.
+fn actions(text: &str) -> Vec<(usize, usize, String)> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(start) = text[at..].find("{{").map(|i| i + at) {
+        let end = text[start..].find("}}").map(|i| i + start + 2).unwrap();
+        let inner = text[start + 2..end - 2]
+            .trim_start_matches('-')
+            .trim_end_matches('-')
+            .trim()
+            .to_owned();
+        found.push((start, end, inner));
+        at = end;
+    }
+    found
+}
+
+/// What a simple action renders to with the default values; `None` for anything else
+/// (control flow, pipelines), whose line is then left out.
+fn evaluate(action: &str, values: &Value) -> Option<String> {
+    let fullname = RELEASE.to_owned();
+    match action {
+        "include \"tessera.fullname\" ." => return Some(fullname),
+        "include \"tessera.webhookService\" ." | "$service" => {
+            return Some(format!("{fullname}-webhook"));
+        }
+        "include \"tessera.webhookSecret\" ." | "$secretName" => {
+            return Some(format!("{fullname}-webhook-tls"));
+        }
+        "include \"tessera.image\" ." => return Some("tessera:test".to_owned()),
+        ".Release.Namespace" => return Some(NAMESPACE.to_owned()),
+        ".Release.Name" => return Some(RELEASE.to_owned()),
+        _ => {}
+    }
+    let path = action.strip_prefix(".Values.")?;
+    if path.contains(' ') {
+        return None;
+    }
+    match lookup(values, path)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Whether a value counts as true in a template's `if`.
+fn truthy(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::Sequence(s)) => !s.is_empty(),
+        Some(Value::Mapping(m)) => !m.is_empty(),
+        Some(Value::Tagged(_)) => true,
+    }
+}
+
+/// The outcome of `if` on a simple `.Values` path (or its `not`); `None` when the condition
+/// is more than that (both branches are then kept).
+fn condition(expr: &str, values: &Value) -> Option<bool> {
+    let (negate, expr) = match expr.strip_prefix("not ") {
+        Some(rest) => (true, rest.trim()),
+        None => (false, expr),
+    };
+    let path = expr.strip_prefix(".Values.")?;
+    if path.contains(' ') {
+        return None;
+    }
+    Some(truthy(lookup(values, path)) != negate)
+}
+
+/// The template with simple actions filled in, `if` on simple values decided, and lines of
+/// every other action left out.
+fn fill(text: &str, values: &Value) -> String {
+    const HOLE: char = '\u{1}';
+    let mut filled = String::new();
+    // Per open block: whether its current branch is rendered.
+    let mut blocks: Vec<bool> = Vec::new();
+    let mut at = 0;
+    for (start, end, inner) in actions(text) {
+        let active = blocks.iter().all(|b| *b);
+        if active {
+            filled.push_str(&text[at..start]);
+        }
+        let word = inner.split_whitespace().next().unwrap_or_default();
+        match word {
+            "if" => blocks.push(condition(inner[2..].trim(), values).unwrap_or(true)),
+            "with" | "range" | "define" => blocks.push(true),
+            "else" => {
+                if let Some(top) = blocks.last_mut() {
+                    *top = !*top || inner.starts_with("else if");
+                }
+            }
+            "end" => {
+                blocks.pop();
+            }
+            _ => {}
+        }
+        if active {
+            match evaluate(&inner, values) {
+                Some(v) => filled.push_str(&v),
+                None => filled.push(HOLE),
+            }
+        }
+        at = end;
+    }
+    filled.push_str(&text[at..]);
+    filled
+        .lines()
+        .filter(|l| !l.contains(HOLE))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every YAML document of every template, filled in.
+fn documents() -> Vec<(String, Value)> {
+    let values = values();
+    let mut docs = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chart().join("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = fill(&std::fs::read_to_string(&file).unwrap(), &values);
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = <Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: not YAML: {e}\n{text}", file.display()));
+            if !value.is_null() {
+                docs.push((file.display().to_string(), value));
+            }
+        }
+    }
+    docs
+}
+
+fn find<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .map(|(_, d)| d)
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the chart"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether a (Cluster)Role grants `verb` on `resource` of `group`.
+fn grants(role: &Value, group: &str, resource: &str, verb: &str) -> bool {
+    role["rules"].as_sequence().unwrap().iter().any(|rule| {
+        strings(&rule["apiGroups"]).iter().any(|g| g == group)
+            && strings(&rule["resources"]).iter().any(|r| r == resource)
+            && strings(&rule["verbs"]).iter().any(|v| v == verb)
+    })
+}
+
+#[test]
+fn the_charts_deviceclasses_are_the_repositorys() {
+    let list = |dir: &Path| -> BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| {
+                (
+                    p.file_name().unwrap().to_string_lossy().into_owned(),
+                    std::fs::read(&p).unwrap(),
+                )
+            })
+            .collect()
+    };
+    let source = list(&repo().join("deviceclasses"));
+    let copy = list(&chart().join("deviceclasses"));
+    assert_eq!(
+        source.keys().collect::<Vec<_>>(),
+        copy.keys().collect::<Vec<_>>(),
+        "copy deviceclasses/ into deploy/helm/tessera/deviceclasses/"
+    );
+    for (name, bytes) in &source {
+        assert!(
+            copy[name] == *bytes,
+            "deploy/helm/tessera/deviceclasses/{name} differs from deviceclasses/{name}: copy it again"
+        );
+    }
+}
+
+#[test]
+fn chart_and_values_are_yaml_and_every_named_value_exists() {
+    let chart_yaml: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(chart_yaml["apiVersion"], "v2");
+    assert_eq!(chart_yaml["name"], "tessera");
+    let values = values();
+    for entry in std::fs::read_dir(chart().join("templates")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (_, _, action) in actions(&text) {
+            for word in action.split([' ', '(', ')', '|']) {
+                if let Some(key) = word.strip_prefix(".Values.") {
+                    assert!(
+                        lookup(&values, key).is_some(),
+                        "{}: .Values.{key} is not in values.yaml",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    let docs = documents();
+    assert!(docs.len() >= 15, "only {} documents", docs.len());
+    for (file, doc) in &docs {
+        assert!(
+            doc["apiVersion"].is_string() && doc["kind"].is_string(),
+            "{file}: a document without apiVersion or kind: {doc:?}"
+        );
+    }
+}
+
+#[test]
+fn the_kubelet_plugin_daemonset_mounts_kubelets_directories_and_its_arguments_parse() {
+    let docs = documents();
+    let ds = find(&docs, "DaemonSet", "tessera-kubelet-plugin");
+    let spec = &ds["spec"]["template"]["spec"];
+    let host_paths: Vec<&str> = spec["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    let plugin_dir = format!(
+        "{}/{}",
+        names::DEFAULT_PLUGINS_DIR,
+        names::DEFAULT_DRIVER_NAME
+    );
+    for path in [
+        names::DEFAULT_REGISTRATION_DIR,
+        plugin_dir.as_str(),
+        names::DEFAULT_CDI_DIR,
+        "/var/lib/tessera",
+    ] {
+        assert!(
+            host_paths.contains(&path),
+            "{path} not mounted: {host_paths:?}"
+        );
+    }
+    let container = &spec["containers"][0];
+    let env = container["env"].as_sequence().unwrap();
+    assert!(
+        env.iter().any(|e| e["name"] == "NODE_NAME"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName")
+    );
+    let mut command_line = vec![
+        "tessera-kubelet-plugin".to_owned(),
+        "--node-name=n".to_owned(),
+    ];
+    command_line.extend(strings(&container["args"]));
+    let args =
+        tessera_kubelet_plugin::args::Args::try_parse_from(&command_line).unwrap_or_else(|e| {
+            panic!("the chart's plugin arguments do not parse: {e}\n{command_line:?}")
+        });
+    assert_eq!(
+        args.registration_dir,
+        Path::new(names::DEFAULT_REGISTRATION_DIR)
+    );
+    assert_eq!(args.plugin_dir.as_deref(), Some(Path::new(&plugin_dir)));
+    assert_eq!(args.cdi_dir, Path::new(names::DEFAULT_CDI_DIR));
+    let mounts: Vec<&str> = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    for dir in [
+        &args.registration_dir,
+        args.plugin_dir.as_ref().unwrap(),
+        &args.cdi_dir,
+    ] {
+        assert!(
+            mounts.contains(&dir.to_str().unwrap()),
+            "{dir:?} not mounted"
+        );
+    }
+}
+
+#[test]
+fn rbac_grants_what_the_plugin_and_the_controller_need() {
+    let docs = documents();
+    let plugin = find(&docs, "ClusterRole", "tessera-kubelet-plugin");
+    for verb in ["create", "update", "delete", "list", "watch"] {
+        assert!(
+            grants(plugin, "resource.k8s.io", "resourceslices", verb),
+            "{verb}"
+        );
+    }
+    assert!(grants(plugin, "resource.k8s.io", "resourceclaims", "get"));
+    assert!(grants(plugin, "", "nodes", "get"));
+    let controller = find(&docs, "ClusterRole", "tessera-controller");
+    for (group, resource, verb) in [
+        ("resource.k8s.io", "resourceclaims", "watch"),
+        ("resource.k8s.io", "resourceclaims", "update"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceclaims/binding", "update"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "deviceclasses", "get"),
+        ("resource.k8s.io", "resourceclaimtemplates", "get"),
+        ("", "pods", "patch"),
+        ("", "pods/status", "patch"),
+        ("", "nodes", "list"),
+        ("", "events", "create"),
+    ] {
+        assert!(
+            grants(controller, group, resource, verb),
+            "controller lacks {verb} on {group}/{resource}"
+        );
+    }
+    let leases = find(&docs, "Role", "tessera-controller-leases");
+    for verb in ["get", "create", "update"] {
+        assert!(grants(leases, "coordination.k8s.io", "leases", verb));
+    }
+}
+
+#[test]
+fn the_controller_runs_two_replicas_with_the_webhook_certificate_mounted() {
+    let docs = documents();
+    let deployment = find(&docs, "Deployment", "tessera-controller");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let spec = &deployment["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    let args = strings(&container["args"]);
+    let cert_dir = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--webhook-cert-dir="))
+        .expect("--webhook-cert-dir");
+    assert!(args.iter().any(|a| a.starts_with("--webhook-addr=")));
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == cert_dir)
+        .expect("the certificate directory is mounted");
+    let volume = spec["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "tessera-webhook-tls");
+    let service = find(&docs, "Service", "tessera-webhook");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "webhook");
+}
+
+#[test]
+fn pods_fail_open_claims_fail_closed_and_the_paths_are_the_controllers() {
+    let docs = documents();
+    let mutating = find(&docs, "MutatingWebhookConfiguration", "tessera");
+    let validating = find(&docs, "ValidatingWebhookConfiguration", "tessera");
+    let hooks = |config: &Value| -> Vec<(String, String, String)> {
+        config["webhooks"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                assert_eq!(w["sideEffects"], "None");
+                assert_eq!(strings(&w["admissionReviewVersions"]), ["v1"]);
+                assert_eq!(w["clientConfig"]["service"]["name"], "tessera-webhook");
+                (
+                    w["clientConfig"]["service"]["path"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                    w["failurePolicy"].as_str().unwrap().to_owned(),
+                    strings(&w["rules"][0]["resources"]).join(","),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        hooks(mutating),
+        [
+            (
+                Hook::MutatePods.path().to_owned(),
+                "Ignore".to_owned(),
+                "pods".to_owned()
+            ),
+            (
+                Hook::MutateClaims.path().to_owned(),
+                "Ignore".to_owned(),
+                "resourceclaims,resourceclaimtemplates".to_owned()
+            ),
+        ]
+    );
+    assert_eq!(
+        hooks(validating),
+        [(
+            Hook::ValidateClaims.path().to_owned(),
+            "Fail".to_owned(),
+            "resourceclaims,resourceclaimtemplates".to_owned()
+        )]
+    );
+}

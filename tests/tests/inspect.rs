@@ -1,0 +1,352 @@
+//! `tessera inspect` against the in-process fake API server: the per-GPU table and the
+//! explanation of a gated pod, read through a kubeconfig as an operator would.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+
+use clap::Parser as _;
+use k8s_openapi::api::resource::v1 as res;
+use serde_json::{Value, json};
+use tessera_controller::cli::Cli;
+use tessera_driver::apiversion::{self, ApiVersion};
+use tessera_driver::batch::{BatchInput, BatchOptions, allocate_batch};
+use tessera_driver::inventory::Inventory;
+use tessera_driver::names;
+use tessera_driver::slices::{RenderOptions, render};
+use tessera_tests::fake_apiserver::FakeApiServer;
+
+const NODE: &str = "gpu-node";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn classes() -> Vec<Value> {
+    let mut classes = Vec::new();
+    for entry in std::fs::read_dir(repo().join("deviceclasses")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        classes.push(serde_json::to_value(yaml).unwrap());
+    }
+    classes
+}
+
+fn slices() -> Vec<res::ResourceSlice> {
+    let inventory = Inventory::from_yaml(&format!(
+        "nodes:\n- name: {NODE}\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n    mode: exclusive\n"
+    ))
+    .unwrap();
+    render(
+        inventory.node(NODE).unwrap(),
+        &RenderOptions {
+            consumable_capacity: true,
+            ..RenderOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn share_claim(name: &str, memory: &str, compute: Option<i64>) -> Value {
+    let mut parameters =
+        json!({"apiVersion": names::CONFIG_API_VERSION, "kind": "GpuShare", "memory": memory});
+    if let Some(c) = compute {
+        parameters["compute"] = json!(c);
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}")},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": names::CLASS_SHARED_GPU}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": names::DEFAULT_DRIVER_NAME, "parameters": parameters}}],
+        }},
+    })
+}
+
+fn whole_claim(name: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}")},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": names::CLASS_GPU}}]}},
+    })
+}
+
+fn pod(name: &str, claims: &Value, gated: bool) -> Value {
+    let mut spec = json!({
+        "containers": [{"name": "main", "image": "cuda"}],
+        "resourceClaims": claims,
+    });
+    if gated {
+        spec["schedulingGates"] = json!([{"name": names::SCHEDULING_GATE}]);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"}, "spec": spec})
+}
+
+/// A cluster with one node of two A100s: gpu-0 shared and holding a 10Gi/50 % share reserved
+/// for pod `train`, gpu-1 exclusive and held whole by `whole`.
+async fn cluster() -> (FakeApiServer, tempfile::TempDir) {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    server
+        .create(
+            "nodes",
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {names::LABEL_HOSTNAME: NODE}}}),
+        )
+        .unwrap();
+    let mut class_objects = Vec::new();
+    for class in classes() {
+        server.create("deviceclasses", class.clone()).unwrap();
+        let apiversion::Object::DeviceClass(c) =
+            apiversion::decode_document(class, "class").unwrap()
+        else {
+            panic!("not a class")
+        };
+        class_objects.push(c);
+    }
+    let slices = slices();
+    for slice in &slices {
+        server
+            .create(
+                "resourceslices",
+                apiversion::encode_slice(slice, ApiVersion::V1).unwrap(),
+            )
+            .unwrap();
+    }
+    // Allocate the two held claims with the allocator itself, as the controller would.
+    let held = [share_claim("share", "10Gi", Some(50)), whole_claim("whole")];
+    let claims: Vec<res::ResourceClaim> = held
+        .iter()
+        .map(|c| serde_json::from_value(c.clone()).unwrap())
+        .collect();
+    let outcomes = allocate_batch(
+        &BatchInput {
+            classes: &class_objects,
+            slices: &slices,
+            claims: &claims,
+            nodes: &[],
+            pods: &[],
+        },
+        &BatchOptions {
+            driver_name: names::DEFAULT_DRIVER_NAME.to_owned(),
+            policy: tessera_driver::allocator::Policy::FirstFit,
+            node: None,
+        },
+    )
+    .unwrap();
+    for (claim, outcome) in held.iter().zip(&outcomes) {
+        assert!(outcome.allocated, "{outcome:?}");
+        server.create("resourceclaims", claim.clone()).unwrap();
+        let mut status = json!({"allocation": outcome.allocation});
+        if outcome.name == "share" {
+            status["reservedFor"] =
+                json!([{"resource": "pods", "name": "train", "uid": "uid-train"}]);
+        }
+        server
+            .set_status("resourceclaims", Some("team-a"), &outcome.name, &status)
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig()).unwrap();
+    (server, dir)
+}
+
+/// Runs the `tessera` command line off the async workers (it has its own runtime).
+async fn tessera(args: &[&str]) -> (Result<(), String>, String) {
+    let args: Vec<String> = std::iter::once("tessera")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let cli = Cli::try_parse_from(args).unwrap();
+        let mut out = String::new();
+        let result = cli.run(&mut out).map_err(|e| e.to_string());
+        (result, out)
+    })
+    .await
+    .unwrap()
+}
+
+fn kubeconfig(dir: &tempfile::TempDir) -> String {
+    dir.path().join("kubeconfig").display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gpu_table_shows_allocated_and_free_memory_and_compute_with_claims_and_pods() {
+    let (_server, dir) = cluster().await;
+    let (result, out) =
+        tessera(&["inspect", "--kubeconfig", &kubeconfig(&dir), "-o", "json"]).await;
+    result.unwrap();
+    let view: Value = serde_json::from_str(&out).unwrap();
+    let gpus = &view["nodes"][0]["gpus"];
+    assert_eq!(view["nodes"][0]["node"], NODE);
+    assert_eq!(gpus[0]["device"], "gpu-0");
+    assert_eq!(gpus[0]["mode"], "shared");
+    assert_eq!(gpus[0]["model"], "a100-80g");
+    assert_eq!(gpus[0]["memoryAllocated"], "10Gi");
+    assert_eq!(gpus[0]["memoryFree"], "70Gi");
+    assert_eq!(gpus[0]["computeAllocated"], 50);
+    assert_eq!(gpus[0]["computeFree"], 50);
+    assert_eq!(
+        gpus[0]["claims"],
+        json!([{"namespace": "team-a", "name": "share", "pods": ["train"]}])
+    );
+    assert_eq!(gpus[1]["mode"], "exclusive");
+    assert_eq!(gpus[1]["memoryFree"], "0");
+    assert_eq!(gpus[1]["computeAllocated"], 100);
+    assert_eq!(gpus[1]["claims"][0]["name"], "whole");
+
+    let (result, table) = tessera(&["inspect", "--kubeconfig", &kubeconfig(&dir)]).await;
+    result.unwrap();
+    let row = table.lines().find(|l| l.contains("gpu-0")).unwrap();
+    for cell in [
+        "gpu-node",
+        "a100-80g",
+        "shared",
+        "10Gi/80Gi",
+        "70Gi",
+        "50%",
+        "team-a/share (train)",
+    ] {
+        assert!(row.contains(cell), "{cell} missing from {row}\n{table}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_pod_whose_share_does_not_fit_is_explained_by_the_allocator() {
+    let (server, dir) = cluster().await;
+    server
+        .create("resourceclaims", share_claim("big", "75Gi", None))
+        .unwrap();
+    server
+        .create(
+            "pods",
+            pod(
+                "waiting",
+                &json!([{"name": "gpu", "resourceClaimName": "big"}]),
+                true,
+            ),
+        )
+        .unwrap();
+    let (result, out) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &kubeconfig(&dir),
+        "pod",
+        "waiting",
+        "-n",
+        "team-a",
+        "-o",
+        "json",
+    ])
+    .await;
+    result.unwrap();
+    let explained: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(explained["verdict"], "unplaceable", "{explained}");
+    let message = explained["message"].as_str().unwrap();
+    assert!(message.contains("team-a/big"), "{message}");
+    assert_eq!(explained["claims"][0]["state"], "pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_pod_that_fits_names_the_node_and_suspects_the_controller() {
+    let (server, dir) = cluster().await;
+    server
+        .create("resourceclaims", share_claim("small", "4Gi", Some(25)))
+        .unwrap();
+    server
+        .create(
+            "pods",
+            pod(
+                "ready",
+                &json!([{"name": "gpu", "resourceClaimName": "small"}]),
+                true,
+            ),
+        )
+        .unwrap();
+    let (result, out) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &kubeconfig(&dir),
+        "pod",
+        "ready",
+        "-n",
+        "team-a",
+    ])
+    .await;
+    result.unwrap();
+    assert!(
+        out.contains("fit on gpu-node") && out.contains("controller"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ungated_pod_is_kube_schedulers_and_a_missing_claim_is_named() {
+    let (server, dir) = cluster().await;
+    server
+        .create(
+            "pods",
+            pod(
+                "plain",
+                &json!([{"name": "gpu", "resourceClaimName": "whole"}]),
+                false,
+            ),
+        )
+        .unwrap();
+    server
+        .create(
+            "pods",
+            pod(
+                "early",
+                &json!([{"name": "gpu", "resourceClaimTemplateName": "shares"}]),
+                true,
+            ),
+        )
+        .unwrap();
+    let cfg = kubeconfig(&dir);
+    let (result, out) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &cfg,
+        "pod",
+        "plain",
+        "-n",
+        "team-a",
+    ])
+    .await;
+    result.unwrap();
+    assert!(out.contains("not gated: kube-scheduler's"), "{out}");
+    let (result, out) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &cfg,
+        "pod",
+        "early",
+        "-n",
+        "team-a",
+        "-o",
+        "json",
+    ])
+    .await;
+    result.unwrap();
+    let explained: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(explained["verdict"], "waitingForClaims");
+    assert!(
+        explained["claims"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("ResourceClaimTemplate shares"),
+        "{explained}"
+    );
+    let (result, _) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &cfg,
+        "pod",
+        "nobody",
+        "-n",
+        "team-a",
+    ])
+    .await;
+    assert!(result.unwrap_err().contains("not found"));
+}
