@@ -11,6 +11,8 @@
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
+//! * [`gate`], [`nodefit`]: the controller's gate protocol and kube-scheduler's node filters.
+//! * [`lease`]: leader election on a Lease.
 //! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
 
 pub mod allocator;
@@ -21,8 +23,11 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gate;
 pub mod inventory;
+pub mod lease;
 pub mod names;
+pub mod nodefit;
 pub mod prepare;
 pub mod quantity;
 pub mod reconfigure;
