@@ -1,8 +1,17 @@
-//! Tessera's control-plane side. For now: the offline `tessera` CLI (demo, allocate, validate),
-//! a thin adapter around the pure core in `tessera-driver`.
+//! Tessera's control-plane side: the `tessera-controller` service (cluster view, gate
+//! protocol, leader election, metrics) and the offline `tessera` CLI, thin adapters around the
+//! pure core in `tessera-driver`.
 
 pub mod apiserver;
+pub mod args;
 pub mod cli;
+pub mod cluster;
 pub mod error;
+pub mod health_http;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod service;
+pub mod writer;
 
 pub use error::{Error, Result};

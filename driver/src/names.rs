@@ -127,8 +127,8 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`LABEL_MANAGED_BY`] on the kubelet plugin's ResourceSlices.
 pub const KUBELET_PLUGIN_MANAGER: &str = "tessera-kubelet-plugin";
 /// Annotation the controller puts on a claim (with the finalizer, before allocating it): the
-/// allocation is the controller's, to release when its gated pod goes. Value: the controller's
-/// component name.
+/// allocation is the controller's, to release when its gated pod goes. Value: the name of the
+/// pod (in the claim's namespace) it was allocated for.
 pub const ANNOTATION_ALLOCATED_BY: &str = "gpu.tessera.dev/allocated-by";
 /// Component name the controller reports in Events and the allocated-by annotation.
 pub const CONTROLLER_COMPONENT: &str = "tessera-controller";

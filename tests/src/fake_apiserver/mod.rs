@@ -247,7 +247,7 @@ impl FakeApiServer {
 
     /// Queues `count` answers of `code` (e.g. 409, 500) for the next `verb` requests on
     /// `resource` (plural name, `resourceclaims/status` for the subresource). The request is
-    /// not carried out.
+    /// not carried out. Code 0 lets a request through, to fail a later one.
     pub fn inject(&self, verb: Verb, resource: &str, code: u16, count: usize) {
         let mut store = self.shared.lock();
         let queue = store.faults.entry((verb, resource.to_owned())).or_default();
@@ -647,7 +647,10 @@ async fn handle(
         Err(e) => return error_response(&StatusError::bad_request(format!("reading body: {e}"))),
     };
     let resource = target.resource_label();
-    let fault = shared.lock().take_fault(verb, &resource);
+    let fault = shared
+        .lock()
+        .take_fault(verb, &resource)
+        .filter(|code| *code != 0);
     let outcome = match fault {
         Some(code) => Err(StatusError::new(
             code,
