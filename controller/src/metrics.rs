@@ -115,7 +115,7 @@ impl Metrics {
         let leader = Gauge::default();
         registry.register(
             "leader",
-            "1 while this replica holds the leader Lease",
+            "Whether this replica holds the leader Lease (1) or not (0)",
             leader.clone(),
         );
         let gpu_memory = Family::<GpuLabels, Gauge>::default();

@@ -83,6 +83,7 @@ pub async fn run_with(
     info!(%version, policy = %config.policy, driver = %config.driver_name, "starting the controller");
     let mut tasks = JoinSet::new();
     let (leading_tx, mut leading) = watch::channel(config.leader.is_none());
+    metrics.set_leader(*leading.borrow());
     if let Some(leader_config) = config.leader.clone() {
         leader_config.validate()?;
         tasks.spawn(leader::run(client.clone(), leader_config, leading_tx));
@@ -131,7 +132,6 @@ pub async fn run_with(
                 if changed.is_err() {
                     break;
                 }
-                metrics.set_leader(*leading.borrow());
             }
             _ = resync.tick() => {
                 view.bump();
@@ -142,6 +142,7 @@ pub async fn run_with(
             }
         }
         synced_tx.send_replace(view.is_synced());
+        metrics.set_leader(*leading.borrow());
         if view.is_synced() && *leading.borrow() {
             let report = reconciler.pass(&mut view).await;
             if report.placed > 0 || report.released > 0 {

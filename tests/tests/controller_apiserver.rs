@@ -164,7 +164,7 @@ async fn claims_from_templates_appearing_late_are_allocated_with_the_pods_other_
     let (_server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(2, 2, true), "8").await;
     let running = start_controller(&client, config(Policy::Binpack, None));
-    create_claim(&client, ApiVersion::V1, whole_gpu_claim("named", 1)).await;
+    create_claim(&client, ApiVersion::V1, share_claim("named", 8)).await;
     let pod = create_pod(
         &client,
         &gated_pod("p", &["named"], &["share-template"], "1"),
@@ -268,6 +268,12 @@ async fn a_leader_killed_mid_allocation_is_replaced_without_double_booking() {
         &client,
         config(Policy::FirstFit, Some(leader_config("first"))),
     );
+    eventually(WAIT, "the first replica leads", || async {
+        server
+            .get("leases", Some(NS), names::LEADER_LEASE)
+            .is_some_and(|l| l["spec"]["holderIdentity"] == "first")
+    })
+    .await;
     let standby = start_controller(
         &client,
         config(Policy::FirstFit, Some(leader_config("second"))),
@@ -278,6 +284,8 @@ async fn a_leader_killed_mid_allocation_is_replaced_without_double_booking() {
         create_claim(&client, ApiVersion::V1, whole_gpu_claim(&claim, 1)).await;
         names.push(format!("p{i}"));
     }
+    // A slow server, so the kill lands between the writes of a pod or between pods.
+    server.set_write_delay(Duration::from_millis(15));
     for (i, name) in names.iter().enumerate() {
         create_pod(&client, &gated_pod(name, &[&format!("c{i}")], &[], "1")).await;
     }
@@ -289,14 +297,38 @@ async fn a_leader_killed_mid_allocation_is_replaced_without_double_booking() {
             .any(|r| r.resource == "resourceclaims/status" && r.code == 200)
     })
     .await;
-    first.kill();
-    assert!(
-        first
-            .metrics
-            .encode()
-            .unwrap()
-            .contains("tessera_controller_leader 1")
+    let leader_line = |m: &Running| {
+        let text = m.metrics.encode().unwrap();
+        text.lines()
+            .find(|l| l.starts_with("tessera_controller_leader "))
+            .map(str::to_owned)
+    };
+    let lease_log: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "leases")
+        .collect();
+    assert_eq!(
+        leader_line(&first).as_deref(),
+        Some("tessera_controller_leader 1"),
+        "{:?} {lease_log:?}",
+        server.get("leases", Some(NS), names::LEADER_LEASE)
     );
+    assert_eq!(
+        leader_line(&standby).as_deref(),
+        Some("tessera_controller_leader 0")
+    );
+    first.kill();
+    let written = server
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "resourceclaims/status" && r.code == 200)
+        .count();
+    assert!(
+        written < names.len(),
+        "the leader finished before it was killed"
+    );
+    server.set_write_delay(Duration::ZERO);
     eventually(
         Duration::from_secs(30),
         "the standby finishes every pod",
@@ -305,7 +337,7 @@ async fn a_leader_killed_mid_allocation_is_replaced_without_double_booking() {
     .await;
     let lease = server.get("leases", Some(NS), names::LEADER_LEASE).unwrap();
     assert_eq!(lease["spec"]["holderIdentity"], "second");
-    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+    assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease}");
     // 14 GPUs on 16: the last pod wants 3, so it fits nowhere and stays gated.
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("big", 3)).await;
     create_pod(&client, &gated_pod("big", &["big"], &[], "1")).await;

@@ -144,6 +144,8 @@ pub fn kind(resource: &str) -> Option<Kind> {
 
 struct Shared {
     store: Mutex<Store>,
+    /// How long every write waits before it is carried out (a slow server).
+    write_delay: Mutex<std::time::Duration>,
     versions: Mutex<Vec<String>>,
     changed: watch::Sender<u64>,
 }
@@ -188,6 +190,7 @@ impl FakeApiServer {
         let (changed, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
+            write_delay: Mutex::new(std::time::Duration::ZERO),
             versions: Mutex::new(versions.iter().map(|v| (*v).to_owned()).collect()),
             changed,
         });
@@ -252,6 +255,16 @@ impl FakeApiServer {
         let mut store = self.shared.lock();
         let queue = store.faults.entry((verb, resource.to_owned())).or_default();
         queue.extend(std::iter::repeat_n(code, count));
+    }
+
+    /// Makes every later create, update, patch and delete wait `delay` first, as a slow or
+    /// distant API server would.
+    pub fn set_write_delay(&self, delay: std::time::Duration) {
+        *self
+            .shared
+            .write_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
     }
 
     /// Every request on a served resource answered so far (discovery and unknown paths
@@ -647,6 +660,15 @@ async fn handle(
         Err(e) => return error_response(&StatusError::bad_request(format!("reading body: {e}"))),
     };
     let resource = target.resource_label();
+    if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
+        let delay = *shared
+            .write_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
     let fault = shared
         .lock()
         .take_fault(verb, &resource)

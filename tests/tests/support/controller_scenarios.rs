@@ -442,6 +442,13 @@ pub(crate) async fn check_invariants(client: &kube::Client, version: ApiVersion)
             continue;
         }
         let names = gate::claim_names(pod).unwrap();
+        // Pods that never carried the gate are kube-scheduler's.
+        if !names
+            .iter()
+            .any(|n| claims.get(n).is_some_and(gate::is_ours))
+        {
+            continue;
+        }
         let nodes: BTreeSet<Option<String>> = names
             .iter()
             .map(|n| {
