@@ -168,19 +168,18 @@ impl ClusterView {
 
     /// The allocator's snapshot, rebuilt first when slices or classes changed.
     pub fn snapshot(&mut self) -> Result<&mut Snapshot> {
-        let snapshot = match self.snapshot.take() {
-            Some(s) => s,
-            None => {
-                let slices: Vec<res::ResourceSlice> = self.slices.values().cloned().collect();
-                let classes: Vec<res::DeviceClass> = self.classes.values().cloned().collect();
-                let allocated: Vec<res::ResourceClaim> = self
-                    .claims
-                    .values()
-                    .filter(|c| gate::is_allocated(c))
-                    .cloned()
-                    .collect();
-                Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?
-            }
+        let snapshot = if let Some(s) = self.snapshot.take() {
+            s
+        } else {
+            let slices: Vec<res::ResourceSlice> = self.slices.values().cloned().collect();
+            let classes: Vec<res::DeviceClass> = self.classes.values().cloned().collect();
+            let allocated: Vec<res::ResourceClaim> = self
+                .claims
+                .values()
+                .filter(|c| gate::is_allocated(c))
+                .cloned()
+                .collect();
+            Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?
         };
         Ok(self.snapshot.insert(snapshot))
     }

@@ -80,23 +80,20 @@ async fn attempt(api: &Api<Lease>, config: &LeaderConfig) -> Result<bool> {
         }
         LeaseAction::Write(spec) => spec,
     };
-    let answer = match existing {
-        Some(mut lease) => {
-            lease.spec = Some(spec);
-            api.replace(&config.name, &PostParams::default(), &lease)
-                .await
-        }
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(config.name.clone()),
-                    namespace: Some(config.namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(spec),
-            };
-            api.create(&PostParams::default(), &lease).await
-        }
+    let answer = if let Some(mut lease) = existing {
+        lease.spec = Some(spec);
+        api.replace(&config.name, &PostParams::default(), &lease)
+            .await
+    } else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(config.name.clone()),
+                namespace: Some(config.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        api.create(&PostParams::default(), &lease).await
     };
     match answer {
         Ok(_) => Ok(true),

@@ -457,18 +457,14 @@ impl Reconciler {
             }
             if attempt > 0 {
                 let (ns, name) = split_key(&key);
-                match self.writer.get_claim(ns, name).await? {
-                    Some(c) => {
-                        view.put_written_claim(c.clone());
-                        current = c;
-                    }
-                    None => {
-                        view.forget_claim(&key);
-                        return Err(NotPlaced::Unschedulable(format!(
-                            "ResourceClaim {key} was deleted"
-                        )));
-                    }
-                }
+                let Some(c) = self.writer.get_claim(ns, name).await? else {
+                    view.forget_claim(&key);
+                    return Err(NotPlaced::Unschedulable(format!(
+                        "ResourceClaim {key} was deleted"
+                    )));
+                };
+                view.put_written_claim(c.clone());
+                current = c;
                 if gate::is_allocated(&current) || current.metadata.deletion_timestamp.is_some() {
                     return Err(NotPlaced::Transient(Error::Api {
                         action: format!("allocating ResourceClaim {key}"),
@@ -532,15 +528,13 @@ impl Reconciler {
             }
             if attempt > 0 {
                 let (ns, name) = split_key(&key);
-                match self.writer.get_pod(ns, name).await? {
-                    Some(p) => current = p,
-                    None => {
-                        view.forget_pod(&key);
-                        // The pod went while we allocated: give its claims back.
-                        self.release_orphans(view, &mut PassReport::default()).await;
-                        return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
-                    }
-                }
+                let Some(p) = self.writer.get_pod(ns, name).await? else {
+                    view.forget_pod(&key);
+                    // The pod went while we allocated: give its claims back.
+                    Box::pin(self.release_orphans(view, &mut PassReport::default())).await;
+                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
+                };
+                current = p;
                 if !gate::is_gated(&current) {
                     ungated = true;
                     break;
@@ -611,13 +605,11 @@ impl Reconciler {
                 return Err(NotPlaced::NotLeader);
             }
             if attempt > 0 {
-                match self.writer.get_claim(ns, name).await? {
-                    Some(c) => current = c,
-                    None => {
-                        view.forget_claim(key);
-                        return Ok(());
-                    }
-                }
+                let Some(c) = self.writer.get_claim(ns, name).await? else {
+                    view.forget_claim(key);
+                    return Ok(());
+                };
+                current = c;
             }
             // Someone reserved it meanwhile: it is in use, not ours to take back.
             if !gate::is_ours(&current) || gate::is_reserved(&current) {
@@ -777,7 +769,7 @@ fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
                 *entry = entry.plus(r);
             }
             Err(e) => {
-                debug!(pod = %pod_key(pod), error = %e, "not counting a pod with invalid requests")
+                debug!(pod = %pod_key(pod), error = %e, "not counting a pod with invalid requests");
             }
         }
     }

@@ -144,7 +144,7 @@ pub async fn run_with(
         synced_tx.send_replace(view.is_synced());
         metrics.set_leader(*leading.borrow());
         if view.is_synced() && *leading.borrow() {
-            let report = reconciler.pass(&mut view).await;
+            let report = Box::pin(reconciler.pass(&mut view)).await;
             if report.placed > 0 || report.released > 0 {
                 info!(
                     placed = report.placed,

@@ -347,7 +347,11 @@ pub fn unbound<'a>(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(
+        clippy::unwrap_used,
+        clippy::needless_pass_by_value,
+        reason = "test fixtures built from json! literals"
+    )]
 
     use super::*;
     use serde_json::{Value, json};

@@ -329,7 +329,11 @@ pub fn summarize(total: usize, misfits: &[Misfit]) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(
+        clippy::unwrap_used,
+        clippy::needless_pass_by_value,
+        reason = "test fixtures built from json! literals"
+    )]
 
     use super::*;
     use serde_json::json;

@@ -3,6 +3,7 @@
 #![allow(dead_code, reason = "each test file uses a subset")]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,14 +39,16 @@ pub(crate) fn inventory(nodes: usize, gpus: usize, shared: bool) -> Inventory {
     for i in 0..nodes {
         let name = node_name(i);
         let half = gpus / 2;
-        text.push_str(&format!(
+        let _ = write!(
+            text,
             "- name: {name}\n  mode: {mode}\n  gpus:\n  - model: a100-80g\n    count: {half}\n    nvlinkDomain: {name}-nv0\n    numaNode: 0\n"
-        ));
+        );
         if gpus - half > 0 {
-            text.push_str(&format!(
+            let _ = write!(
+                text,
                 "  - model: a100-80g\n    count: {}\n    nvlinkDomain: {name}-nv1\n    numaNode: 1\n",
                 gpus - half
-            ));
+            );
         }
     }
     Inventory::from_yaml(&text).unwrap()
@@ -133,7 +136,7 @@ pub(crate) fn whole_gpu_claim(name: &str, count: u32) -> Value {
     })
 }
 
-/// A claim for a share of `memory_gib` GiB of one GPU (GpuShare opaque config).
+/// A claim for a share of `memory_gib` GiB of one GPU (`GpuShare` opaque config).
 pub(crate) fn share_claim(name: &str, memory_gib: u32) -> Value {
     json!({
         "metadata": {"name": name, "namespace": NS},
@@ -256,7 +259,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
     ControllerConfig {
         driver_name: DRIVER.to_owned(),
         policy,
-        unbound_after: Duration::from_secs(3600),
+        unbound_after: Duration::from_hours(1),
         resync: Duration::from_secs(2),
         leader,
         metrics_addr: None,
@@ -364,6 +367,10 @@ pub(crate) async fn is_ungated(client: &kube::Client, name: &str) -> bool {
 /// * no device is double-booked (rebuilding the accounting from every allocated claim);
 /// * every ungated pod's claims are allocated, all on one node;
 /// * no claim the controller allocated is left for a pod that is gone.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the invariants read best as one list"
+)]
 pub(crate) async fn check_invariants(client: &kube::Client, version: ApiVersion) {
     let decode_all = |items: Vec<DynamicObject>, kind: &str| -> Vec<Object> {
         items
