@@ -1,9 +1,18 @@
-//! Tessera's control-plane side: the `tessera` CLI (offline demo, allocate, validate; live
-//! inspect) and the admission webhook, thin adapters around the pure core in `tessera-driver`.
+//! Tessera's control-plane side: the `tessera-controller` service (cluster view, gate
+//! protocol, leader election, admission webhook, metrics) and the `tessera` CLI (offline demo,
+//! allocate, validate; live inspect), thin adapters around the pure core in `tessera-driver`.
 
 pub mod apiserver;
+pub mod args;
 pub mod cli;
+pub mod cluster;
 pub mod error;
+pub mod health_http;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod service;
 pub mod webhook;
+pub mod writer;
 
 pub use error::{Error, Result};

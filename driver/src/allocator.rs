@@ -46,7 +46,7 @@
 //! inconsistent snapshot input is an [`Error`](crate::Error).
 
 mod capacity;
-mod nodeselect;
+pub(crate) mod nodeselect;
 mod policy;
 mod reason;
 mod request;

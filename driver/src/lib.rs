@@ -12,9 +12,11 @@
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
 //! * [`admission`]: the admission webhook's decisions (scheduling gate, claim checks).
+//! * [`gate`], [`nodefit`]: the controller's gate protocol and kube-scheduler's node filters.
 //! * [`gpu_mode`]: the admin's choice of GPU modes (flags, node labels) applied to an inventory.
 //! * [`health`]: which GPU events make a GPU unhealthy; the health of published devices.
 //! * [`inspect`]: the operator's view of a cluster and why a gated pod is pending.
+//! * [`lease`]: leader election on a Lease.
 //! * [`mps`]: the MPS control daemons the recorded claims need, and their restart backoff.
 //! * [`reconfigure`]: taking a re-discovered inventory without touching held GPUs.
 
@@ -27,12 +29,15 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gate;
 pub mod gpu_mode;
 pub mod health;
 pub mod inspect;
 pub mod inventory;
+pub mod lease;
 pub mod mps;
 pub mod names;
+pub mod nodefit;
 pub mod prepare;
 pub mod quantity;
 pub mod reconfigure;

@@ -136,3 +136,14 @@ pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`LABEL_MANAGED_BY`] on the kubelet plugin's ResourceSlices.
 pub const KUBELET_PLUGIN_MANAGER: &str = "tessera-kubelet-plugin";
+/// Annotation the controller puts on a claim (with the finalizer, before allocating it): the
+/// allocation is the controller's, to release when its gated pod goes. Value: the name of the
+/// pod (in the claim's namespace) it was allocated for.
+pub const ANNOTATION_ALLOCATED_BY: &str = "gpu.tessera.dev/allocated-by";
+/// Component name the controller reports in Events and the allocated-by annotation.
+pub const CONTROLLER_COMPONENT: &str = "tessera-controller";
+/// Pod condition the controller sets on a gated pod it cannot place (status `False`, with the
+/// allocator's reason) and once it placed it (status `True`).
+pub const CONDITION_ALLOCATED: &str = "gpu.tessera.dev/Allocated";
+/// Name of the Lease the controller replicas elect their leader on.
+pub const LEADER_LEASE: &str = "tessera-controller";

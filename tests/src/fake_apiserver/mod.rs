@@ -3,12 +3,14 @@
 //!
 //! Plain HTTP on 127.0.0.1 with an ephemeral port. It serves discovery (`/api`, `/api/v1`,
 //! `/apis`, `/apis/resource.k8s.io[/<version>]`, with the resource.k8s.io versions a test
-//! chooses), and for Nodes, Pods, DeviceClasses, ResourceSlices, ResourceClaims and
-//! ResourceClaimTemplates: get, list (label and field selectors), watch (`?watch=true`,
+//! chooses), and for Nodes, Pods, Events, DeviceClasses, ResourceSlices, ResourceClaims,
+//! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field selectors), watch (`?watch=true`,
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first), create, update (PUT, with a
 //! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
-//! delete and deleteCollection. Strategic merge patch and server-side apply are approximated
+//! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
+//! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
+//! finalizer. Strategic merge patch and server-side apply are approximated
 //! by a merge patch (apply creates an absent object); field managers are not tracked. Objects are
 //! kept as JSON exactly as written, in whatever version they were written: the fake does not
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
@@ -34,6 +36,10 @@ pub use store::{RecordedRequest, StatusError};
 
 /// The resource.k8s.io group.
 pub const RESOURCE_GROUP: &str = "resource.k8s.io";
+/// The coordination.k8s.io group (Leases), served in v1 only.
+pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
+/// The only version of [`COORDINATION_GROUP`] the fake serves.
+const COORDINATION_VERSION: &str = "v1";
 
 /// What a request does, for fault injection and the request log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -71,7 +77,7 @@ pub struct Kind {
     pub has_status: bool,
 }
 
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 8] = [
     Kind {
         resource: "nodes",
         kind: "Node",
@@ -114,6 +120,20 @@ const KINDS: [Kind; 6] = [
         namespaced: true,
         has_status: false,
     },
+    Kind {
+        resource: "events",
+        kind: "Event",
+        group: "",
+        namespaced: true,
+        has_status: false,
+    },
+    Kind {
+        resource: "leases",
+        kind: "Lease",
+        group: COORDINATION_GROUP,
+        namespaced: true,
+        has_status: false,
+    },
 ];
 
 /// Looks up a resource by plural name (`/status` suffix ignored).
@@ -124,6 +144,8 @@ pub fn kind(resource: &str) -> Option<Kind> {
 
 struct Shared {
     store: Mutex<Store>,
+    /// How long every write waits before it is carried out (a slow server).
+    write_delay: Mutex<std::time::Duration>,
     versions: Mutex<Vec<String>>,
     changed: watch::Sender<u64>,
 }
@@ -168,6 +190,7 @@ impl FakeApiServer {
         let (changed, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
+            write_delay: Mutex::new(std::time::Duration::ZERO),
             versions: Mutex::new(versions.iter().map(|v| (*v).to_owned()).collect()),
             changed,
         });
@@ -227,11 +250,21 @@ impl FakeApiServer {
 
     /// Queues `count` answers of `code` (e.g. 409, 500) for the next `verb` requests on
     /// `resource` (plural name, `resourceclaims/status` for the subresource). The request is
-    /// not carried out.
+    /// not carried out. Code 0 lets a request through, to fail a later one.
     pub fn inject(&self, verb: Verb, resource: &str, code: u16, count: usize) {
         let mut store = self.shared.lock();
         let queue = store.faults.entry((verb, resource.to_owned())).or_default();
         queue.extend(std::iter::repeat_n(code, count));
+    }
+
+    /// Makes every later create, update, patch and delete wait `delay` first, as a slow or
+    /// distant API server would.
+    pub fn set_write_delay(&self, delay: std::time::Duration) {
+        *self
+            .shared
+            .write_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
     }
 
     /// Every request on a served resource answered so far (discovery and unknown paths
@@ -409,6 +442,11 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
             }
             (RESOURCE_GROUP, *version, rest)
         }
+        ["apis", group, version, rest @ ..]
+            if *group == COORDINATION_GROUP && *version == COORDINATION_VERSION =>
+        {
+            (COORDINATION_GROUP, *version, rest)
+        }
         _ => return None,
     };
     let (namespace, rest) = match rest {
@@ -456,6 +494,13 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             "versions": group_versions(),
             "preferredVersion": group_versions().first().cloned().unwrap_or(Value::Null),
         })
+    };
+    let coordination = || {
+        let version = json!({
+            "groupVersion": format!("{COORDINATION_GROUP}/{COORDINATION_VERSION}"),
+            "version": COORDINATION_VERSION,
+        });
+        json!({"name": COORDINATION_GROUP, "versions": [version.clone()], "preferredVersion": version})
     };
     let resources = |group: &str, version: &str| {
         let list: Vec<Value> = KINDS
@@ -506,11 +551,12 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
         })),
         ["api", "v1"] => Some(resources("", "v1")),
         ["apis"] => {
-            let groups = if versions.is_empty() {
+            let mut groups = if versions.is_empty() {
                 vec![]
             } else {
                 vec![group()]
             };
+            groups.push(coordination());
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["apis", g] if *g == RESOURCE_GROUP && !versions.is_empty() => {
@@ -521,6 +567,15 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
         }
         ["apis", g, v] if *g == RESOURCE_GROUP && versions.iter().any(|x| x == v) => {
             Some(resources(RESOURCE_GROUP, v))
+        }
+        ["apis", g] if *g == COORDINATION_GROUP => {
+            let mut g = coordination();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            Some(g)
+        }
+        ["apis", g, v] if *g == COORDINATION_GROUP && *v == COORDINATION_VERSION => {
+            Some(resources(COORDINATION_GROUP, v))
         }
         ["version"] => Some(json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-fake"})),
         _ => None,
@@ -605,7 +660,19 @@ async fn handle(
         Err(e) => return error_response(&StatusError::bad_request(format!("reading body: {e}"))),
     };
     let resource = target.resource_label();
-    let fault = shared.lock().take_fault(verb, &resource);
+    if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
+        let delay = *shared
+            .write_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+    let fault = shared
+        .lock()
+        .take_fault(verb, &resource)
+        .filter(|code| *code != 0);
     let outcome = match fault {
         Some(code) => Err(StatusError::new(
             code,

@@ -101,6 +101,13 @@ fn set_meta(object: &mut Value, field: &str, value: Value) {
     }
 }
 
+fn has_finalizers(object: &Value) -> bool {
+    object
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
 fn now() -> String {
     // A fixed timestamp: tests compare stored objects, and wall-clock time would not help them.
     "2026-01-01T00:00:00Z".to_owned()
@@ -265,7 +272,13 @@ impl Store {
                     }
                 }
             }
-            for field in ["uid", "creationTimestamp", "namespace", "name"] {
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "namespace",
+                "name",
+            ] {
                 if let Some(v) = old.get("metadata").and_then(|m| m.get(field)) {
                     set_meta(&mut object, field, v.clone());
                 }
@@ -289,6 +302,13 @@ impl Store {
         }
         let rv = self.bump();
         set_meta(&mut new, "resourceVersion", json!(rv.to_string()));
+        if new.pointer("/metadata/deletionTimestamp").is_some() && !has_finalizers(&new) {
+            // The last finalizer of an object being deleted is gone: the object goes.
+            self.objects
+                .remove(&(kind.resource, namespace.cloned(), name.to_owned()));
+            self.record(kind, namespace, "DELETED", &new);
+            return Ok(new);
+        }
         self.record(kind, namespace, "MODIFIED", &new);
         self.objects.insert(
             (kind.resource, namespace.cloned(), name.to_owned()),
@@ -304,6 +324,21 @@ impl Store {
         name: &str,
     ) -> Result<Value, StatusError> {
         let key = (kind.resource, namespace.cloned(), name.to_owned());
+        if let Some(object) = self.objects.get_mut(&key)
+            && has_finalizers(object)
+        {
+            // Finalizers hold the object: it is only marked for deletion.
+            if object.pointer("/metadata/deletionTimestamp").is_some() {
+                return Ok(object.clone());
+            }
+            set_meta(object, "deletionTimestamp", json!(now()));
+            let mut object = object.clone();
+            let rv = self.bump();
+            set_meta(&mut object, "resourceVersion", json!(rv.to_string()));
+            self.record(kind, namespace, "MODIFIED", &object);
+            self.objects.insert(key, object.clone());
+            return Ok(object);
+        }
         let mut object = self
             .objects
             .remove(&key)

@@ -1,0 +1,213 @@
+//! The `tessera-controller` command line, and the process around the service: logs, signals,
+//! the async runtime.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use tessera_driver::allocator::Policy;
+use tessera_driver::names;
+
+use crate::leader::LeaderConfig;
+use crate::service::{self, ControllerConfig};
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Tessera's controller: allocates the claims of pods gated with `gpu.tessera.dev/allocation`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tessera-controller", version)]
+pub struct Args {
+    /// Kubeconfig file; without it the pod's service account is used.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Placement policy (binpack and spread prefer one NVLink island, then one NUMA node, for
+    /// multi-GPU requests).
+    #[arg(long, env = "TESSERA_POLICY", default_value = "binpack")]
+    pub policy: Policy,
+    /// The DRA driver name Tessera's GPUs are published under.
+    #[arg(long, env = "TESSERA_DRIVER_NAME", default_value = names::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// Where to serve /metrics, /healthz and /readyz.
+    #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Where the admission webhook listens (HTTPS). Parsed here; the webhook server is wired
+    /// into this binary when the webhook branch is merged (lead's merge).
+    #[arg(long, env = "TESSERA_WEBHOOK_ADDR")]
+    pub webhook_addr: Option<SocketAddr>,
+    /// Folder holding the webhook's tls.crt and tls.key. Parsed here; used once the webhook
+    /// branch is merged (lead's merge).
+    #[arg(long, env = "TESSERA_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<PathBuf>,
+    /// Elect a leader among replicas on a Lease (turn off only with a single replica).
+    #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    pub leader_election_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, env = "TESSERA_LEADER_ELECTION_LEASE", default_value = names::LEADER_LEASE)]
+    pub leader_election_lease: String,
+    /// This replica's identity in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_election_id: Option<String>,
+    /// Seconds a Lease holds without renewal.
+    #[arg(
+        long,
+        env = "TESSERA_LEADER_ELECTION_LEASE_DURATION",
+        default_value_t = 15
+    )]
+    pub leader_election_lease_duration: u64,
+    /// Seconds a leader keeps writing without renewing the Lease.
+    #[arg(
+        long,
+        env = "TESSERA_LEADER_ELECTION_RENEW_DEADLINE",
+        default_value_t = 10
+    )]
+    pub leader_election_renew_deadline: u64,
+    /// Seconds between attempts to take or renew the Lease.
+    #[arg(
+        long,
+        env = "TESSERA_LEADER_ELECTION_RETRY_PERIOD",
+        default_value_t = 2
+    )]
+    pub leader_election_retry_period: u64,
+    /// Seconds after which an allocation whose pod has not bound is reported (Event, metric).
+    #[arg(long, env = "TESSERA_UNBOUND_AFTER_SECONDS", default_value_t = 300)]
+    pub unbound_after_seconds: u64,
+    /// Seconds between full retries of pods that could not be placed.
+    #[arg(long, env = "TESSERA_RESYNC_SECONDS", default_value_t = 60)]
+    pub resync_seconds: u64,
+    /// Log line format.
+    #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "plain")]
+    pub log_format: LogFormat,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| names::CONTROLLER_COMPONENT.to_owned())
+}
+
+impl Args {
+    /// Parses the command line and runs the controller until SIGTERM or Ctrl-C.
+    pub fn parse_and_run() -> anyhow::Result<()> {
+        let args = Self::parse();
+        init_logs(args.log_format);
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(args.run(shutdown_signal()))
+    }
+
+    /// The service configuration these flags describe.
+    pub fn config(&self) -> ControllerConfig {
+        let leader = self.leader_elect.then(|| LeaderConfig {
+            namespace: self.leader_election_namespace.clone(),
+            name: self.leader_election_lease.clone(),
+            identity: self.leader_election_id.clone().unwrap_or_else(host_name),
+            lease_duration: Duration::from_secs(self.leader_election_lease_duration),
+            renew_deadline: Duration::from_secs(self.leader_election_renew_deadline),
+            retry_period: Duration::from_secs(self.leader_election_retry_period),
+        });
+        ControllerConfig {
+            driver_name: self.driver_name.clone(),
+            policy: self.policy,
+            unbound_after: Duration::from_secs(self.unbound_after_seconds),
+            resync: Duration::from_secs(self.resync_seconds.max(1)),
+            leader,
+            metrics_addr: Some(self.metrics_addr),
+        }
+    }
+
+    /// Runs the controller until `shutdown` completes.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let config = self.config();
+        if let Some(leader) = &config.leader {
+            leader.validate()?;
+        }
+        let client = crate::apiserver::client(self.kubeconfig.as_deref()).await?;
+        service::run(client, config, shutdown).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn every_policy_the_allocator_knows_is_accepted() {
+        for p in Policy::ALL {
+            let args =
+                Args::try_parse_from(["tessera-controller", "--policy", &p.to_string()]).unwrap();
+            assert_eq!(args.policy, p);
+        }
+        let err = Args::try_parse_from(["tessera-controller", "--policy", "best-fit"]).unwrap_err();
+        assert!(err.to_string().contains("unknown policy"), "{err}");
+    }
+
+    #[test]
+    fn leader_election_can_be_turned_off() {
+        let args = Args::try_parse_from([
+            "tessera-controller",
+            "--leader-elect",
+            "false",
+            "--leader-election-id",
+            "a",
+        ])
+        .unwrap();
+        assert!(args.config().leader.is_none());
+        let args =
+            Args::try_parse_from(["tessera-controller", "--leader-election-id", "a"]).unwrap();
+        assert_eq!(args.config().leader.unwrap().identity, "a");
+    }
+}

@@ -1,0 +1,431 @@
+//! The controller's view of the cluster: ResourceSlices, DeviceClasses, ResourceClaims, Pods
+//! and Nodes as the reflectors last saw them, and the allocator's snapshot fed from them.
+//!
+//! The view is updated by plain calls ([`ClusterView::apply`]) so tests need no client. Claims
+//! feed the snapshot incrementally: every allocated claim counts as used, whoever allocated it,
+//! and a claim's change replaces what it held. Slice and class changes mark the snapshot stale;
+//! it is rebuilt from the view the next time it is needed. The controller's own writes are
+//! applied as soon as the server answers them, and older watch events never overwrite newer
+//! objects (resourceVersions compared as numbers), so a late event cannot make a device this
+//! controller just allocated look free.
+
+pub mod reflector;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1 as res;
+use serde_json::Value;
+use tessera_driver::allocator::{Snapshot, claim_key};
+use tessera_driver::apiversion::{self, Object};
+use tessera_driver::gate;
+use tracing::warn;
+
+pub use reflector::Change;
+
+use crate::error::Result;
+
+/// The resources the controller reflects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    /// resource.k8s.io ResourceSlices.
+    Slices,
+    /// resource.k8s.io DeviceClasses.
+    Classes,
+    /// resource.k8s.io ResourceClaims.
+    Claims,
+    /// core v1 Pods.
+    Pods,
+    /// core v1 Nodes.
+    Nodes,
+}
+
+impl Resource {
+    /// Every reflected resource.
+    pub const ALL: [Self; 5] = [
+        Self::Slices,
+        Self::Classes,
+        Self::Claims,
+        Self::Pods,
+        Self::Nodes,
+    ];
+
+    /// The plural resource name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Slices => "resourceslices",
+            Self::Classes => "deviceclasses",
+            Self::Claims => "resourceclaims",
+            Self::Pods => "pods",
+            Self::Nodes => "nodes",
+        }
+    }
+}
+
+/// `namespace/name` of a claim, the key the view keeps it under.
+pub fn claim_path(claim: &res::ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or("default"),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// `namespace/name` (or `name` for cluster-scoped objects) of a JSON object.
+fn json_key(value: &Value) -> String {
+    let name = value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    match value.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+fn version_of(value: &Value) -> Option<u64> {
+    value
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.parse().ok())
+}
+
+fn meta_version(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<u64> {
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+}
+
+/// Whether an object at `incoming` may replace one at `stored`: yes unless both are numbers
+/// and the incoming one is older.
+fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
+    match (incoming, stored) {
+        (Some(i), Some(s)) => i >= s,
+        _ => true,
+    }
+}
+
+/// The cluster as last seen; see the module docs.
+#[derive(Debug)]
+pub struct ClusterView {
+    driver_name: String,
+    slices: BTreeMap<String, res::ResourceSlice>,
+    classes: BTreeMap<String, res::DeviceClass>,
+    claims: BTreeMap<String, res::ResourceClaim>,
+    pods: BTreeMap<String, Pod>,
+    nodes: BTreeMap<String, Node>,
+    snapshot: Option<Snapshot>,
+    synced: BTreeSet<Resource>,
+    generation: u64,
+}
+
+impl ClusterView {
+    /// An empty view for Tessera's driver `driver_name`.
+    pub fn new(driver_name: &str) -> Self {
+        Self {
+            driver_name: driver_name.to_owned(),
+            slices: BTreeMap::new(),
+            classes: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            snapshot: None,
+            synced: BTreeSet::new(),
+            generation: 0,
+        }
+    }
+
+    /// Whether every resource has been listed once.
+    pub fn is_synced(&self) -> bool {
+        Resource::ALL.iter().all(|r| self.synced.contains(r))
+    }
+
+    /// A counter that grows whenever something changed that could let a pod that did not
+    /// fit before fit now (devices, classes, nodes, a claim released, a pod gone).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Marks that something may have freed room (e.g. a periodic resync).
+    pub fn bump(&mut self) {
+        self.generation += 1;
+    }
+
+    /// Claims by `namespace/name`.
+    pub fn claims(&self) -> &BTreeMap<String, res::ResourceClaim> {
+        &self.claims
+    }
+
+    /// Pods by `namespace/name`.
+    pub fn pods(&self) -> &BTreeMap<String, Pod> {
+        &self.pods
+    }
+
+    /// Nodes by name.
+    pub fn nodes(&self) -> &BTreeMap<String, Node> {
+        &self.nodes
+    }
+
+    /// The allocator's snapshot, rebuilt first when slices or classes changed.
+    pub fn snapshot(&mut self) -> Result<&mut Snapshot> {
+        let snapshot = if let Some(s) = self.snapshot.take() {
+            s
+        } else {
+            let slices: Vec<res::ResourceSlice> = self.slices.values().cloned().collect();
+            let classes: Vec<res::DeviceClass> = self.classes.values().cloned().collect();
+            let allocated: Vec<res::ResourceClaim> = self
+                .claims
+                .values()
+                .filter(|c| gate::is_allocated(c))
+                .cloned()
+                .collect();
+            Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?
+        };
+        Ok(self.snapshot.insert(snapshot))
+    }
+
+    /// Applies one change the reflector of `resource` saw (or the answer to one of the
+    /// controller's own writes). Objects that do not decode are logged and skipped.
+    pub fn apply(&mut self, resource: Resource, change: Change) {
+        match change {
+            Change::Listed(items) => {
+                let seen: BTreeSet<String> = items.iter().map(json_key).collect();
+                let gone: Vec<String> = self
+                    .keys(resource)
+                    .into_iter()
+                    .filter(|k| !seen.contains(k))
+                    .collect();
+                for key in gone {
+                    self.remove(resource, &key);
+                }
+                for item in items {
+                    self.upsert(resource, item);
+                }
+                self.synced.insert(resource);
+                self.generation += 1;
+            }
+            Change::Applied(value) => self.upsert(resource, value),
+            Change::Deleted(value) => self.remove(resource, &json_key(&value)),
+        }
+    }
+
+    fn keys(&self, resource: Resource) -> Vec<String> {
+        match resource {
+            Resource::Slices => self.slices.keys().cloned().collect(),
+            Resource::Classes => self.classes.keys().cloned().collect(),
+            Resource::Claims => self.claims.keys().cloned().collect(),
+            Resource::Pods => self.pods.keys().cloned().collect(),
+            Resource::Nodes => self.nodes.keys().cloned().collect(),
+        }
+    }
+
+    fn decode(resource: Resource, value: Value) -> Option<Object> {
+        let key = json_key(&value);
+        let decoded = match resource {
+            Resource::Pods => serde_json::from_value(value)
+                .map(Object::Pod)
+                .map_err(|e| e.to_string()),
+            Resource::Nodes => serde_json::from_value(value)
+                .map(Object::Node)
+                .map_err(|e| e.to_string()),
+            _ => apiversion::decode_document(value, resource.as_str()).map_err(|e| e.to_string()),
+        };
+        match decoded {
+            Ok(o) => Some(o),
+            Err(e) => {
+                warn!(resource = resource.as_str(), object = %key, error = %e, "skipping an object that does not decode");
+                None
+            }
+        }
+    }
+
+    fn upsert(&mut self, resource: Resource, value: Value) {
+        let key = json_key(&value);
+        let version = version_of(&value);
+        let Some(object) = Self::decode(resource, value) else {
+            return;
+        };
+        match object {
+            Object::ResourceSlice(s) => {
+                if newer(
+                    version,
+                    self.slices
+                        .get(&key)
+                        .and_then(|o| meta_version(&o.metadata)),
+                ) {
+                    self.slices.insert(key, s);
+                    self.snapshot = None;
+                    self.generation += 1;
+                }
+            }
+            Object::DeviceClass(c) => {
+                if newer(
+                    version,
+                    self.classes
+                        .get(&key)
+                        .and_then(|o| meta_version(&o.metadata)),
+                ) {
+                    self.classes.insert(key, c);
+                    self.snapshot = None;
+                    self.generation += 1;
+                }
+            }
+            Object::ResourceClaim(c) => self.put_claim(key, c, version),
+            Object::Pod(p) => {
+                let old = self.pods.get(&key);
+                if !newer(version, old.and_then(|o| meta_version(&o.metadata))) {
+                    return;
+                }
+                if old.is_some_and(|o| !gate::is_done(o)) && gate::is_done(&p) {
+                    self.generation += 1;
+                }
+                self.pods.insert(key, p);
+            }
+            Object::Node(n) => {
+                if newer(
+                    version,
+                    self.nodes.get(&key).and_then(|o| meta_version(&o.metadata)),
+                ) {
+                    self.nodes.insert(key, n);
+                    self.generation += 1;
+                }
+            }
+            Object::ResourceClaimTemplate(_) => {}
+        }
+    }
+
+    fn put_claim(&mut self, key: String, claim: res::ResourceClaim, version: Option<u64>) {
+        let old = self.claims.get(&key);
+        if !newer(version, old.and_then(|o| meta_version(&o.metadata))) {
+            return;
+        }
+        if old.is_some_and(gate::is_allocated) && !gate::is_allocated(&claim) {
+            self.generation += 1;
+        }
+        if let Some(snapshot) = self.snapshot.as_mut() {
+            if let Some(old) = old
+                && claim_key(old) != claim_key(&claim)
+            {
+                snapshot.release(&claim_key(old));
+            }
+            match claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+                Some(allocation) => snapshot.commit(&claim, allocation),
+                None => snapshot.release(&claim_key(&claim)),
+            }
+        }
+        self.claims.insert(key, claim);
+    }
+
+    /// Applies a claim the controller just wrote (the server's answer).
+    pub fn put_written_claim(&mut self, claim: res::ResourceClaim) {
+        let key = claim_path(&claim);
+        let version = meta_version(&claim.metadata);
+        self.put_claim(key, claim, version);
+    }
+
+    /// Applies a pod the controller just wrote (the server's answer).
+    pub fn put_written_pod(&mut self, pod: Pod) {
+        let key = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        if newer(
+            meta_version(&pod.metadata),
+            self.pods.get(&key).and_then(|o| meta_version(&o.metadata)),
+        ) {
+            self.pods.insert(key, pod);
+        }
+    }
+
+    fn remove(&mut self, resource: Resource, key: &str) {
+        match resource {
+            Resource::Slices => {
+                if self.slices.remove(key).is_some() {
+                    self.snapshot = None;
+                }
+            }
+            Resource::Classes => {
+                if self.classes.remove(key).is_some() {
+                    self.snapshot = None;
+                }
+            }
+            Resource::Claims => {
+                if let Some(old) = self.claims.remove(key)
+                    && let Some(snapshot) = self.snapshot.as_mut()
+                {
+                    snapshot.release(&claim_key(&old));
+                }
+            }
+            Resource::Pods => {
+                self.pods.remove(key);
+            }
+            Resource::Nodes => {
+                self.nodes.remove(key);
+            }
+        }
+        self.generation += 1;
+    }
+
+    /// Forgets a claim the controller saw deleted through a write (404).
+    pub fn forget_claim(&mut self, key: &str) {
+        self.remove(Resource::Claims, key);
+    }
+
+    /// Forgets a pod the controller saw deleted through a write (404).
+    pub fn forget_pod(&mut self, key: &str) {
+        self.remove(Resource::Pods, key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn claim(rv: &str, node: Option<&str>) -> Value {
+        let mut c = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ml", "uid": "u1", "resourceVersion": rv},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
+        });
+        if let Some(n) = node {
+            c["status"] = json!({"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.tessera.dev", "pool": n, "device": "gpu-0"}]}}});
+        }
+        c
+    }
+
+    #[test]
+    fn an_older_event_never_overwrites_a_newer_claim() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        view.apply(Resource::Claims, Change::Applied(claim("5", Some("n1"))));
+        view.apply(Resource::Claims, Change::Applied(claim("4", None)));
+        assert!(gate::is_allocated(&view.claims()["ml/c"]));
+        view.apply(Resource::Claims, Change::Applied(claim("6", None)));
+        assert!(!gate::is_allocated(&view.claims()["ml/c"]));
+    }
+
+    #[test]
+    fn a_list_replaces_what_was_seen_and_marks_the_resource_synced() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        view.apply(Resource::Claims, Change::Applied(claim("5", None)));
+        assert!(!view.is_synced());
+        for r in Resource::ALL {
+            view.apply(r, Change::Listed(vec![]));
+        }
+        assert!(view.is_synced());
+        assert!(view.claims().is_empty());
+    }
+
+    #[test]
+    fn releasing_a_claim_bumps_the_generation() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        view.apply(Resource::Claims, Change::Applied(claim("5", Some("n1"))));
+        let before = view.generation();
+        view.apply(Resource::Claims, Change::Applied(claim("6", None)));
+        assert!(view.generation() > before);
+    }
+}

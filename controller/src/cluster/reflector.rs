@@ -1,0 +1,130 @@
+//! A reflector: lists a resource, then watches it from the list's resourceVersion, and hands
+//! every change to the cluster view over a channel. When the watch ends it resumes from the
+//! last resourceVersion seen; when the server says that version is gone (410) it lists again.
+//! Errors never end it: it backs off and tries again until the receiver is gone.
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
+use kube::core::ApiResource;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt as _;
+use tracing::{debug, warn};
+
+use super::Resource;
+
+/// One change of one resource.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// The complete current state (after a list): objects not in it are gone.
+    Listed(Vec<Value>),
+    /// An object was added or modified.
+    Applied(Value),
+    /// An object was deleted.
+    Deleted(Value),
+}
+
+/// Longest pause between failed attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long one watch request lasts before the server ends it (and it is resumed).
+const WATCH_TIMEOUT_SECONDS: u32 = 290;
+
+fn with_type(mut value: Value, api: &ApiResource) -> Value {
+    // List items may come without apiVersion and kind; the decoders need them.
+    if let Value::Object(map) = &mut value {
+        map.entry("apiVersion")
+            .or_insert_with(|| Value::String(api.api_version.clone()));
+        map.entry("kind")
+            .or_insert_with(|| Value::String(api.kind.clone()));
+    }
+    value
+}
+
+fn to_value(object: &DynamicObject, api: &ApiResource) -> Option<Value> {
+    serde_json::to_value(object).ok().map(|v| with_type(v, api))
+}
+
+/// Reflects `resource` (served as `api`) into `tx` until `tx` is closed.
+pub async fn run(
+    client: kube::Client,
+    resource: Resource,
+    api: ApiResource,
+    tx: mpsc::Sender<(Resource, Change)>,
+) {
+    let objects: Api<DynamicObject> = Api::all_with(client, &api);
+    let mut backoff = Duration::from_millis(100);
+    'list: loop {
+        let list = match objects.list(&ListParams::default()).await {
+            Ok(list) => list,
+            Err(e) => {
+                warn!(resource = resource.as_str(), error = %e, "listing failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        let mut version = list.metadata.resource_version.clone().unwrap_or_default();
+        let items = list
+            .items
+            .iter()
+            .filter_map(|o| to_value(o, &api))
+            .collect();
+        if tx.send((resource, Change::Listed(items))).await.is_err() {
+            return;
+        }
+        loop {
+            let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
+            let stream = match objects.watch(&params, &version).await {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(resource = resource.as_str(), error = %e, "watching failed; listing again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue 'list;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            let mut stream = Box::pin(stream);
+            while let Some(event) = stream.next().await {
+                let change = match event {
+                    Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
+                        if let Some(rv) = &o.metadata.resource_version {
+                            version.clone_from(rv);
+                        }
+                        to_value(&o, &api).map(Change::Applied)
+                    }
+                    Ok(WatchEvent::Deleted(o)) => {
+                        if let Some(rv) = &o.metadata.resource_version {
+                            version.clone_from(rv);
+                        }
+                        to_value(&o, &api).map(Change::Deleted)
+                    }
+                    Ok(WatchEvent::Bookmark(b)) => {
+                        version = b.metadata.resource_version;
+                        None
+                    }
+                    Ok(WatchEvent::Error(e)) => {
+                        debug!(resource = resource.as_str(), code = e.code, message = %e.message, "watch ended by the server");
+                        if e.code == 410 {
+                            continue 'list;
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(resource = resource.as_str(), error = %e, "watch stream failed");
+                        break;
+                    }
+                };
+                if let Some(change) = change
+                    && tx.send((resource, change)).await.is_err()
+                {
+                    return;
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,777 @@
+//! One reconcile pass over the cluster view: release what the controller allocated for pods
+//! and claims that went away, place the claims of ready gated pods and remove their gate,
+//! report the pods that cannot be placed and the allocations whose pod does not bind.
+//!
+//! Decisions are `tessera_driver::gate` and `nodefit` (pure); this module fetches, calls and
+//! writes. Double booking is prevented without locks: one pass runs at a time, a placement is
+//! committed to the snapshot before its first write (so the next pod sees it as used), and
+//! every write carries a resourceVersion precondition. A failure half-way through a pod's
+//! claims rolls back what this pass wrote for that pod.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tessera_driver::allocator::{Allocator, AllocatorOptions, Policy, claim_key};
+use tessera_driver::gate::{self, PodPlan};
+use tessera_driver::names;
+use tessera_driver::nodefit::{self, Resources};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::cluster::ClusterView;
+use crate::error::{Error, Result};
+use crate::metrics::{Metrics, Outcome};
+use crate::writer::{self, Writer};
+
+/// How often one write is retried after a 409 Conflict before the pod is left for later.
+const CONFLICT_RETRIES: usize = 5;
+/// Event reason on a pod whose claims cannot be placed.
+pub const REASON_FAILED: &str = "FailedAllocation";
+/// Event reason on a pod whose claims are broken in a way only their owner can fix.
+pub const REASON_REFUSED: &str = "AllocationRefused";
+/// Event reason on a pod whose allocation waits too long for the pod to bind.
+pub const REASON_UNBOUND: &str = "AllocationNotBound";
+/// Condition reason once a pod is placed.
+pub const REASON_ALLOCATED: &str = "Allocated";
+
+/// How the reconciler behaves.
+#[derive(Debug, Clone)]
+pub struct ReconcilerConfig {
+    /// Tessera's DRA driver name.
+    pub driver_name: String,
+    /// The placement policy.
+    pub policy: Policy,
+    /// After how long an allocation whose pod has not bound is reported.
+    pub unbound_after: Duration,
+}
+
+/// Why a pod was not placed in this pass.
+#[derive(Debug)]
+enum NotPlaced {
+    /// No node fits now: a normal result, retried when the cluster changes.
+    Unschedulable(String),
+    /// Only the claim's owner can fix it: reported, retried only when the pod or cluster changes.
+    Refused(String),
+    /// Leadership was lost: stop writing.
+    NotLeader,
+    /// The API server failed or the race was lost too often: retried soon.
+    Transient(Error),
+}
+
+impl From<Error> for NotPlaced {
+    fn from(e: Error) -> Self {
+        if writer::is_invalid(&e) {
+            Self::Refused(e.to_string())
+        } else {
+            Self::Transient(e)
+        }
+    }
+}
+
+/// A pod that was not placed, and what it would take to try again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Remembered {
+    generation: u64,
+    pod_version: Option<String>,
+    message: String,
+}
+
+/// What a pass found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Pods placed.
+    pub placed: usize,
+    /// Gated pods still waiting (for claims, or for room).
+    pub pending: usize,
+    /// Allocations released.
+    pub released: usize,
+    /// Whether something failed for a reason that may pass by itself (retry soon).
+    pub retry_soon: bool,
+    /// Whether the pass stopped because leadership was lost.
+    pub lost_leadership: bool,
+}
+
+/// Runs passes; holds what must survive between them (the last failure of every pod).
+#[derive(Debug)]
+pub struct Reconciler {
+    allocator: Allocator,
+    writer: Writer,
+    metrics: std::sync::Arc<Metrics>,
+    config: ReconcilerConfig,
+    leader: watch::Receiver<bool>,
+    remembered: HashMap<String, Remembered>,
+    reported_unbound: BTreeSet<String>,
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("default", key))
+}
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+impl Reconciler {
+    /// A reconciler writing through `writer` while `leader` says this replica leads.
+    pub fn new(
+        config: ReconcilerConfig,
+        writer: Writer,
+        metrics: std::sync::Arc<Metrics>,
+        leader: watch::Receiver<bool>,
+    ) -> Self {
+        let allocator = Allocator::new(AllocatorOptions {
+            driver_name: config.driver_name.clone(),
+            policy: config.policy,
+            ..AllocatorOptions::default()
+        });
+        Self {
+            allocator,
+            writer,
+            metrics,
+            config,
+            leader,
+            remembered: HashMap::new(),
+            reported_unbound: BTreeSet::new(),
+        }
+    }
+
+    fn leading(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// One pass; see the module docs.
+    pub async fn pass(&mut self, view: &mut ClusterView) -> PassReport {
+        let mut report = PassReport::default();
+        if !self.leading() {
+            report.lost_leadership = true;
+            return report;
+        }
+        self.release_orphans(view, &mut report).await;
+        let mut usage = node_usage(view);
+        let mut gated: Vec<&Pod> = view
+            .pods()
+            .values()
+            .filter(|p| gate::is_gated(p) && !gate::is_done(p))
+            .collect();
+        // Oldest first, as kube-scheduler's queue would take them.
+        gated.sort_by(|a, b| {
+            let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| pod_key(a).cmp(&pod_key(b)))
+        });
+        let gated: Vec<Pod> = gated.into_iter().cloned().collect();
+        let live: BTreeSet<String> = gated.iter().map(pod_key).collect();
+        self.remembered.retain(|k, _| live.contains(k));
+        for pod in gated {
+            if !self.leading() {
+                report.lost_leadership = true;
+                break;
+            }
+            let key = pod_key(&pod);
+            if let Some(r) = self.remembered.get(&key)
+                && r.generation == view.generation()
+                && r.pod_version == pod.metadata.resource_version
+            {
+                report.pending += 1;
+                continue;
+            }
+            match gate::plan_pod(&pod, view.claims()) {
+                PodPlan::Ignore => {}
+                PodPlan::Wait(why) => {
+                    debug!(pod = %key, why, "waiting");
+                    report.pending += 1;
+                }
+                PodPlan::Refuse(why) => {
+                    report.pending += 1;
+                    self.not_placed(view, &pod, NotPlaced::Refused(why), &mut report)
+                        .await;
+                }
+                PodPlan::Ungate => match self.finish(view, &pod, Instant::now()).await {
+                    Ok(()) => report.placed += 1,
+                    Err(e) => {
+                        report.pending += 1;
+                        self.not_placed(view, &pod, e, &mut report).await;
+                    }
+                },
+                PodPlan::Allocate {
+                    pending,
+                    allocated,
+                    node,
+                } => {
+                    let started = Instant::now();
+                    match self
+                        .place(view, &pod, &pending, &allocated, node, &mut usage)
+                        .await
+                    {
+                        Ok(()) => match self.finish(view, &pod, started).await {
+                            Ok(()) => report.placed += 1,
+                            Err(e) => {
+                                report.pending += 1;
+                                self.not_placed(view, &pod, e, &mut report).await;
+                            }
+                        },
+                        Err(e) => {
+                            report.pending += 1;
+                            self.not_placed(view, &pod, e, &mut report).await;
+                        }
+                    }
+                }
+            }
+        }
+        if !report.lost_leadership {
+            self.report_unbound(view).await;
+        }
+        let usage = view
+            .snapshot()
+            .map(|s| s.device_usage())
+            .unwrap_or_default();
+        self.metrics
+            .set_state(report.pending, self.reported_unbound.len(), &usage);
+        report
+    }
+
+    async fn not_placed(
+        &mut self,
+        view: &mut ClusterView,
+        pod: &Pod,
+        why: NotPlaced,
+        report: &mut PassReport,
+    ) {
+        let key = pod_key(pod);
+        let (outcome, reason, message) = match why {
+            NotPlaced::Unschedulable(m) => (Outcome::Unschedulable, REASON_FAILED, m),
+            NotPlaced::Refused(m) => (Outcome::Refused, REASON_REFUSED, m),
+            NotPlaced::NotLeader => {
+                report.lost_leadership = true;
+                return;
+            }
+            NotPlaced::Transient(e) => {
+                warn!(pod = %key, error = %e, "placing the pod failed; retrying soon");
+                self.metrics.outcome(Outcome::Error);
+                report.retry_soon = true;
+                return;
+            }
+        };
+        self.metrics.outcome(outcome);
+        let unchanged = self
+            .remembered
+            .get(&key)
+            .is_some_and(|r| r.message == message);
+        let mut pod_version = pod.metadata.resource_version.clone();
+        if !unchanged && self.leading() {
+            info!(pod = %key, reason, message, "the pod's claims cannot be placed");
+            let at = now();
+            if let Err(e) = self.writer.event(pod, true, reason, &message, at).await {
+                warn!(pod = %key, error = %e, "recording the Event failed");
+            }
+            match self
+                .writer
+                .set_condition(pod, false, reason, &message, at)
+                .await
+            {
+                Ok(written) => {
+                    pod_version.clone_from(&written.metadata.resource_version);
+                    view.put_written_pod(written);
+                }
+                Err(e) => warn!(pod = %key, error = %e, "setting the pod condition failed"),
+            }
+        }
+        self.remembered.insert(
+            key,
+            Remembered {
+                generation: view.generation(),
+                pod_version,
+                message,
+            },
+        );
+    }
+
+    /// Candidate nodes for `pod` (all nodes, or only `only`), and a summary of those refused.
+    fn candidates(
+        view: &ClusterView,
+        pod: &Pod,
+        requests: Resources,
+        only: Option<&str>,
+        usage: &BTreeMap<String, Resources>,
+    ) -> (Vec<Node>, String) {
+        let mut fit = Vec::new();
+        let mut misfits = Vec::new();
+        let mut total = 0;
+        for (name, node) in view.nodes() {
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            total += 1;
+            let used = usage.get(name).copied().unwrap_or_default();
+            match nodefit::check(pod, requests, node, used) {
+                Ok(()) => fit.push(node.clone()),
+                Err(m) => misfits.push(m),
+            }
+        }
+        (fit, nodefit::summarize(total, &misfits))
+    }
+
+    #[allow(clippy::too_many_lines)] // Reason: the protocol for one pod reads best in order.
+    async fn place(
+        &mut self,
+        view: &mut ClusterView,
+        pod: &Pod,
+        pending: &[String],
+        allocated: &[String],
+        node: Option<String>,
+        usage: &mut BTreeMap<String, Resources>,
+    ) -> Result<(), NotPlaced> {
+        let requests = nodefit::pod_requests(pod).map_err(|e| NotPlaced::Refused(e.to_string()))?;
+        let (candidates, node_summary) =
+            Self::candidates(view, pod, requests, node.as_deref(), usage);
+        let claims: Vec<res::ResourceClaim> = pending
+            .iter()
+            .filter_map(|k| view.claims().get(k).cloned())
+            .collect();
+        let outcome = if candidates.is_empty() {
+            Err(format!("no node can take the pod: {node_summary}"))
+        } else {
+            let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
+            let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
+            self.allocator
+                .allocate(snapshot, &refs, &candidates)
+                .map_err(|u| {
+                    let excluded = if candidates.len() < view.nodes().len() {
+                        format!(" (nodes considered: {node_summary})")
+                    } else {
+                        String::new()
+                    };
+                    format!("{u}{excluded}")
+                })
+        };
+        let placement = match outcome {
+            Ok(p) => p,
+            Err(message) => {
+                // Claims already allocated by this controller tie the pod to a node that no
+                // longer fits: give them back so the next attempt may choose freely.
+                if node.is_some() {
+                    let ours: Vec<String> = allocated
+                        .iter()
+                        .filter(|k| {
+                            view.claims()
+                                .get(*k)
+                                .is_some_and(|c| gate::is_ours(c) && !gate::is_reserved(c))
+                        })
+                        .cloned()
+                        .collect();
+                    if ours.len() == allocated.len() {
+                        for k in &ours {
+                            self.release_claim(view, k).await?;
+                        }
+                    }
+                }
+                return Err(NotPlaced::Unschedulable(message));
+            }
+        };
+        let stamp = Time(now());
+        let allocations: Vec<res::AllocationResult> = placement
+            .allocations
+            .into_iter()
+            .map(|mut a| {
+                a.allocation_timestamp = Some(stamp.clone());
+                a
+            })
+            .collect();
+        // Reserve first, so nothing placed later in this pass can take the same devices.
+        if let Ok(snapshot) = view.snapshot() {
+            for (c, a) in claims.iter().zip(&allocations) {
+                snapshot.commit(c, a);
+            }
+        }
+        let mut written: Vec<String> = Vec::new();
+        let mut failure = None;
+        for (claim, allocation) in claims.iter().zip(&allocations) {
+            match self.write_claim(view, pod, claim, allocation).await {
+                Ok(()) => written.push(crate::cluster::claim_path(claim)),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(failure) = failure {
+            // Undo the reservation of the claims not written, then roll back those written.
+            let unwritten: Vec<(res::ResourceClaim, Option<res::ResourceClaim>)> = claims
+                .iter()
+                .filter(|c| !written.contains(&crate::cluster::claim_path(c)))
+                .map(|c| {
+                    let current = view.claims().get(&crate::cluster::claim_path(c)).cloned();
+                    (c.clone(), current)
+                })
+                .collect();
+            if let Ok(snapshot) = view.snapshot() {
+                for (claim, current) in &unwritten {
+                    snapshot.release(&claim_key(claim));
+                    if let Some(current) = current
+                        && let Some(a) = current.status.as_ref().and_then(|s| s.allocation.as_ref())
+                    {
+                        snapshot.commit(current, a);
+                    }
+                }
+            }
+            for k in written.iter().rev() {
+                if let Err(e) = self.release_claim(view, k).await {
+                    warn!(claim = %k, error = ?e, "rolling back an allocation failed; it is released once the pod is gone");
+                }
+            }
+            return Err(failure);
+        }
+        let entry = usage.entry(placement.node.clone()).or_default();
+        *entry = entry.plus(requests);
+        info!(pod = %pod_key(pod), node = %placement.node, claims = written.len(), "allocated the pod's claims");
+        Ok(())
+    }
+
+    /// Marks a claim and writes its allocation, re-reading and retrying on conflicts.
+    async fn write_claim(
+        &mut self,
+        view: &mut ClusterView,
+        pod: &Pod,
+        claim: &res::ResourceClaim,
+        allocation: &res::AllocationResult,
+    ) -> Result<(), NotPlaced> {
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+        let key = crate::cluster::claim_path(claim);
+        let mut current = claim.clone();
+        for attempt in 0..=CONFLICT_RETRIES {
+            if !self.leading() {
+                return Err(NotPlaced::NotLeader);
+            }
+            if attempt > 0 {
+                let (ns, name) = split_key(&key);
+                let Some(c) = self.writer.get_claim(ns, name).await? else {
+                    view.forget_claim(&key);
+                    return Err(NotPlaced::Unschedulable(format!(
+                        "ResourceClaim {key} was deleted"
+                    )));
+                };
+                view.put_written_claim(c.clone());
+                current = c;
+                if gate::is_allocated(&current) || current.metadata.deletion_timestamp.is_some() {
+                    return Err(NotPlaced::Transient(Error::Api {
+                        action: format!("allocating ResourceClaim {key}"),
+                        code: Some(409),
+                        message: "the claim was allocated or deleted meanwhile".to_owned(),
+                    }));
+                }
+            }
+            let marked = gate::is_ours(&current)
+                && current
+                    .metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == names::CLAIM_FINALIZER);
+            if !marked {
+                match self.writer.mark_claim(&current, pod_name).await {
+                    Ok(c) => current = c,
+                    Err(e) if writer::is_conflict(&e) => {
+                        self.metrics.conflict();
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            match self.writer.write_allocation(&current, allocation).await {
+                Ok(c) => {
+                    view.put_written_claim(c);
+                    return Ok(());
+                }
+                Err(e) if writer::is_conflict(&e) => {
+                    self.metrics.conflict();
+                }
+                Err(e) => {
+                    // The claim carries our mark now; keep the view in step for the rollback.
+                    view.put_written_claim(current);
+                    return Err(e.into());
+                }
+            }
+        }
+        Err(NotPlaced::Transient(Error::Api {
+            action: format!("allocating ResourceClaim {key}"),
+            code: Some(409),
+            message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
+        }))
+    }
+
+    /// Removes the gate (and flips the condition to placed if it said otherwise).
+    async fn finish(
+        &mut self,
+        view: &mut ClusterView,
+        pod: &Pod,
+        started: Instant,
+    ) -> Result<(), NotPlaced> {
+        let key = pod_key(pod);
+        let mut current = pod.clone();
+        let mut ungated = false;
+        for attempt in 0..=CONFLICT_RETRIES {
+            if !self.leading() {
+                return Err(NotPlaced::NotLeader);
+            }
+            if attempt > 0 {
+                let (ns, name) = split_key(&key);
+                let Some(p) = self.writer.get_pod(ns, name).await? else {
+                    view.forget_pod(&key);
+                    // The pod went while we allocated: give its claims back.
+                    Box::pin(self.release_orphans(view, &mut PassReport::default())).await;
+                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
+                };
+                current = p;
+                if !gate::is_gated(&current) {
+                    ungated = true;
+                    break;
+                }
+            }
+            match self.writer.ungate(&current).await {
+                Ok(p) => {
+                    current = p;
+                    ungated = true;
+                    break;
+                }
+                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
+                Err(e) if writer::is_not_found(&e) => {
+                    view.forget_pod(&key);
+                    self.release_orphans(view, &mut PassReport::default()).await;
+                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !ungated {
+            return Err(NotPlaced::Transient(Error::Api {
+                action: format!("removing the scheduling gate of Pod {key}"),
+                code: Some(409),
+                message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
+            }));
+        }
+        let failed_before = current
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == names::CONDITION_ALLOCATED && c.status == "False")
+            });
+        if failed_before {
+            match self
+                .writer
+                .set_condition(
+                    &current,
+                    true,
+                    REASON_ALLOCATED,
+                    "the pod's claims are allocated",
+                    now(),
+                )
+                .await
+            {
+                Ok(p) => current = p,
+                Err(e) => debug!(pod = %key, error = %e, "clearing the failure condition failed"),
+            }
+        }
+        view.put_written_pod(current);
+        self.remembered.remove(&key);
+        self.metrics.outcome(Outcome::Allocated);
+        self.metrics.latency(started.elapsed());
+        Ok(())
+    }
+
+    /// Gives back one claim this controller allocated: deallocate, then unmark.
+    async fn release_claim(&mut self, view: &mut ClusterView, key: &str) -> Result<(), NotPlaced> {
+        let (ns, name) = split_key(key);
+        let mut current = match view.claims().get(key) {
+            Some(c) => c.clone(),
+            None => return Ok(()),
+        };
+        for attempt in 0..=CONFLICT_RETRIES {
+            if !self.leading() {
+                return Err(NotPlaced::NotLeader);
+            }
+            if attempt > 0 {
+                let Some(c) = self.writer.get_claim(ns, name).await? else {
+                    view.forget_claim(key);
+                    return Ok(());
+                };
+                current = c;
+            }
+            // Someone reserved it meanwhile: it is in use, not ours to take back.
+            if !gate::is_ours(&current) || gate::is_reserved(&current) {
+                view.put_written_claim(current);
+                return Ok(());
+            }
+            let step = if gate::is_allocated(&current) {
+                self.writer.clear_allocation(&current).await
+            } else {
+                self.writer.unmark_claim(&current).await
+            };
+            match step {
+                Ok(c) => {
+                    let done = !gate::is_ours(&c);
+                    current = c.clone();
+                    view.put_written_claim(c);
+                    if done {
+                        return Ok(());
+                    }
+                }
+                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
+                Err(e) if writer::is_not_found(&e) => {
+                    view.forget_claim(key);
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(NotPlaced::Transient(Error::Api {
+            action: format!("releasing ResourceClaim {key}"),
+            code: Some(409),
+            message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
+        }))
+    }
+
+    async fn release_orphans(&mut self, view: &mut ClusterView, report: &mut PassReport) {
+        let users = gate::claim_users(view.pods().values());
+        let releases = gate::releases(view.claims().values(), &users);
+        for r in releases {
+            if !self.pod_is_really_gone(view, &r).await {
+                continue;
+            }
+            match self.release_claim(view, &r.claim).await {
+                Ok(()) => {
+                    info!(claim = %r.claim, reason = %r.reason, deallocated = r.deallocate, "released the controller's claim");
+                    if r.deallocate {
+                        self.metrics.released();
+                    }
+                    report.released += 1;
+                }
+                Err(NotPlaced::NotLeader) => {
+                    report.lost_leadership = true;
+                    return;
+                }
+                Err(e) => {
+                    warn!(claim = %r.claim, error = ?e, "releasing failed; retrying soon");
+                    report.retry_soon = true;
+                }
+            }
+        }
+    }
+
+    /// The view may have listed claims after pods: before giving back a claim for want of a
+    /// pod, ask the server whether the pod the claim was allocated for still lives.
+    async fn pod_is_really_gone(
+        &mut self,
+        view: &mut ClusterView,
+        release: &gate::Release,
+    ) -> bool {
+        let Some(claim) = view.claims().get(&release.claim) else {
+            return false;
+        };
+        if claim.metadata.deletion_timestamp.is_some() {
+            return true;
+        }
+        let Some(pod) = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::ANNOTATION_ALLOCATED_BY))
+            .cloned()
+        else {
+            return true;
+        };
+        let (ns, _) = split_key(&release.claim);
+        match self.writer.get_pod(ns, &pod).await {
+            Ok(Some(p)) if gate::claim_users([&p]).contains_key(&release.claim) => {
+                view.put_written_pod(p);
+                false
+            }
+            Ok(_) => true,
+            Err(e) => {
+                debug!(claim = %release.claim, error = %e, "could not check the claim's pod; keeping it");
+                false
+            }
+        }
+    }
+
+    async fn report_unbound(&mut self, view: &ClusterView) {
+        let users = gate::claim_users(view.pods().values());
+        let max_age =
+            SignedDuration::try_from(self.config.unbound_after).unwrap_or(SignedDuration::MAX);
+        let found = gate::unbound(view.claims().values(), view.pods(), &users, now(), max_age);
+        let keys: BTreeSet<String> = found.iter().map(|u| u.claim.clone()).collect();
+        for u in found {
+            if self.reported_unbound.contains(&u.claim) {
+                continue;
+            }
+            let message = format!(
+                "ResourceClaim {} was allocated {}s ago and its pod has not bound yet",
+                u.claim,
+                u.age.as_secs()
+            );
+            warn!(claim = %u.claim, pods = ?u.pods, age_seconds = u.age.as_secs(), "allocation not bound");
+            for p in &u.pods {
+                if let Some(pod) = view.pods().get(p)
+                    && let Err(e) = self
+                        .writer
+                        .event(pod, true, REASON_UNBOUND, &message, now())
+                        .await
+                {
+                    warn!(pod = %p, error = %e, "recording the Event failed");
+                }
+            }
+        }
+        self.reported_unbound = keys;
+    }
+}
+
+/// What pods already take of every node: bound pods where they run, and unbound pods whose
+/// claims are allocated on the node their allocation names (kube-scheduler will bind them
+/// there, so they must count before they do).
+fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
+    let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
+    for pod in view.pods().values() {
+        if gate::is_done(pod) {
+            continue;
+        }
+        let bound = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
+        let node = bound.or_else(|| {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+            gate::claim_names(pod).ok()?.iter().find_map(|n| {
+                view.claims()
+                    .get(&format!("{namespace}/{n}"))
+                    .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+                    .and_then(gate::allocation_node)
+            })
+        });
+        let Some(node) = node else { continue };
+        match nodefit::pod_requests(pod) {
+            Ok(r) => {
+                let entry = usage.entry(node).or_default();
+                *entry = entry.plus(r);
+            }
+            Err(e) => {
+                debug!(pod = %pod_key(pod), error = %e, "not counting a pod with invalid requests");
+            }
+        }
+    }
+    usage
+}

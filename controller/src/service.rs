@@ -1,0 +1,166 @@
+//! The controller service: reflectors feed the cluster view, the leader runs reconcile passes
+//! whenever the view changed, and the operations endpoint reports on it all.
+//!
+//! Every replica keeps its view warm; only the replica holding the Lease writes. A new leader
+//! needs nothing but the cluster: half-done work is recognised from the claims themselves
+//! (the allocated-by annotation, the finalizer, the allocation's node).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::core::ApiResource;
+use tessera_driver::allocator::Policy;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::info;
+
+use crate::apiserver;
+use crate::cluster::{ClusterView, Resource, reflector};
+use crate::error::Result;
+use crate::health_http::OpsServer;
+use crate::leader::{self, LeaderConfig};
+use crate::metrics::Metrics;
+use crate::reconcile::{Reconciler, ReconcilerConfig};
+use crate::writer::Writer;
+
+/// Pause before a pass retries what failed for a passing reason (API errors, lost races).
+const RETRY_SOON: Duration = Duration::from_secs(1);
+
+/// Everything the service needs besides a client.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Tessera's DRA driver name.
+    pub driver_name: String,
+    /// The placement policy.
+    pub policy: Policy,
+    /// After how long an allocation whose pod has not bound is reported.
+    pub unbound_after: Duration,
+    /// How often everything not placed is tried again even if nothing seemed to change.
+    pub resync: Duration,
+    /// Leader election, or `None` to lead unconditionally (one replica only).
+    pub leader: Option<LeaderConfig>,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz`, if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// What a running service shares with its caller.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// Whether the view is synced.
+    pub synced: watch::Receiver<bool>,
+    /// Whether this replica leads.
+    pub leading: watch::Receiver<bool>,
+}
+
+/// Runs the controller until `shutdown` completes (or forever).
+pub async fn run(
+    client: kube::Client,
+    config: ControllerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let metrics = Arc::new(Metrics::new(&config.policy.to_string()));
+    let (synced_tx, synced) = watch::channel(false);
+    let _ops = match config.metrics_addr {
+        Some(addr) => Some(OpsServer::start(addr, Arc::clone(&metrics), synced.clone()).await?),
+        None => None,
+    };
+    run_with(client, config, metrics, synced_tx, shutdown).await
+}
+
+/// [`run`] with metrics and the synced flag made by the caller (tests read them).
+pub async fn run_with(
+    client: kube::Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    synced_tx: watch::Sender<bool>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let version = apiserver::served_resource_version(&client).await?;
+    info!(%version, policy = %config.policy, driver = %config.driver_name, "starting the controller");
+    let mut tasks = JoinSet::new();
+    let (leading_tx, mut leading) = watch::channel(config.leader.is_none());
+    metrics.set_leader(*leading.borrow());
+    if let Some(leader_config) = config.leader.clone() {
+        leader_config.validate()?;
+        tasks.spawn(leader::run(client.clone(), leader_config, leading_tx));
+    }
+    let (tx, mut rx) = mpsc::channel(1024);
+    for resource in Resource::ALL {
+        let api = match resource {
+            Resource::Slices => apiserver::resource(version, "ResourceSlice", "resourceslices"),
+            Resource::Classes => apiserver::resource(version, "DeviceClass", "deviceclasses"),
+            Resource::Claims => apiserver::resource(version, "ResourceClaim", "resourceclaims"),
+            Resource::Pods => ApiResource::erase::<Pod>(&()),
+            Resource::Nodes => ApiResource::erase::<Node>(&()),
+        };
+        tasks.spawn(reflector::run(client.clone(), resource, api, tx.clone()));
+    }
+    drop(tx);
+    let mut view = ClusterView::new(&config.driver_name);
+    let mut reconciler = Reconciler::new(
+        ReconcilerConfig {
+            driver_name: config.driver_name.clone(),
+            policy: config.policy,
+            unbound_after: config.unbound_after,
+        },
+        Writer::new(client, version),
+        Arc::clone(&metrics),
+        leading.clone(),
+    );
+    let mut resync = tokio::time::interval(config.resync);
+    resync.tick().await;
+    let retry = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(retry);
+    let mut retry_armed = false;
+    tokio::pin!(shutdown);
+    // Every wake-up below is a reason to reconcile: a change, leadership, a resync, a retry.
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            got = rx.recv() => {
+                let Some((resource, change)) = got else { break };
+                view.apply(resource, change);
+                while let Ok((resource, change)) = rx.try_recv() {
+                    view.apply(resource, change);
+                }
+            }
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = resync.tick() => {
+                view.bump();
+            }
+            () = &mut retry, if retry_armed => {
+                retry_armed = false;
+                view.bump();
+            }
+        }
+        synced_tx.send_replace(view.is_synced());
+        metrics.set_leader(*leading.borrow());
+        if view.is_synced() && *leading.borrow() {
+            let report = Box::pin(reconciler.pass(&mut view)).await;
+            if report.placed > 0 || report.released > 0 {
+                info!(
+                    placed = report.placed,
+                    pending = report.pending,
+                    released = report.released,
+                    "reconciled"
+                );
+            }
+            if report.retry_soon && !retry_armed {
+                retry
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + RETRY_SOON);
+                retry_armed = true;
+            }
+        }
+    }
+    tasks.abort_all();
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! The controller's writes to the API server, each one request with a resourceVersion
+//! precondition (so a lost race is a 409 to re-read and retry, never a silent overwrite).
+//!
+//! Claims are written as JSON merge patches in the served resource.k8s.io version: the
+//! allocation's JSON is the same in v1, v1beta2 and v1beta1, so one patch fits all three.
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+use tessera_driver::apiversion::{self, ApiVersion, Object};
+use tessera_driver::{gate, names};
+
+use crate::apiserver;
+use crate::error::{Error, Result};
+
+/// Whether an error is the server's 409 Conflict.
+pub fn is_conflict(e: &Error) -> bool {
+    e.api_code() == Some(409)
+}
+
+/// Whether an error is the server's 404 Not Found.
+pub fn is_not_found(e: &Error) -> bool {
+    e.api_code() == Some(404)
+}
+
+/// Whether the server refused the write as invalid (422): retrying the same write cannot help.
+pub fn is_invalid(e: &Error) -> bool {
+    e.api_code() == Some(422)
+}
+
+fn name_of(meta: &ObjectMeta) -> (&str, &str) {
+    (
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// Writes claims, pods and Events.
+#[derive(Clone)]
+pub struct Writer {
+    client: kube::Client,
+    claims: ApiResource,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("claims", &self.claims.api_version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// A writer of claims in resource.k8s.io `version`.
+    pub fn new(client: kube::Client, version: ApiVersion) -> Self {
+        Self {
+            client,
+            claims: apiserver::resource(version, "ResourceClaim", "resourceclaims"),
+        }
+    }
+
+    fn claim_api(&self, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, &self.claims)
+    }
+
+    fn pod_api(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn decode_claim(&self, object: &DynamicObject) -> Result<res::ResourceClaim> {
+        let mut value = serde_json::to_value(object)
+            .map_err(|e| Error::Malformed(format!("encoding a claim: {e}")))?;
+        if let Value::Object(map) = &mut value {
+            map.entry("apiVersion")
+                .or_insert_with(|| json!(self.claims.api_version));
+            map.entry("kind").or_insert_with(|| json!("ResourceClaim"));
+        }
+        match apiversion::decode_document(value, "ResourceClaim")? {
+            Object::ResourceClaim(c) => Ok(c),
+            other => Err(Error::Malformed(format!(
+                "the server answered a {} for a ResourceClaim",
+                other.kind()
+            ))),
+        }
+    }
+
+    async fn patch_claim(
+        &self,
+        claim: &res::ResourceClaim,
+        body: &Value,
+        status: bool,
+        action: &str,
+    ) -> Result<res::ResourceClaim> {
+        let (namespace, name) = name_of(&claim.metadata);
+        let api = self.claim_api(namespace);
+        let params = PatchParams::default();
+        let patch = Patch::Merge(body);
+        let answer = if status {
+            api.patch_status(name, &params, &patch).await
+        } else {
+            api.patch(name, &params, &patch).await
+        };
+        let object = answer
+            .map_err(|e| Error::api(format!("{action} ResourceClaim {namespace}/{name}"), &e))?;
+        self.decode_claim(&object)
+    }
+
+    /// The claim as stored now, or `None` when it is gone.
+    pub async fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<res::ResourceClaim>> {
+        match self.claim_api(namespace).get_opt(name).await {
+            Ok(Some(o)) => self.decode_claim(&o).map(Some),
+            Ok(None) => Ok(None),
+            Err(e) => Err(Error::api(
+                format!("reading ResourceClaim {namespace}/{name}"),
+                &e,
+            )),
+        }
+    }
+
+    /// Adds the delete-protection finalizer and the allocated-by annotation, before the
+    /// allocation is written (as kube-scheduler adds the finalizer first).
+    /// The annotation names `pod`, the pod the claim is allocated for.
+    pub async fn mark_claim(
+        &self,
+        claim: &res::ResourceClaim,
+        pod: &str,
+    ) -> Result<res::ResourceClaim> {
+        let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == names::CLAIM_FINALIZER) {
+            finalizers.push(names::CLAIM_FINALIZER.to_owned());
+        }
+        let body = json!({"metadata": {
+            "resourceVersion": claim.metadata.resource_version,
+            "finalizers": finalizers,
+            "annotations": {names::ANNOTATION_ALLOCATED_BY: pod},
+        }});
+        self.patch_claim(claim, &body, false, "marking").await
+    }
+
+    /// Writes `allocation` into the claim's status (the caller sets `allocationTimestamp`).
+    pub async fn write_allocation(
+        &self,
+        claim: &res::ResourceClaim,
+        allocation: &res::AllocationResult,
+    ) -> Result<res::ResourceClaim> {
+        let body = json!({
+            "metadata": {"resourceVersion": claim.metadata.resource_version},
+            "status": {"allocation": allocation},
+        });
+        self.patch_claim(claim, &body, true, "allocating").await
+    }
+
+    /// Clears the claim's allocation.
+    pub async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        let body = json!({
+            "metadata": {"resourceVersion": claim.metadata.resource_version},
+            "status": {"allocation": null},
+        });
+        self.patch_claim(claim, &body, true, "deallocating").await
+    }
+
+    /// Removes the allocated-by annotation, and the finalizer when nothing is allocated or
+    /// reserved any more.
+    pub async fn unmark_claim(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        let mut meta = json!({
+            "resourceVersion": claim.metadata.resource_version,
+            "annotations": {names::ANNOTATION_ALLOCATED_BY: null},
+        });
+        if !gate::is_allocated(claim) && !gate::is_reserved(claim) {
+            let finalizers: Vec<&String> = claim
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .filter(|f| *f != names::CLAIM_FINALIZER)
+                .collect();
+            meta["finalizers"] = json!(finalizers);
+        }
+        self.patch_claim(claim, &json!({"metadata": meta}), false, "unmarking")
+            .await
+    }
+
+    /// The pod as stored now, or `None` when it is gone.
+    pub async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+        self.pod_api(namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::api(format!("reading Pod {namespace}/{name}"), &e))
+    }
+
+    /// Removes Tessera's scheduling gate from the pod (other gates stay).
+    pub async fn ungate(&self, pod: &Pod) -> Result<Pod> {
+        let (namespace, name) = name_of(&pod.metadata);
+        let gates: Vec<Value> = gate::gates_without_ours(pod)
+            .into_iter()
+            .map(|g| json!({"name": g}))
+            .collect();
+        let gates = if gates.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(gates)
+        };
+        let body = json!({
+            "metadata": {"resourceVersion": pod.metadata.resource_version},
+            "spec": {"schedulingGates": gates},
+        });
+        self.pod_api(namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(|e| {
+                Error::api(
+                    format!("removing the scheduling gate of Pod {namespace}/{name}"),
+                    &e,
+                )
+            })
+    }
+
+    /// Sets the controller's condition on the pod (replacing an older one of the same type).
+    pub async fn set_condition(
+        &self,
+        pod: &Pod,
+        allocated: bool,
+        reason: &str,
+        message: &str,
+        now: Timestamp,
+    ) -> Result<Pod> {
+        let (namespace, name) = name_of(&pod.metadata);
+        let mut conditions: Vec<PodCondition> = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.type_ != names::CONDITION_ALLOCATED)
+            .collect();
+        conditions.push(PodCondition {
+            type_: names::CONDITION_ALLOCATED.to_owned(),
+            status: if allocated { "True" } else { "False" }.to_owned(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            last_transition_time: Some(Time(now)),
+            ..PodCondition::default()
+        });
+        let body = json!({
+            "metadata": {"resourceVersion": pod.metadata.resource_version},
+            "status": {"conditions": conditions},
+        });
+        self.pod_api(namespace)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(|e| {
+                Error::api(
+                    format!("setting the condition of Pod {namespace}/{name}"),
+                    &e,
+                )
+            })
+    }
+
+    /// Records a core v1 Event about the pod.
+    pub async fn event(
+        &self,
+        pod: &Pod,
+        warning: bool,
+        reason: &str,
+        message: &str,
+        now: Timestamp,
+    ) -> Result<()> {
+        let (namespace, name) = name_of(&pod.metadata);
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: Some(namespace.to_owned()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(names::CORE_API_V1.to_owned()),
+                kind: Some("Pod".to_owned()),
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                uid: pod.metadata.uid.clone(),
+                resource_version: pod.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
+            source: Some(EventSource {
+                component: Some(names::CONTROLLER_COMPONENT.to_owned()),
+                host: None,
+            }),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            ..Event::default()
+        };
+        Api::<Event>::namespaced(self.client.clone(), namespace)
+            .create(&PostParams::default(), &event)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::api(format!("recording an Event on Pod {namespace}/{name}"), &e))
+    }
+}

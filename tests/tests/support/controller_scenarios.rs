@@ -1,0 +1,559 @@
+//! Scenarios of the controller against an API server, written only against a kube client so
+//! they run the same on the fake API server and on a real kube-apiserver.
+#![allow(dead_code, reason = "each test file uses a subset")]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1 as res;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tessera_controller::apiserver;
+use tessera_controller::leader::LeaderConfig;
+use tessera_controller::metrics::Metrics;
+use tessera_controller::service::{self, ControllerConfig};
+use tessera_driver::allocator::{Policy, Snapshot};
+use tessera_driver::apiversion::{self, ApiVersion, Object};
+use tessera_driver::inventory::Inventory;
+use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::{gate, names};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub(crate) const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
+pub(crate) const NS: &str = "default";
+
+/// Node names of a test cluster of `n` nodes.
+pub(crate) fn node_name(i: usize) -> String {
+    format!("gpu-node-{i:04}")
+}
+
+/// An inventory of `nodes` nodes with `gpus` A100s each (two NVLink islands), `shared` or
+/// `exclusive`.
+pub(crate) fn inventory(nodes: usize, gpus: usize, shared: bool) -> Inventory {
+    let mode = if shared { "shared" } else { "exclusive" };
+    let mut text = String::from("nodes:\n");
+    for i in 0..nodes {
+        let name = node_name(i);
+        let half = gpus / 2;
+        let _ = write!(
+            text,
+            "- name: {name}\n  mode: {mode}\n  gpus:\n  - model: a100-80g\n    count: {half}\n    nvlinkDomain: {name}-nv0\n    numaNode: 0\n"
+        );
+        if gpus - half > 0 {
+            let _ = write!(
+                text,
+                "  - model: a100-80g\n    count: {}\n    nvlinkDomain: {name}-nv1\n    numaNode: 1\n",
+                gpus - half
+            );
+        }
+    }
+    Inventory::from_yaml(&text).unwrap()
+}
+
+fn dynamic(
+    client: &kube::Client,
+    version: ApiVersion,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &apiserver::resource(version, kind, plural))
+}
+
+pub(crate) fn claims_api(client: &kube::Client, version: ApiVersion) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        NS,
+        &apiserver::resource(version, "ResourceClaim", "resourceclaims"),
+    )
+}
+
+async fn create_tolerant(api: &Api<DynamicObject>, value: Value) {
+    let object: DynamicObject = serde_json::from_value(value).unwrap();
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating {:?}: {e}", object.metadata.name),
+    }
+}
+
+/// Creates the DeviceClasses, Nodes (with allocatable CPU and memory) and ResourceSlices of
+/// `inventory`.
+pub(crate) async fn seed(
+    client: &kube::Client,
+    version: ApiVersion,
+    inventory: &Inventory,
+    cpu: &str,
+) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let classes = dynamic(client, version, "DeviceClass", "deviceclasses");
+    for file in ["gpu.yaml", "shared-gpu.yaml"] {
+        let text = std::fs::read_to_string(repo.join("deviceclasses").join(file)).unwrap();
+        let mut value: Value = serde_yaml::from_str(&text).unwrap();
+        value["apiVersion"] = json!(version.as_str());
+        create_tolerant(&classes, value).await;
+    }
+    let nodes = Api::<Node>::all(client.clone());
+    let slices_api = dynamic(client, version, "ResourceSlice", "resourceslices");
+    let options = RenderOptions {
+        consumable_capacity: version == ApiVersion::V1,
+        ..RenderOptions::default()
+    };
+    for node in &inventory.nodes {
+        let object: Node = serde_json::from_value(json!({
+            "metadata": {"name": node.name, "labels": {names::LABEL_HOSTNAME: node.name}},
+        }))
+        .unwrap();
+        match nodes.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("creating Node {}: {e}", node.name),
+        }
+        let status =
+            json!({"status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"}}});
+        nodes
+            .patch_status(&node.name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        for slice in slices::render(node, &options).unwrap() {
+            let value = apiversion::encode_slice(&slice, version).unwrap();
+            create_tolerant(&slices_api, value).await;
+        }
+    }
+}
+
+/// A claim for `count` whole GPUs.
+pub(crate) fn whole_gpu_claim(name: &str, count: u32) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": names::CLASS_GPU, "count": count}}]}},
+    })
+}
+
+/// A claim for a share of `memory_gib` GiB of one GPU (`GpuShare` opaque config).
+pub(crate) fn share_claim(name: &str, memory_gib: u32) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": names::CLASS_SHARED_GPU}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": names::CONFIG_API_VERSION, "kind": names::GPU_SHARE_KIND,
+                "memory": format!("{memory_gib}Gi")}}}],
+        }},
+    })
+}
+
+/// Creates a claim in `version` (the body is written in the v1 shape, which v1beta2 shares for
+/// these simple claims).
+pub(crate) async fn create_claim(client: &kube::Client, version: ApiVersion, mut body: Value) {
+    body["apiVersion"] = json!(version.as_str());
+    body["kind"] = json!("ResourceClaim");
+    if version == ApiVersion::V1beta1 {
+        // v1beta1 nests the request's fields directly instead of under `exactly`.
+        for r in body["spec"]["devices"]["requests"].as_array_mut().unwrap() {
+            let exactly = r["exactly"].take();
+            if let (Value::Object(req), Value::Object(fields)) = (r, exactly) {
+                req.remove("exactly");
+                req.extend(fields);
+            }
+        }
+    }
+    let object: DynamicObject = serde_json::from_value(body).unwrap();
+    claims_api(client, version)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
+
+/// A gated pod using the named claims (`resourceClaimName`) and templates, requesting `cpu`.
+pub(crate) fn gated_pod(name: &str, claims: &[&str], templates: &[&str], cpu: &str) -> Pod {
+    let mut refs: Vec<Value> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"name": format!("c{i}"), "resourceClaimName": c}))
+        .collect();
+    refs.extend(
+        templates
+            .iter()
+            .enumerate()
+            .map(|(i, t)| json!({"name": format!("t{i}"), "resourceClaimTemplateName": t})),
+    );
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "schedulingGates": [{"name": names::SCHEDULING_GATE}],
+            "resourceClaims": refs,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}],
+        },
+    }))
+    .unwrap()
+}
+
+pub(crate) async fn create_pod(client: &kube::Client, pod: &Pod) -> Pod {
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), pod)
+        .await
+        .unwrap()
+}
+
+pub(crate) async fn delete_pod(client: &kube::Client, name: &str) {
+    let _ = Api::<Pod>::namespaced(client.clone(), NS)
+        .delete(name, &DeleteParams::default().grace_period(0))
+        .await;
+}
+
+/// Plays kube-controller-manager for a template claim: creates the claim owned by the pod and
+/// records its name in the pod's status.
+pub(crate) async fn generate_template_claim(
+    client: &kube::Client,
+    version: ApiVersion,
+    pod: &Pod,
+    entry: &str,
+    mut body: Value,
+) {
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let claim_name = format!("{pod_name}-{entry}-gen");
+    body["metadata"]["name"] = json!(claim_name);
+    body["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "v1", "kind": "Pod", "name": pod_name,
+        "uid": pod.metadata.uid.clone().unwrap(), "controller": true, "blockOwnerDeletion": true}]);
+    body["metadata"]["annotations"] = json!({"resource.kubernetes.io/pod-claim-name": entry});
+    create_claim(client, version, body).await;
+    let status = json!({"status": {"resourceClaimStatuses": [{"name": entry, "resourceClaimName": claim_name}]}});
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// A running controller inside the test process.
+pub(crate) struct Running {
+    pub(crate) task: JoinHandle<()>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) synced: watch::Receiver<bool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    /// Kills it at once, mid-whatever (as a crashed process would stop).
+    pub(crate) fn kill(&self) {
+        self.task.abort();
+    }
+
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> ControllerConfig {
+    ControllerConfig {
+        driver_name: DRIVER.to_owned(),
+        policy,
+        unbound_after: Duration::from_hours(1),
+        resync: Duration::from_secs(2),
+        leader,
+        metrics_addr: None,
+    }
+}
+
+pub(crate) fn leader_config(identity: &str) -> LeaderConfig {
+    LeaderConfig {
+        namespace: NS.to_owned(),
+        name: names::LEADER_LEASE.to_owned(),
+        identity: identity.to_owned(),
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(200),
+    }
+}
+
+pub(crate) fn start_controller(client: &kube::Client, config: ControllerConfig) -> Running {
+    let metrics = Arc::new(Metrics::new(&config.policy.to_string()));
+    let (synced_tx, synced) = watch::channel(false);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let client = client.clone();
+    let task_metrics = Arc::clone(&metrics);
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        if let Err(e) = service::run_with(client, config, task_metrics, synced_tx, shutdown).await {
+            panic!("the controller failed: {e}");
+        }
+    });
+    Running {
+        task,
+        metrics,
+        synced,
+        stop: Some(stop),
+    }
+}
+
+/// Polls `check` until it holds or `timeout` passes; panics with `what` then.
+pub(crate) async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every claim in the namespace, decoded to v1.
+pub(crate) async fn claims(
+    client: &kube::Client,
+    version: ApiVersion,
+) -> BTreeMap<String, res::ResourceClaim> {
+    let list = claims_api(client, version)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .map(|o| {
+            let mut v = serde_json::to_value(&o).unwrap();
+            v["apiVersion"] = json!(version.as_str());
+            v["kind"] = json!("ResourceClaim");
+            let Object::ResourceClaim(c) = apiversion::decode_document(v, "test").unwrap() else {
+                panic!("not a claim")
+            };
+            (c.metadata.name.clone().unwrap(), c)
+        })
+        .collect()
+}
+
+pub(crate) async fn pods(client: &kube::Client) -> BTreeMap<String, Pod> {
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect()
+}
+
+/// Whether every pod in `names` is ungated.
+pub(crate) async fn all_ungated(client: &kube::Client, names: &[String]) -> bool {
+    let pods = pods(client).await;
+    names
+        .iter()
+        .all(|n| pods.get(n).is_some_and(|p| !gate::is_gated(p)))
+}
+
+/// Whether the pod exists and is ungated.
+pub(crate) async fn is_ungated(client: &kube::Client, name: &str) -> bool {
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .is_some_and(|p| !gate::is_gated(&p))
+}
+
+/// The invariants every scenario ends with:
+/// * no device is double-booked (rebuilding the accounting from every allocated claim);
+/// * every ungated pod's claims are allocated, all on one node;
+/// * no claim the controller allocated is left for a pod that is gone.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the invariants read best as one list"
+)]
+pub(crate) async fn check_invariants(client: &kube::Client, version: ApiVersion) {
+    let decode_all = |items: Vec<DynamicObject>, kind: &str| -> Vec<Object> {
+        items
+            .into_iter()
+            .map(|o| {
+                let mut v = serde_json::to_value(&o).unwrap();
+                v["apiVersion"] = json!(version.as_str());
+                v["kind"] = json!(kind);
+                apiversion::decode_document(v, "invariants").unwrap()
+            })
+            .collect()
+    };
+    let slices: Vec<res::ResourceSlice> = decode_all(
+        dynamic(client, version, "ResourceSlice", "resourceslices")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+        "ResourceSlice",
+    )
+    .into_iter()
+    .filter_map(|o| match o {
+        Object::ResourceSlice(s) => Some(s),
+        _ => None,
+    })
+    .collect();
+    let classes: Vec<res::DeviceClass> = decode_all(
+        dynamic(client, version, "DeviceClass", "deviceclasses")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+        "DeviceClass",
+    )
+    .into_iter()
+    .filter_map(|o| match o {
+        Object::DeviceClass(c) => Some(c),
+        _ => None,
+    })
+    .collect();
+    let claims = claims(client, version).await;
+    let allocated: Vec<res::ResourceClaim> = claims
+        .values()
+        .filter(|c| gate::is_allocated(c))
+        .cloned()
+        .collect();
+    let snapshot = Snapshot::for_driver(DRIVER, &slices, &classes, &allocated).unwrap();
+    for d in snapshot.device_usage() {
+        assert!(
+            d.exclusive <= 1,
+            "device {}/{} is held whole {} times",
+            d.pool,
+            d.device,
+            d.exclusive
+        );
+        assert!(
+            d.exclusive == 0 || d.shares == 0,
+            "device {}/{} is held whole and shared",
+            d.pool,
+            d.device
+        );
+        assert!(
+            d.memory_used <= d.memory_total || d.memory_total.is_zero(),
+            "device {}/{} has {:?} of {:?} memory allocated",
+            d.pool,
+            d.device,
+            d.memory_used,
+            d.memory_total
+        );
+    }
+    let pods = pods(client).await;
+    let pod_list: Vec<&Pod> = pods.values().collect();
+    let users = gate::claim_users(pod_list.iter().copied());
+    for pod in pods.values() {
+        if gate::is_gated(pod) {
+            continue;
+        }
+        let names = gate::claim_names(pod).unwrap();
+        // Pods that never carried the gate are kube-scheduler's.
+        if !names
+            .iter()
+            .any(|n| claims.get(n).is_some_and(gate::is_ours))
+        {
+            continue;
+        }
+        let nodes: BTreeSet<Option<String>> = names
+            .iter()
+            .map(|n| {
+                let c = claims
+                    .get(n)
+                    .unwrap_or_else(|| panic!("claim {n} of an ungated pod is gone"));
+                let a = c.status.as_ref().and_then(|s| s.allocation.as_ref());
+                let a = a.unwrap_or_else(|| {
+                    panic!(
+                        "claim {n} of ungated pod {:?} is not allocated",
+                        pod.metadata.name
+                    )
+                });
+                assert!(
+                    a.allocation_timestamp.is_some(),
+                    "claim {n} has no allocationTimestamp"
+                );
+                assert!(
+                    c.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == names::CLAIM_FINALIZER),
+                    "claim {n} has no finalizer"
+                );
+                gate::allocation_node(a)
+            })
+            .collect();
+        assert!(
+            nodes.len() <= 1,
+            "pod {:?} has claims on several nodes: {nodes:?}",
+            pod.metadata.name
+        );
+    }
+    for (name, claim) in &claims {
+        if gate::is_ours(claim) && gate::is_allocated(claim) {
+            assert!(
+                users.contains_key(&format!("{NS}/{name}")),
+                "claim {name} is still allocated by the controller for a pod that is gone"
+            );
+        }
+    }
+}
+
+/// The whole protocol on several nodes: whole GPUs and shares, named claims, more pods than
+/// fit, one pod that fits nowhere; ends with the invariants.
+pub(crate) async fn place_several_pods(client: &kube::Client, version: ApiVersion) {
+    let inventory = inventory(3, 4, false);
+    seed(client, version, &inventory, "8").await;
+    let running = start_controller(client, config(Policy::Binpack, None));
+    let mut names = Vec::new();
+    for i in 0..10 {
+        let claim = format!("whole-{i}");
+        create_claim(client, version, whole_gpu_claim(&claim, 1)).await;
+        let pod = format!("pod-{i}");
+        create_pod(client, &gated_pod(&pod, &[&claim], &[], "1")).await;
+        names.push(pod);
+    }
+    create_claim(client, version, whole_gpu_claim("too-big", 5)).await;
+    create_pod(client, &gated_pod("too-big", &["too-big"], &[], "1")).await;
+    eventually(Duration::from_secs(20), "ten pods are ungated", || {
+        all_ungated(client, &names)
+    })
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the pod that fits nowhere has a condition",
+        || async {
+            pods(client).await.get("too-big").is_some_and(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c.type_ == names::CONDITION_ALLOCATED
+                                && c.status == "False"
+                                && c.message.as_deref().is_some_and(|m| m.contains("too-big"))
+                        })
+                    })
+            })
+        },
+    )
+    .await;
+    assert!(gate::is_gated(&pods(client).await["too-big"]));
+    check_invariants(client, version).await;
+    // Binpack fills the nodes in order: 10 GPUs over 3 nodes of 4 use the first two fully.
+    let per_node: BTreeMap<String, usize> = claims(client, version)
+        .await
+        .values()
+        .filter_map(|c| gate::allocation_node(c.status.as_ref()?.allocation.as_ref()?))
+        .fold(BTreeMap::new(), |mut m, n| {
+            *m.entry(n).or_default() += 1;
+            m
+        });
+    assert_eq!(
+        per_node.values().filter(|n| **n == 4).count(),
+        2,
+        "{per_node:?}"
+    );
+    running.stop().await;
+}
