@@ -310,6 +310,15 @@ pub fn pcie_root_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The NUMA node of a PCI device from sysfs (`numa_node`; -1, meaning none, gives `None`).
+pub fn numa_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<u32> {
+    std::fs::read_to_string(sysfs.join("bus/pci/devices").join(bus_id).join("numa_node"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 fn optional<T>(r: Result<T>) -> Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -372,7 +381,7 @@ fn gather_gpu(device: &dyn NvmlDevice, index: u32, sysfs: &Path) -> Result<Disco
             optional(device.attributes())?.map(|(sms, _)| sms)
         },
         pcie_root: pcie_root_from_sysfs(sysfs, &short_bus),
-        numa_node: optional(device.numa_node())?,
+        numa_node: optional(device.numa_node())?.or_else(|| numa_from_sysfs(sysfs, &short_bus)),
         pci_bus_id,
         mig_capable: mig_enabled.is_some(),
         mig_enabled: mig_enabled == Some(true),
@@ -892,7 +901,7 @@ mod tests {
     }
 
     #[test]
-    fn the_pcie_root_comes_from_the_sysfs_path() {
+    fn the_pcie_root_and_numa_node_come_from_sysfs() {
         let sys = tempfile::tempdir().unwrap();
         let real = sys
             .path()
@@ -905,6 +914,10 @@ mod tests {
             pcie_root_from_sysfs(sys.path(), "0000:8a:00.0").as_deref(),
             Some("pci0000:80")
         );
+        std::fs::write(real.join("numa_node"), "1\n").unwrap();
+        assert_eq!(numa_from_sysfs(sys.path(), "0000:8a:00.0"), Some(1));
+        std::fs::write(real.join("numa_node"), "-1\n").unwrap();
+        assert_eq!(numa_from_sysfs(sys.path(), "0000:8a:00.0"), None);
         assert_eq!(pcie_root_from_sysfs(sys.path(), "0000:8b:00.0"), None);
     }
 }
