@@ -655,7 +655,10 @@ async fn a_share_claim_gets_its_mps_daemon_until_it_is_unprepared() {
     let daemons = supervisor.daemons().unwrap();
     assert_eq!(daemons.len(), 1, "{daemons:?}");
     let (id, users) = daemons.into_iter().next().unwrap();
-    assert_eq!(users.into_iter().collect::<Vec<_>>(), [share.2.clone()]);
+    assert_eq!(
+        users.into_iter().collect::<Vec<_>>(),
+        std::slice::from_ref(&share.2)
+    );
     let pipe = h.path("mps").join(&id).join("pipe");
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 1, "{lines:?}");
