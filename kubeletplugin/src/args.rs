@@ -24,7 +24,7 @@ pub type NvmlParts = (Arc<dyn NvmlLibrary>, Arc<Mutex<GpuHealthTracker>>);
 use crate::apiserver::{self, ApiClaimSource};
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
-use crate::health_stream::HealthReporter;
+use crate::health_stream::{self, HealthReporter};
 use crate::metrics::{MeteredPreparer, Metrics};
 use crate::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
 use crate::node_labels;
@@ -364,7 +364,7 @@ impl Args {
                 Arc::clone(&preparer),
                 Arc::clone(&metrics),
             )),
-            Some(health.service()),
+            Some(health.service(health_stream::DEFAULT_REFRESH)),
         )?;
         let interval = Duration::from_secs(self.inventory_poll_seconds);
         let file = match self.gpu_backend {
