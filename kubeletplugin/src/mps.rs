@@ -33,15 +33,20 @@ pub struct MpsConfig {
     pub ready_timeout: Duration,
     /// How long `quit` and the daemon's exit after it may take.
     pub quit_timeout: Duration,
+    /// Whether each daemon runs in a mount namespace with its shm directory as `/dev/shm`
+    /// (`tessera_driver::mps::daemon_command`).
+    pub shm_namespace: bool,
 }
 
 impl MpsConfig {
-    /// Defaults: 10 s to become ready, 10 s to quit.
+    /// Defaults: 10 s to become ready, 10 s to quit, the daemon in the plugin's own mount
+    /// namespace.
     pub fn new(control_binary: impl Into<PathBuf>) -> Self {
         Self {
             control_binary: control_binary.into(),
             ready_timeout: Duration::from_secs(10),
             quit_timeout: Duration::from_secs(10),
+            shm_namespace: false,
         }
     }
 }
@@ -140,9 +145,16 @@ impl MpsSupervisor {
                 warn!(daemon = %daemon.id, error = %e, "could not stop the earlier daemon");
             }
         }
-        let pid = self
-            .host
-            .spawn(&self.spec(daemon, vec![mps::FOREGROUND_ARG.to_owned()]))?;
+        let (program, args) = mps::daemon_command(
+            &self.config.control_binary.display().to_string(),
+            daemon,
+            self.config.shm_namespace,
+        );
+        let pid = self.host.spawn(&ProcessSpec {
+            program: PathBuf::from(program),
+            args,
+            env: mps::daemon_env(daemon),
+        })?;
         let mut exited = false;
         let ready = poll_until(self.config.ready_timeout, || {
             exited = self.host.has_exited(pid)?;
@@ -158,7 +170,16 @@ impl MpsSupervisor {
             daemon.id,
             self.config.control_binary.display(),
             if exited {
-                "exited while starting; see its log directory".to_owned()
+                format!(
+                    "exited while starting; see its log directory {}{}",
+                    daemon.log_dir,
+                    if self.config.shm_namespace {
+                        " (the shm namespace needs `unshare` and CAP_SYS_ADMIN; \
+                         --mps-shm-namespace=false runs without it)"
+                    } else {
+                        ""
+                    }
+                )
             } else {
                 format!(
                     "did not create {} within {:?}",
@@ -393,6 +414,23 @@ mod tests {
         assert_eq!(quits(&host), 1);
         assert!(host.calls().contains(&HostCall::Stop(*pid)));
         assert!(sup.daemons().unwrap().is_empty());
+    }
+
+    #[test]
+    fn with_an_shm_namespace_the_daemon_starts_through_unshare() {
+        let host = Arc::new(FakeProcessHost::new());
+        let mut config = MpsConfig::new("/usr/bin/nvidia-cuda-mps-control");
+        config.shm_namespace = true;
+        let sup = MpsSupervisor::new(config, Arc::clone(&host) as Arc<dyn ProcessHost>);
+        let d = daemon(&["GPU-1"]);
+        sup.ensure("a", &d).unwrap();
+        let (spec, _) = &spawns(&host)[0];
+        assert_eq!(spec.program, PathBuf::from("unshare"));
+        assert!(spec.args.contains(&d.shm_dir));
+        assert!(
+            host.calls()
+                .contains(&HostCall::CreateDir(PathBuf::from(&d.shm_dir)))
+        );
     }
 
     #[test]
