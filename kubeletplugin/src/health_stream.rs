@@ -53,6 +53,9 @@ impl HealthReporter {
                 }
                 tx.send_replace(Arc::new(board.clone()));
             }
+            // The inventory no longer changes (nothing follows it, e.g. with polling off): the
+            // board stays as it is, and the streams stay open and keep refreshing it.
+            tx.closed().await;
         });
         Self { board: rx, task }
     }
@@ -238,6 +241,26 @@ mod tests {
         tx.send_replace(node);
         let gone = stream.next().await.unwrap().unwrap();
         assert_eq!(gone.devices[0].health(), pb::HealthStatus::Unknown);
+    }
+
+    #[tokio::test]
+    async fn streams_stay_open_when_nothing_follows_the_inventory_any_more() {
+        let node = Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n")
+            .unwrap()
+            .nodes
+            .remove(0);
+        let (tx, rx) = watch::channel(node);
+        let reporter = HealthReporter::spawn(rx);
+        drop(tx);
+        let mut stream = reporter
+            .service(Duration::from_millis(20))
+            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..3 {
+            assert_eq!(stream.next().await.unwrap().unwrap().devices.len(), 1);
+        }
     }
 
     #[tokio::test]
