@@ -119,14 +119,18 @@ impl ModeChoice {
         (choice, problems)
     }
 
-    /// This choice where it chooses, `base` elsewhere: a node-wide choice here replaces
-    /// `base`'s node-wide choice but not its per-GPU ones.
+    /// This choice over `base` (labels over flags): a node-wide choice here replaces all of
+    /// `base` (its per-GPU choices too); otherwise this choice's per-GPU modes replace
+    /// `base`'s for those GPUs.
     #[must_use]
     pub fn over(&self, base: &Self) -> Self {
+        if self.node.is_some() {
+            return self.clone();
+        }
         let mut gpus = base.gpus.clone();
         gpus.extend(self.gpus.iter().map(|(i, m)| (*i, *m)));
         Self {
-            node: self.node.or(base.node),
+            node: base.node,
             gpus,
         }
     }
@@ -192,13 +196,13 @@ mod tests {
     fn labels_win_over_flags_and_per_gpu_wins_over_node() {
         let flags =
             ModeChoice::from_flags(Some(GpuMode::Shared), &["0=exclusive".to_owned()]).unwrap();
-        let (labels, problems) = ModeChoice::from_labels(&labels(&[
+        let (chosen, problems) = ModeChoice::from_labels(&labels(&[
             ("gpu.tessera.dev/mode", "exclusive"),
             ("gpu.tessera.dev/mode.gpu-2", "shared"),
             ("kubernetes.io/hostname", "n"),
         ]));
         assert!(problems.is_empty());
-        let choice = labels.over(&flags);
+        let choice = chosen.over(&flags);
         let mut n = node();
         assert!(choice.apply(&mut n).is_empty());
         let modes: Vec<GpuMode> = n.gpus.iter().map(|g| g.mode).collect();
@@ -211,6 +215,17 @@ mod tests {
                 GpuMode::Mig
             ]
         );
+
+        // A node label beats a flag naming one GPU; a per-GPU label keeps the other flags.
+        let flags = ModeChoice::from_flags(None, &["0=exclusive".to_owned()]).unwrap();
+        let (node_label, _) =
+            ModeChoice::from_labels(&labels(&[("gpu.tessera.dev/mode", "shared")]));
+        assert_eq!(node_label.over(&flags).mode_of(0), Some(GpuMode::Shared));
+        let (gpu_label, _) =
+            ModeChoice::from_labels(&labels(&[("gpu.tessera.dev/mode.gpu-1", "shared")]));
+        let both = gpu_label.over(&flags);
+        assert_eq!(both.mode_of(0), Some(GpuMode::Exclusive));
+        assert_eq!(both.mode_of(1), Some(GpuMode::Shared));
     }
 
     #[test]

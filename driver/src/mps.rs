@@ -64,6 +64,38 @@ pub fn daemon_env(daemon: &MpsDaemon) -> Vec<(String, String)> {
     ]
 }
 
+/// The program and arguments that start `daemon` with the control binary `binary` in the
+/// foreground. With `shm_namespace`, the daemon runs in a mount namespace of its own where its
+/// shm directory is bind-mounted over `/dev/shm` (`unshare` and `mount` from util-linux, and
+/// `CAP_SYS_ADMIN`), so it shares `/dev/shm` with its clients, whose containers get the same
+/// directory there; the paths are passed as arguments, never spliced into the script.
+pub fn daemon_command(
+    binary: &str,
+    daemon: &MpsDaemon,
+    shm_namespace: bool,
+) -> (String, Vec<String>) {
+    if !shm_namespace {
+        return (binary.to_owned(), vec![FOREGROUND_ARG.to_owned()]);
+    }
+    let args = [
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        "mount --bind \"$1\" /dev/shm && exec \"$2\" \"$3\"",
+        "tessera-mps",
+        &daemon.shm_dir,
+        binary,
+        FOREGROUND_ARG,
+    ];
+    (
+        "unshare".to_owned(),
+        args.iter().map(|a| (*a).to_owned()).collect(),
+    )
+}
+
 /// The directories the plugin creates before starting the daemon.
 pub fn daemon_dirs(daemon: &MpsDaemon) -> [&str; 3] {
     [&daemon.pipe_dir, &daemon.shm_dir, &daemon.log_dir]
@@ -142,6 +174,26 @@ mod tests {
         assert_eq!(env[1].1, d.pipe_dir);
         assert_eq!(env[2].1, d.log_dir);
         assert_eq!(control_socket(&d), format!("{}/control", d.pipe_dir));
+    }
+
+    #[test]
+    fn the_daemon_can_get_its_shm_directory_as_dev_shm() {
+        let d = daemon(&["GPU-1"]);
+        assert_eq!(
+            daemon_command("nvidia-cuda-mps-control", &d, false),
+            ("nvidia-cuda-mps-control".to_owned(), vec!["-f".to_owned()])
+        );
+        let (program, args) = daemon_command("/usr/bin/nvidia-cuda-mps-control", &d, true);
+        assert_eq!(program, "unshare");
+        assert_eq!(args[..4], ["--mount", "--propagation", "private", "--"]);
+        assert_eq!(
+            args[args.len() - 3..],
+            [
+                d.shm_dir.clone(),
+                "/usr/bin/nvidia-cuda-mps-control".to_owned(),
+                "-f".to_owned()
+            ]
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub type NvmlParts = (Arc<dyn NvmlLibrary>, Arc<Mutex<GpuHealthTracker>>);
 use crate::apiserver::{self, ApiClaimSource};
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
-use crate::health_stream::HealthReporter;
+use crate::health_stream::{self, HealthReporter};
 use crate::metrics::{MeteredPreparer, Metrics};
 use crate::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
 use crate::node_labels;
@@ -149,6 +149,15 @@ pub struct Args {
         default_value = "nvidia-cuda-mps-control"
     )]
     pub mps_control_binary: PathBuf,
+    /// MPS: run each daemon in a mount namespace of its own with its shm directory as
+    /// `/dev/shm`, the directory its clients get (needs `unshare` and `CAP_SYS_ADMIN`).
+    #[arg(
+        long,
+        env = "TESSERA_MPS_SHM_NAMESPACE",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub mps_shm_namespace: bool,
     /// HAMi-core: host path of the installed libvgpu.so.
     #[arg(
         long,
@@ -327,10 +336,9 @@ impl Args {
         )?;
         let mut watchdog = None;
         if self.enforcement == EnforcementKind::Mps {
-            let supervisor = Arc::new(MpsSupervisor::new(
-                MpsConfig::new(self.mps_control_binary.clone()),
-                Arc::new(OsProcessHost::new()),
-            ));
+            let mut config = MpsConfig::new(self.mps_control_binary.clone());
+            config.shm_namespace = self.mps_shm_namespace;
+            let supervisor = Arc::new(MpsSupervisor::new(config, Arc::new(OsProcessHost::new())));
             preparer = preparer.with_mps(Arc::clone(&supervisor))?;
             watchdog = Some(supervisor.spawn_watchdog(Duration::from_secs(1)));
         }
@@ -364,7 +372,7 @@ impl Args {
                 Arc::clone(&preparer),
                 Arc::clone(&metrics),
             )),
-            Some(health.service()),
+            Some(health.service(health_stream::DEFAULT_REFRESH)),
         )?;
         let interval = Duration::from_secs(self.inventory_poll_seconds);
         let file = match self.gpu_backend {

@@ -5,11 +5,13 @@
 //! The health follows the inventory the preparer works with (the same channel the slice
 //! publisher follows): [`HealthReporter`] keeps one [`HealthBoard`] for the node, and each
 //! stream sends the whole board first, then, whenever the board changes, the devices whose
-//! health changed (a device that is no longer published is reported once as `UNKNOWN`).
+//! health changed (a device that is no longer published is reported once as `UNKNOWN`), and
+//! the whole board again every refresh interval: kubelet takes a device whose health was not
+//! reported for a while as `UNKNOWN`, so silence must not mean "nothing changed".
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tessera_driver::health::{Health, HealthBoard, HealthChange, HealthEntry};
 use tessera_driver::inventory::NodeInventory;
@@ -51,14 +53,18 @@ impl HealthReporter {
                 }
                 tx.send_replace(Arc::new(board.clone()));
             }
+            // The inventory no longer changes (nothing follows it, e.g. with polling off): the
+            // board stays as it is, and the streams stay open and keep refreshing it.
+            tx.closed().await;
         });
         Self { board: rx, task }
     }
 
-    /// The gRPC service that streams the board.
-    pub fn service(&self) -> HealthService {
+    /// The gRPC service that streams the board, sending all of it again every `refresh`.
+    pub fn service(&self, refresh: Duration) -> HealthService {
         HealthService {
             board: self.board.clone(),
+            refresh,
         }
     }
 
@@ -78,7 +84,11 @@ impl Drop for HealthReporter {
 #[derive(Debug, Clone)]
 pub struct HealthService {
     board: watch::Receiver<Arc<HealthBoard>>,
+    refresh: Duration,
 }
+
+/// How often a stream sends the whole board again when nothing changed.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(10);
 
 fn status(health: Health) -> pb::HealthStatus {
     match health {
@@ -128,26 +138,50 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
         let mut board = self.board.clone();
         let (tx, rx) = mpsc::channel(4);
+        let mut ticker = tokio::time::interval(self.refresh);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::spawn(async move {
             let mut seen = HealthBoard::default();
-            let mut first = true;
+            // The first message is the whole board (sent even for a node without devices, so
+            // kubelet knows the stream is live); so is every refresh.
+            let mut whole = true;
             loop {
                 let now = Arc::clone(&board.borrow_and_update());
-                let change = seen.changes_to(&now);
-                // The first message is sent even for a node without devices, so kubelet knows
-                // the stream is live.
-                if !change.is_empty() || first {
-                    let msg = message(&now, &change, unix_now());
-                    if tx.send(Ok(msg)).await.is_err() {
+                let change = if whole {
+                    let checked = unix_now();
+                    HealthChange {
+                        changed: now
+                            .devices
+                            .iter()
+                            .map(|(d, e)| {
+                                let fresh = HealthEntry {
+                                    health: e.health,
+                                    updated_unix: checked,
+                                };
+                                (d.clone(), fresh)
+                            })
+                            .collect(),
+                        removed: seen.changes_to(&now).removed,
+                    }
+                } else {
+                    seen.changes_to(&now)
+                };
+                if whole || !change.is_empty() {
+                    if tx
+                        .send(Ok(message(&now, &change, unix_now())))
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
+                    ticker.reset();
                 }
                 seen = (*now).clone();
-                first = false;
-                tokio::select! {
-                    changed = board.changed() => if changed.is_err() { break },
+                whole = tokio::select! {
+                    changed = board.changed() => if changed.is_err() { break } else { false },
+                    _ = ticker.tick() => true,
                     () = tx.closed() => break,
-                }
+                };
             }
             debug!("health stream closed");
         });
@@ -177,7 +211,7 @@ mod tests {
         let (tx, rx) = watch::channel(node.clone());
         let reporter = HealthReporter::spawn(rx);
         let mut stream = reporter
-            .service()
+            .service(Duration::from_hours(1))
             .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
             .await
             .unwrap()
@@ -207,5 +241,52 @@ mod tests {
         tx.send_replace(node);
         let gone = stream.next().await.unwrap().unwrap();
         assert_eq!(gone.devices[0].health(), pb::HealthStatus::Unknown);
+    }
+
+    #[tokio::test]
+    async fn streams_stay_open_when_nothing_follows_the_inventory_any_more() {
+        let node = Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n")
+            .unwrap()
+            .nodes
+            .remove(0);
+        let (tx, rx) = watch::channel(node);
+        let reporter = HealthReporter::spawn(rx);
+        drop(tx);
+        let mut stream = reporter
+            .service(Duration::from_millis(20))
+            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..3 {
+            assert_eq!(stream.next().await.unwrap().unwrap().devices.len(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_quiet_stream_repeats_the_whole_board_every_refresh() {
+        let node =
+            Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: 2\n")
+                .unwrap()
+                .nodes
+                .remove(0);
+        let (_tx, rx) = watch::channel(node);
+        let reporter = HealthReporter::spawn(rx);
+        let mut stream = reporter
+            .service(Duration::from_millis(20))
+            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..3 {
+            let message = stream.next().await.unwrap().unwrap();
+            assert_eq!(message.devices.len(), 2);
+            assert!(
+                message
+                    .devices
+                    .iter()
+                    .all(|d| d.health() == pb::HealthStatus::Healthy)
+            );
+        }
     }
 }

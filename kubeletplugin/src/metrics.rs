@@ -126,6 +126,7 @@ pub struct Metrics {
     gpu_compute: Family<GpuLabels, Gauge>,
     inventory_reloads: Counter,
     mode_changes_refused: Family<GpuLabels, Counter>,
+    gpu_healthy: Family<GpuLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -153,6 +154,12 @@ impl Metrics {
         let gpu_compute = Family::<GpuLabels, Gauge>::default();
         let inventory_reloads = Counter::default();
         let mode_changes_refused = Family::<GpuLabels, Counter>::default();
+        let gpu_healthy = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "gpu_healthy",
+            "1 while the GPU is healthy, 0 while its devices are published with the unhealthy taint",
+            gpu_healthy.clone(),
+        );
         registry.register(
             "calls",
             "NodePrepareResources and NodeUnprepareResources calls, per claim",
@@ -209,6 +216,7 @@ impl Metrics {
             gpu_compute,
             inventory_reloads,
             mode_changes_refused,
+            gpu_healthy,
         }
     }
 
@@ -246,6 +254,15 @@ impl Metrics {
         // GPUs that left the inventory must not linger with their last value.
         self.gpu_memory.clear();
         self.gpu_compute.clear();
+        self.gpu_healthy.clear();
+        for gpu in &node.gpus {
+            self.gpu_healthy
+                .get_or_create(&GpuLabels {
+                    gpu: gpu.device_name(),
+                    uuid: gpu.uuid.clone(),
+                })
+                .set(i64::from(gpu.healthy));
+        }
         for ((gpu, uuid), allocation) in allocated_by_gpu(node, record) {
             let labels = GpuLabels { gpu, uuid };
             self.gpu_memory
@@ -410,6 +427,8 @@ mod tests {
             .cloned()
             .unwrap();
         let metrics = Metrics::new();
+        let mut node = node;
+        node.gpus[1].healthy = false;
         metrics.observe_state(&node, &record(vec![held(&node, 0, "gpu-0", None)]));
         metrics.observe_call("prepare", Duration::from_millis(2), None);
         metrics.observe_call(
@@ -423,6 +442,16 @@ mod tests {
             "tessera_kubelet_plugin_errors_total{operation=\"prepare\",retryable=\"false\"} 1",
             "tessera_kubelet_plugin_prepared_claims 1",
             "tessera_kubelet_plugin_published_devices 9",
+            format!(
+                "tessera_kubelet_plugin_gpu_healthy{{gpu=\"gpu-0\",uuid=\"{}\"}} 1",
+                node.gpus[0].uuid
+            )
+            .as_str(),
+            format!(
+                "tessera_kubelet_plugin_gpu_healthy{{gpu=\"gpu-1\",uuid=\"{}\"}} 0",
+                node.gpus[1].uuid
+            )
+            .as_str(),
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

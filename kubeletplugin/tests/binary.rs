@@ -176,3 +176,27 @@ async fn binary_serves_kubelet_and_stops_on_sigterm() {
     assert!(!reg_socket.exists());
     assert!(!Path::new(&info.endpoint).exists());
 }
+
+#[test]
+fn without_nvml_the_nvml_backend_stops_at_start_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("libnvidia-ml.so.1");
+    let output = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"))
+        .env("NODE_NAME", NODE)
+        .args(["--gpu-backend", "nvml", "--enforcement", "none"])
+        .arg("--nvml-library")
+        .arg(&missing)
+        .arg("--fake-claims")
+        .arg(dir.path().join("claims.yaml"))
+        .arg("--registration-dir")
+        .arg(dir.path().join("registry"))
+        .arg("--plugin-dir")
+        .arg(dir.path().join("plugin"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot load NVML"), "{stderr}");
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+    assert!(!dir.path().join("registry").exists(), "nothing was served");
+}

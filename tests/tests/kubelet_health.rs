@@ -41,10 +41,12 @@ async fn wait_for_taints(server: &FakeApiServer, name: &str, want: &[&str]) {
     .await;
 }
 
-/// The next message on the stream that names `device`.
-async fn next_status(
+/// The first report on the stream of `device` with health `want` (reports of the old health
+/// may come first: the stream repeats the whole list every refresh).
+async fn wait_status(
     stream: &mut tonic::Streaming<health::NodeWatchResourcesResponse>,
     device: &str,
+    want: health::HealthStatus,
 ) -> health::DeviceHealth {
     loop {
         let message = tokio::time::timeout(Duration::from_secs(30), stream.message())
@@ -55,7 +57,7 @@ async fn next_status(
         if let Some(d) = message
             .devices
             .into_iter()
-            .find(|d| d.device.as_ref().unwrap().device_name == device)
+            .find(|d| d.device.as_ref().unwrap().device_name == device && d.health() == want)
         {
             return d;
         }
@@ -118,15 +120,13 @@ async fn an_unhealthy_gpu_is_streamed_and_tainted_until_it_recovers() {
     wait_for_taints(&server, "gpu-1", &[]).await;
 
     plugin.write_inventory(&inventory(false));
-    let sick = next_status(&mut stream, "gpu-1").await;
-    assert_eq!(sick.health(), health::HealthStatus::Unhealthy);
+    let sick = wait_status(&mut stream, "gpu-1", health::HealthStatus::Unhealthy).await;
     assert!(sick.last_updated_time > 0);
     wait_for_taints(&server, "gpu-1", &[names::TAINT_UNHEALTHY]).await;
     wait_for_taints(&server, "gpu-0", &[]).await;
 
     plugin.write_inventory(&inventory(true));
-    let well = next_status(&mut stream, "gpu-1").await;
-    assert_eq!(well.health(), health::HealthStatus::Healthy);
+    let well = wait_status(&mut stream, "gpu-1", health::HealthStatus::Healthy).await;
     assert!(well.last_updated_time >= sick.last_updated_time);
     wait_for_taints(&server, "gpu-1", &[]).await;
 

@@ -655,7 +655,10 @@ async fn a_share_claim_gets_its_mps_daemon_until_it_is_unprepared() {
     let daemons = supervisor.daemons().unwrap();
     assert_eq!(daemons.len(), 1, "{daemons:?}");
     let (id, users) = daemons.into_iter().next().unwrap();
-    assert_eq!(users.into_iter().collect::<Vec<_>>(), [share.2.clone()]);
+    assert_eq!(
+        users.into_iter().collect::<Vec<_>>(),
+        std::slice::from_ref(&share.2)
+    );
     let pipe = h.path("mps").join(&id).join("pipe");
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 1, "{lines:?}");
@@ -730,4 +733,84 @@ async fn a_restarted_plugin_starts_the_mps_daemons_its_checkpoint_records() {
     assert!(lines[1].starts_with("client command=quit"));
     assert!(lines[2].starts_with("daemon args=-f"));
     supervisor.release(&share.2).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hami_core_share_gets_the_library_and_the_limits_its_allocation_records() {
+    let h = Harness::new();
+    let (node, share) = h
+        .claims
+        .iter()
+        .find(|(name, (_, node))| name.contains("share") && node != NODE)
+        .map(|(name, (_, node))| (node.clone(), h.claim_ref(name)))
+        .unwrap();
+    let text =
+        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
+    let inventory = Inventory::from_yaml(&text)
+        .unwrap()
+        .node(&node)
+        .cloned()
+        .unwrap();
+    // What the allocation records for the claim's device, as the node reads it.
+    let recorded =
+        tessera_driver::prepare::prepare_on_node(&h.claims[&share.1].0, DRIVER, &inventory)
+            .unwrap();
+    let limit = recorded.devices[0].share.expect("a share");
+    let cache = h.path("hami");
+    let preparer = CdiPreparer::new(
+        CdiPreparerConfig {
+            driver_name: DRIVER.to_owned(),
+            cdi_dir: h.path("cdi"),
+            state_dir: h.path("state"),
+            enforcement: Enforcement::HamiCore {
+                library_path: "/usr/local/vgpu/libvgpu.so".to_owned(),
+                cache_dir: cache.display().to_string(),
+            },
+            boot_id: "boot-1".to_owned(),
+        },
+        inventory,
+        Arc::new(h.source()),
+    )
+    .unwrap();
+    let plugin = h.start_with(preparer);
+    assert_eq!(
+        prepare_v1(&plugin, std::slice::from_ref(&share)).await[&share.2].error,
+        ""
+    );
+
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(h.path("cdi").join(cdi::spec_file_name(&share.2))).unwrap(),
+    )
+    .unwrap();
+    // Enforcement edits apply to the whole claim: the spec's own containerEdits.
+    let edits = &spec["containerEdits"];
+    let env: Vec<&str> = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mib = limit.memory_bytes >> 20;
+    assert!(
+        env.contains(&format!("CUDA_DEVICE_MEMORY_LIMIT_0={mib}m").as_str()),
+        "{env:?}"
+    );
+    if limit.compute_percent > 0 {
+        let sm = format!("CUDA_DEVICE_SM_LIMIT={}", limit.compute_percent);
+        assert!(env.contains(&sm.as_str()), "{env:?}");
+    }
+    assert!(
+        env.contains(&"LD_PRELOAD=/usr/local/tessera/hami/libvgpu.so"),
+        "{env:?}"
+    );
+    let mounts = edits["mounts"].as_array().unwrap();
+    assert_eq!(mounts[0]["hostPath"], "/usr/local/vgpu/libvgpu.so");
+    assert!(cache.join(&share.2).join("vgpulock").is_dir());
+
+    assert_eq!(
+        unprepare_v1(&plugin, std::slice::from_ref(&share)).await,
+        [""]
+    );
+    assert!(!cache.join(&share.2).exists());
+    plugin.shutdown().await.unwrap();
 }

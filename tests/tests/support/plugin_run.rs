@@ -32,7 +32,7 @@ impl RunningArgs {
         std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig()).unwrap();
         std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
         std::fs::write(dir.path().join("inventory.yaml"), inventory).unwrap();
-        let mut argv: Vec<String> = [
+        let mut command_line: Vec<String> = [
             "tessera-kubelet-plugin",
             "--node-name",
             node,
@@ -54,11 +54,11 @@ impl RunningArgs {
             ("--cdi-dir", "cdi"),
             ("--boot-id-file", "boot_id"),
         ] {
-            argv.push(flag.to_owned());
-            argv.push(path(file));
+            command_line.push(flag.to_owned());
+            command_line.push(path(file));
         }
-        argv.extend(extra.iter().map(ToString::to_string));
-        let args = tessera_kubelet_plugin::args::Args::try_parse_from(argv).unwrap();
+        command_line.extend(extra.iter().map(ToString::to_string));
+        let args = tessera_kubelet_plugin::args::Args::try_parse_from(command_line).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(args.run(async move {
             let _ = stopped.await;

@@ -1,0 +1,311 @@
+//! Processes as the MPS supervisor uses them: the `ProcessHost` seam, real processes
+//! (`OsProcessHost`) and recorded ones (`FakeProcessHost`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tessera_driver::mps;
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+
+/// A process to run: program, arguments and the variables added to its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// The program (a path, or a name looked up on `PATH`).
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set on top of the plugin's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// The host's processes and files, as the supervisor uses them.
+pub trait ProcessHost: Send + Sync {
+    /// Starts a long-running process; returns its id.
+    fn spawn(&self, spec: &ProcessSpec) -> Result<u32>;
+    /// Whether the process `pid` (one [`ProcessHost::spawn`] started) has exited.
+    fn has_exited(&self, pid: u32) -> Result<bool>;
+    /// Waits up to `timeout` for `pid` to exit, then kills it.
+    fn stop(&self, pid: u32, timeout: Duration) -> Result<()>;
+    /// Runs a process to completion with `input` on its stdin, killing it after `timeout`.
+    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()>;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// Whether a server accepts connections on the unix socket `path`.
+    fn answers(&self, path: &Path) -> bool;
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, path: &Path) -> Result<()>;
+}
+
+/// Real processes (`std::process`), reaped by [`ProcessHost::has_exited`] and
+/// [`ProcessHost::stop`].
+#[derive(Debug, Default)]
+pub struct OsProcessHost {
+    children: Mutex<HashMap<u32, Child>>,
+}
+
+impl OsProcessHost {
+    /// A host with no children yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn children(&self) -> Result<MutexGuard<'_, HashMap<u32, Child>>> {
+        self.children
+            .lock()
+            .map_err(|_| Error::Task("a thread panicked holding the MPS children".to_owned()))
+    }
+}
+
+fn command(spec: &ProcessSpec) -> Command {
+    let mut command = Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)));
+    command
+}
+
+/// Polls `done` every 20 ms until it says true or `timeout` passes; returns whether it did.
+pub(super) fn poll_until(
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_child(child: &mut Child, program: &Path, timeout: Duration) -> Result<()> {
+    let exited = poll_until(timeout, || {
+        child
+            .try_wait()
+            .map(|s| s.is_some())
+            .map_err(|e| Error::io("waiting for", program, e))
+    })?;
+    if !exited {
+        warn!(pid = child.id(), program = %program.display(), ?timeout, "process did not exit in time; killing it");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(())
+}
+
+impl ProcessHost for OsProcessHost {
+    fn spawn(&self, spec: &ProcessSpec) -> Result<u32> {
+        let child = command(spec)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| Error::io("starting", &spec.program, e))?;
+        let pid = child.id();
+        self.children()?.insert(pid, child);
+        Ok(pid)
+    }
+
+    fn has_exited(&self, pid: u32) -> Result<bool> {
+        let mut children = self.children()?;
+        let Some(child) = children.get_mut(&pid) else {
+            return Ok(true);
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                info!(pid, %status, "MPS control daemon exited");
+                children.remove(&pid);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(Error::io("waiting for", format!("process {pid}"), e)),
+        }
+    }
+
+    fn stop(&self, pid: u32, timeout: Duration) -> Result<()> {
+        let child = self.children()?.remove(&pid);
+        if let Some(mut child) = child {
+            wait_child(&mut child, Path::new("MPS control daemon"), timeout)?;
+        }
+        Ok(())
+    }
+
+    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()> {
+        let mut child = command(spec)
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::io("starting", &spec.program, e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .map_err(|e| Error::io("writing to", &spec.program, e))?;
+        }
+        wait_child(&mut child, &spec.program, timeout)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn answers(&self, path: &Path) -> bool {
+        std::os::unix::net::UnixStream::connect(path).is_ok()
+    }
+
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+    }
+}
+
+/// A call the supervisor made on a [`FakeProcessHost`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostCall {
+    /// A process was started; it got this id.
+    Spawn(ProcessSpec, u32),
+    /// A process was waited for and stopped.
+    Stop(u32),
+    /// A process was run to completion with this input.
+    Run(ProcessSpec, String),
+    /// A directory was created.
+    CreateDir(PathBuf),
+}
+
+/// Processes that exist only as records: spawned processes get ids from 100 up and create the
+/// daemon's control socket at once (unless told not to); [`FakeProcessHost::kill`] ends one.
+#[derive(Debug, Default)]
+pub struct FakeProcessHost {
+    state: Mutex<FakeState>,
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    calls: Vec<HostCall>,
+    next_pid: u32,
+    alive: BTreeSet<u32>,
+    paths: BTreeSet<PathBuf>,
+    never_ready: bool,
+    fail_spawn: bool,
+    answering: bool,
+}
+
+impl FakeProcessHost {
+    /// A host where every spawned daemon becomes ready at once.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, FakeState> {
+        // A panicking test thread poisons the lock; the records are still worth reading.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Vec<HostCall> {
+        self.state().calls.clone()
+    }
+
+    /// Ends process `pid` as if it crashed.
+    pub fn kill(&self, pid: u32) {
+        self.state().alive.remove(&pid);
+    }
+
+    /// Makes later spawned daemons never create their control socket.
+    pub fn never_ready(&self) {
+        self.state().never_ready = true;
+    }
+
+    /// Leaves a daemon of an earlier run on `pipe_dir`: its control socket exists and, when
+    /// `answering`, accepts connections.
+    pub fn leftover_daemon(&self, pipe_dir: &str, answering: bool) {
+        let mut s = self.state();
+        s.paths
+            .insert(PathBuf::from(format!("{pipe_dir}/{}", mps::CONTROL_SOCKET)));
+        s.answering = answering;
+    }
+
+    /// Makes later spawns fail (a missing binary).
+    pub fn fail_spawns(&self, fail: bool) {
+        self.state().fail_spawn = fail;
+    }
+
+    /// The processes running now.
+    pub fn alive(&self) -> BTreeSet<u32> {
+        self.state().alive.clone()
+    }
+}
+
+impl ProcessHost for FakeProcessHost {
+    fn spawn(&self, spec: &ProcessSpec) -> Result<u32> {
+        let mut s = self.state();
+        if s.fail_spawn {
+            return Err(Error::io(
+                "starting",
+                &spec.program,
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ));
+        }
+        let pid = 100 + s.next_pid;
+        s.next_pid += 1;
+        s.alive.insert(pid);
+        if !s.never_ready
+            && let Some((_, pipe)) = spec
+                .env
+                .iter()
+                .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+        {
+            let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
+            s.paths.insert(control);
+        }
+        s.calls.push(HostCall::Spawn(spec.clone(), pid));
+        Ok(pid)
+    }
+
+    fn has_exited(&self, pid: u32) -> Result<bool> {
+        Ok(!self.state().alive.contains(&pid))
+    }
+
+    fn stop(&self, pid: u32, _timeout: Duration) -> Result<()> {
+        let mut s = self.state();
+        s.alive.remove(&pid);
+        s.calls.push(HostCall::Stop(pid));
+        Ok(())
+    }
+
+    fn run(&self, spec: &ProcessSpec, input: &str, _timeout: Duration) -> Result<()> {
+        let mut s = self.state();
+        if let Some((_, pipe)) = spec
+            .env
+            .iter()
+            .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+        {
+            let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
+            s.paths.remove(&control);
+        }
+        s.calls.push(HostCall::Run(spec.clone(), input.to_owned()));
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.state().paths.contains(path)
+    }
+
+    fn answers(&self, path: &Path) -> bool {
+        let s = self.state();
+        s.paths.contains(path) && s.answering
+    }
+
+    fn create_dir_all(&self, path: &Path) -> Result<()> {
+        self.state()
+            .calls
+            .push(HostCall::CreateDir(path.to_owned()));
+        Ok(())
+    }
+}
