@@ -439,3 +439,24 @@ fn pods_fail_open_claims_fail_closed_and_the_paths_are_the_controllers() {
         )]
     );
 }
+
+#[test]
+fn the_image_builds_every_binary_the_chart_runs() {
+    let dockerfile = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
+    let docs = documents();
+    let mut commands = Vec::new();
+    for (_, doc) in &docs {
+        let containers = &doc["spec"]["template"]["spec"]["containers"];
+        for container in containers.as_sequence().into_iter().flatten() {
+            commands.extend(strings(&container["command"]));
+        }
+    }
+    assert!(commands.len() >= 2, "{commands:?}");
+    for command in commands {
+        assert!(
+            dockerfile.contains(&format!("--bin {command}"))
+                && dockerfile.contains(&format!("target/release/{command}")),
+            "deploy/Dockerfile does not build {command}"
+        );
+    }
+}

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DynamicObject};
@@ -34,16 +35,19 @@ pub trait AdmissionLookup: Send + Sync {
 }
 
 /// The lookup against the API server, in the resource.k8s.io version it serves.
-#[derive(Clone)]
+///
+/// The version is discovered at construction; an answer "not found" makes the next lookup
+/// discover it again, so a cluster upgraded under a running controller (a version no longer
+/// served) costs one lookup, not every lookup after it.
 pub struct ApiAdmissionLookup {
     client: kube::Client,
-    version: ApiVersion,
+    version: Mutex<Option<ApiVersion>>,
 }
 
 impl std::fmt::Debug for ApiAdmissionLookup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiAdmissionLookup")
-            .field("version", &self.version)
+            .field("version", &self.cached_version())
             .finish_non_exhaustive()
     }
 }
@@ -57,7 +61,27 @@ impl ApiAdmissionLookup {
 
     /// A lookup through `client` in a known served version.
     pub fn with_version(client: kube::Client, version: ApiVersion) -> Self {
-        Self { client, version }
+        Self {
+            client,
+            version: Mutex::new(Some(version)),
+        }
+    }
+
+    fn cached_version(&self) -> Option<ApiVersion> {
+        *self.version.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_version(&self, version: Option<ApiVersion>) {
+        *self.version.lock().unwrap_or_else(PoisonError::into_inner) = version;
+    }
+
+    async fn version(&self) -> Result<ApiVersion> {
+        if let Some(v) = self.cached_version() {
+            return Ok(v);
+        }
+        let v = apiserver::served_resource_version(&self.client).await?;
+        self.set_version(Some(v));
+        Ok(v)
     }
 
     async fn get(
@@ -67,7 +91,8 @@ impl ApiAdmissionLookup {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<Object>> {
-        let resource = apiserver::resource(self.version, kind, plural);
+        let version = self.version().await?;
+        let resource = apiserver::resource(version, kind, plural);
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
             None => Api::all_with(self.client.clone(), &resource),
@@ -82,6 +107,8 @@ impl ApiAdmissionLookup {
             .await
             .map_err(|e| Error::api(action.clone(), &e))?
         else {
+            // The object, or the whole version (the cluster was upgraded): look again next time.
+            self.set_version(None);
             return Ok(None);
         };
         let mut value = serde_json::to_value(&found).map_err(|e| Error::Api {
@@ -92,7 +119,7 @@ impl ApiAdmissionLookup {
         if let Some(map) = value.as_object_mut() {
             // An answer without type information is the kind and version asked for.
             map.entry("apiVersion")
-                .or_insert_with(|| self.version.as_str().into());
+                .or_insert_with(|| version.as_str().into());
             map.entry("kind").or_insert_with(|| kind.into());
         }
         Ok(Some(apiversion::decode_document(value, &described)?))
