@@ -221,3 +221,111 @@ pub fn cluster_view(
             .collect(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::allocator::Policy;
+    use crate::batch::{BatchInput, BatchOptions, allocate_batch};
+    use crate::inventory::Inventory;
+    use crate::slices::{RenderOptions, render};
+
+    fn slices() -> Vec<res::ResourceSlice> {
+        let inventory = Inventory::from_yaml(
+            "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-40g\n    mig:\n    - profile: 1g.5gb\n      count: 2\n",
+        )
+        .unwrap();
+        render(
+            inventory.node("n").unwrap(),
+            &RenderOptions {
+                consumable_capacity: true,
+                ..RenderOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn share(name: &str, memory: &str, compute: i64) -> res::ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": name},
+            "spec": {"devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": names::CLASS_SHARED_GPU}}],
+                "config": [{"opaque": {"driver": names::DEFAULT_DRIVER_NAME, "parameters":
+                    {"apiVersion": names::CONFIG_API_VERSION, "kind": "GpuShare", "memory": memory, "compute": compute}}}],
+            }},
+        }))
+        .unwrap()
+    }
+
+    /// The claims placed by the allocator, with their allocations recorded.
+    fn allocated(
+        slices: &[res::ResourceSlice],
+        claims: Vec<res::ResourceClaim>,
+    ) -> Vec<res::ResourceClaim> {
+        let classes: Vec<res::DeviceClass> = vec![serde_json::from_value(json!({
+            "metadata": {"name": names::CLASS_SHARED_GPU},
+            "spec": {"selectors": [{"cel": {"expression": "device.attributes[\"gpu.tessera.dev\"].sharing == \"shared\""}}]},
+        }))
+        .unwrap()];
+        let outcomes = allocate_batch(
+            &BatchInput {
+                classes: &classes,
+                slices,
+                claims: &claims,
+                nodes: &[],
+                pods: &[],
+            },
+            &BatchOptions {
+                driver_name: names::DEFAULT_DRIVER_NAME.to_owned(),
+                policy: Policy::FirstFit,
+                node: None,
+            },
+        )
+        .unwrap();
+        claims
+            .into_iter()
+            .zip(outcomes)
+            .map(|(mut c, o)| {
+                assert!(o.allocated, "{o:?}");
+                c.status = Some(res::ResourceClaimStatus {
+                    allocation: o.allocation,
+                    ..Default::default()
+                });
+                c
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shares_add_up_and_mig_instances_show_as_mig() {
+        let slices = slices();
+        let claims = allocated(&slices, vec![share("a", "8Gi", 25), share("b", "16Gi", 50)]);
+        let view = cluster_view(names::DEFAULT_DRIVER_NAME, &slices, &[], &claims, &[]).unwrap();
+        assert_eq!(view.nodes.len(), 1);
+        let gpus = &view.nodes[0].gpus;
+        let shared = gpus.iter().find(|g| g.device == "gpu-0").unwrap();
+        assert_eq!(shared.mode, "shared");
+        assert_eq!(shared.shares, 2);
+        assert_eq!(shared.memory_allocated.to_string(), "24Gi");
+        assert_eq!(shared.memory_free.to_string(), "56Gi");
+        assert_eq!((shared.compute_allocated, shared.compute_free), (75, 25));
+        let names: Vec<&str> = shared.claims.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let mig: Vec<&GpuRow> = gpus.iter().filter(|g| g.mode == "mig").collect();
+        assert_eq!(mig.len(), 2);
+        assert!(
+            mig.iter()
+                .all(|g| g.claims.is_empty() && g.compute_allocated == 0)
+        );
+    }
+
+    #[test]
+    fn other_drivers_devices_are_left_out() {
+        let view = cluster_view("other.example.com", &slices(), &[], &[], &[]).unwrap();
+        assert!(view.nodes.is_empty());
+    }
+}

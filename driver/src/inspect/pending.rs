@@ -290,3 +290,56 @@ fn unmet_conditions(pod: &core::Pod) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn explain(spec: &serde_json::Value) -> PodExplanation {
+        let pod: core::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": spec,
+            "status": {"conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "gated"},
+                {"type": "Initialized", "status": "True"},
+            ]},
+        }))
+        .unwrap();
+        let cluster = ClusterObjects {
+            classes: &[],
+            slices: &[],
+            claims: &[],
+            nodes: &[],
+        };
+        explain_pod(names::DEFAULT_DRIVER_NAME, Policy::FirstFit, &pod, &cluster).unwrap()
+    }
+
+    #[test]
+    fn a_bound_pod_is_not_pending_on_scheduling() {
+        let e = explain(&json!({"containers": [], "nodeName": "n1"}));
+        assert_eq!(e.verdict, Verdict::Scheduled);
+        assert!(e.message.contains("n1"));
+    }
+
+    #[test]
+    fn a_pod_behind_someone_elses_gate_names_the_gate() {
+        let e =
+            explain(&json!({"containers": [], "schedulingGates": [{"name": "example.com/quota"}]}));
+        assert_eq!(e.verdict, Verdict::NotGated);
+        assert!(e.message.contains("example.com/quota"), "{}", e.message);
+        assert_eq!(e.conditions, ["PodScheduled: SchedulingGated: gated"]);
+    }
+
+    #[test]
+    fn a_gated_pod_with_every_claim_allocated_waits_for_the_controller() {
+        let e = explain(
+            &json!({"containers": [], "schedulingGates": [{"name": names::SCHEDULING_GATE}]}),
+        );
+        assert_eq!(e.verdict, Verdict::Allocated);
+        assert!(e.message.contains("controller"));
+    }
+}
