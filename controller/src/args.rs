@@ -4,15 +4,18 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use tessera_driver::allocator::Policy;
 use tessera_driver::names;
+use tokio::sync::watch;
 
 use crate::leader::LeaderConfig;
 use crate::service::{self, ControllerConfig};
+use crate::webhook::{self, ApiAdmissionLookup, WebhookConfig};
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -40,12 +43,11 @@ pub struct Args {
     /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
-    /// Where the admission webhook listens (HTTPS). Parsed here; the webhook server is wired
-    /// into this binary when the webhook branch is merged (lead's merge).
-    #[arg(long, env = "TESSERA_WEBHOOK_ADDR")]
+    /// Where the admission webhook listens (HTTPS), e.g. `0.0.0.0:9443`; not served without it.
+    #[arg(long, env = "TESSERA_WEBHOOK_ADDR", requires = "webhook_cert_dir")]
     pub webhook_addr: Option<SocketAddr>,
-    /// Folder holding the webhook's tls.crt and tls.key. Parsed here; used once the webhook
-    /// branch is merged (lead's merge).
+    /// Folder holding the webhook's tls.crt and tls.key (a mounted Secret; reloaded when it
+    /// changes).
     #[arg(long, env = "TESSERA_WEBHOOK_CERT_DIR")]
     pub webhook_cert_dir: Option<PathBuf>,
     /// Elect a leader among replicas on a Lease (turn off only with a single replica).
@@ -173,7 +175,33 @@ impl Args {
             leader.validate()?;
         }
         let client = crate::apiserver::client(self.kubeconfig.as_deref()).await?;
-        service::run(client, config, shutdown).await?;
+        let webhook = match (self.webhook_addr, self.webhook_cert_dir) {
+            (Some(addr), Some(cert_dir)) => {
+                let mut webhook_config = WebhookConfig::new(addr, cert_dir);
+                webhook_config.driver_name.clone_from(&config.driver_name);
+                let lookup = Arc::new(ApiAdmissionLookup::new(client.clone()).await?);
+                Some(webhook::bind(webhook_config, lookup).await?)
+            }
+            _ => None,
+        };
+        // The webhook stops with the service: on the signal, or when the service fails (the
+        // sender is dropped with the service's future).
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let webhook_task = webhook.map(|w| {
+            let mut stop = stop_rx.clone();
+            tokio::spawn(w.run(async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            }))
+        });
+        let outcome = service::run(client, config, async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+        .await;
+        if let Some(task) = webhook_task {
+            task.await.context("the webhook task")??;
+        }
+        outcome?;
         Ok(())
     }
 }
@@ -191,8 +219,28 @@ mod tests {
                 Args::try_parse_from(["tessera-controller", "--policy", &p.to_string()]).unwrap();
             assert_eq!(args.policy, p);
         }
-        let err = Args::try_parse_from(["tessera-controller", "--policy", "best-fit"]).unwrap_err();
+        let err = Args::try_parse_from(["tessera-controller", "--policy", "no-such-policy"])
+            .unwrap_err();
         assert!(err.to_string().contains("unknown policy"), "{err}");
+    }
+
+    #[test]
+    fn the_webhook_needs_its_certificate_folder() {
+        let err = Args::try_parse_from(["tessera-controller", "--webhook-addr", "127.0.0.1:9443"])
+            .unwrap_err();
+        assert!(err.to_string().contains("--webhook-cert-dir"), "{err}");
+        let args = Args::try_parse_from([
+            "tessera-controller",
+            "--webhook-addr",
+            "127.0.0.1:9443",
+            "--webhook-cert-dir",
+            "/etc/tessera/webhook",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.webhook_cert_dir.as_deref(),
+            Some(std::path::Path::new("/etc/tessera/webhook"))
+        );
     }
 
     #[test]
