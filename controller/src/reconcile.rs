@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_driver::allocator::{Allocator, AllocatorOptions, Policy, claim_key};
+use tessera_driver::allocator::{Allocator, AllocatorOptions, FailureKind, Policy, claim_key};
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -105,7 +105,12 @@ pub struct Reconciler {
     leader: watch::Receiver<bool>,
     remembered: HashMap<String, Remembered>,
     reported_unbound: BTreeSet<String>,
+    gauges_at: Option<Instant>,
 }
+
+/// How often the per-device gauges are recomputed while pods are being placed (they cost a
+/// walk over every device).
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
 fn pod_key(pod: &Pod) -> String {
     format!(
@@ -144,6 +149,7 @@ impl Reconciler {
             leader,
             remembered: HashMap::new(),
             reported_unbound: BTreeSet::new(),
+            gauges_at: None,
         }
     }
 
@@ -234,12 +240,21 @@ impl Reconciler {
         if !report.lost_leadership {
             self.report_unbound(view).await;
         }
-        let usage = view
-            .snapshot()
-            .map(|s| s.device_usage())
-            .unwrap_or_default();
-        self.metrics
-            .set_state(report.pending, self.reported_unbound.len(), &usage);
+        let busy = report.placed > 0 || report.released > 0;
+        let due = self
+            .gauges_at
+            .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
+        let usage = if due {
+            self.gauges_at = Some(Instant::now());
+            view.snapshot().ok().map(|s| s.device_usage())
+        } else {
+            None
+        };
+        self.metrics.set_state(
+            report.pending,
+            self.reported_unbound.len(),
+            usage.as_deref(),
+        );
         report
     }
 
@@ -342,7 +357,7 @@ impl Reconciler {
             .filter_map(|k| view.claims().get(k).cloned())
             .collect();
         let outcome = if candidates.is_empty() {
-            Err(format!("no node can take the pod: {node_summary}"))
+            Err((format!("no node can take the pod: {node_summary}"), false))
         } else {
             let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
             let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
@@ -354,12 +369,17 @@ impl Reconciler {
                     } else {
                         String::new()
                     };
-                    format!("{u}{excluded}")
+                    // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
+                    let invalid = u
+                        .failures
+                        .iter()
+                        .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
+                    (format!("{u}{excluded}"), invalid)
                 })
         };
         let placement = match outcome {
             Ok(p) => p,
-            Err(message) => {
+            Err((message, invalid)) => {
                 // Claims already allocated by this controller tie the pod to a node that no
                 // longer fits: give them back so the next attempt may choose freely.
                 if node.is_some() {
@@ -378,7 +398,11 @@ impl Reconciler {
                         }
                     }
                 }
-                return Err(NotPlaced::Unschedulable(message));
+                return Err(if invalid {
+                    NotPlaced::Refused(message)
+                } else {
+                    NotPlaced::Unschedulable(message)
+                });
             }
         };
         let stamp = Time(now());
