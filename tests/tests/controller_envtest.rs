@@ -49,7 +49,7 @@ async fn the_gate_protocol_against_a_real_api_server() {
     create_claim(&client, version, share_claim("bound-share", 10)).await;
     create_pod(&client, &gated_pod("bound", &["bound-share"], &[], "1")).await;
     eventually(
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         "every ungated pod is bound to its allocation's node",
         || async {
             let pods = pods(&client).await;
