@@ -26,6 +26,8 @@ use tokio::sync::watch;
 const NODES: usize = 1000;
 const GPUS: usize = 8;
 const PODS: usize = 1000;
+/// [`PODS`] as a float, for rates.
+const PODS_F64: f64 = 1000.0;
 
 fn inventory() -> Inventory {
     use std::fmt::Write as _;
@@ -178,8 +180,8 @@ fn throughput(c: &mut Criterion) {
         {
             println!(
                 "controller throughput: {PODS} gated pods on {NODES} nodes x {GPUS} GPUs: mean {:.0} pods/s, best {:.0} pods/s over {} samples",
-                PODS as f64 / mean.as_secs_f64(),
-                PODS as f64 / best.as_secs_f64(),
+                PODS_F64 / mean.as_secs_f64(),
+                PODS_F64 / best.as_secs_f64(),
                 samples.len()
             );
         }
