@@ -12,6 +12,7 @@
 pub mod reflector;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
@@ -114,6 +115,7 @@ pub struct ClusterView {
     claims: BTreeMap<String, res::ResourceClaim>,
     pods: BTreeMap<String, Pod>,
     nodes: BTreeMap<String, Node>,
+    node_list: Option<Arc<Vec<Node>>>,
     snapshot: Option<Snapshot>,
     synced: BTreeSet<Resource>,
     generation: u64,
@@ -129,6 +131,7 @@ impl ClusterView {
             claims: BTreeMap::new(),
             pods: BTreeMap::new(),
             nodes: BTreeMap::new(),
+            node_list: None,
             snapshot: None,
             synced: BTreeSet::new(),
             generation: 0,
@@ -164,6 +167,15 @@ impl ClusterView {
     /// Nodes by name.
     pub fn nodes(&self) -> &BTreeMap<String, Node> {
         &self.nodes
+    }
+
+    /// Every node, in name order, shared: the allocator's candidate list when all nodes fit a
+    /// pod, without copying a thousand Node objects per pod.
+    pub fn node_list(&mut self) -> Arc<Vec<Node>> {
+        Arc::clone(
+            self.node_list
+                .get_or_insert_with(|| Arc::new(self.nodes.values().cloned().collect())),
+        )
     }
 
     /// The allocator's snapshot, rebuilt first when slices or classes changed.
@@ -287,6 +299,7 @@ impl ClusterView {
                     self.nodes.get(&key).and_then(|o| meta_version(&o.metadata)),
                 ) {
                     self.nodes.insert(key, n);
+                    self.node_list = None;
                     self.generation += 1;
                 }
             }
@@ -362,6 +375,7 @@ impl ClusterView {
             }
             Resource::Nodes => {
                 self.nodes.remove(key);
+                self.node_list = None;
             }
         }
         self.generation += 1;
@@ -418,6 +432,19 @@ mod tests {
         }
         assert!(view.is_synced());
         assert!(view.claims().is_empty());
+    }
+
+    #[test]
+    fn the_shared_node_list_follows_node_changes() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let node =
+            |name: &str| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        view.apply(Resource::Nodes, Change::Applied(node("a")));
+        assert_eq!(view.node_list().len(), 1);
+        view.apply(Resource::Nodes, Change::Applied(node("b")));
+        assert_eq!(view.node_list().len(), 2);
+        view.apply(Resource::Nodes, Change::Deleted(node("a")));
+        assert_eq!(view.node_list().len(), 1);
     }
 
     #[test]

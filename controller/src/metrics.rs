@@ -185,10 +185,11 @@ impl Metrics {
         self.leader.set(i64::from(leading));
     }
 
-    /// Sets the state gauges from the view.
-    pub fn set_state(&self, pending: usize, unbound: usize, usage: &[DeviceUsage]) {
+    /// Sets the state gauges from the view; the per-device ones only when `usage` is given.
+    pub fn set_state(&self, pending: usize, unbound: usize, usage: Option<&[DeviceUsage]>) {
         self.pending.set(i64::try_from(pending).unwrap_or(i64::MAX));
         self.unbound.set(i64::try_from(unbound).unwrap_or(i64::MAX));
+        let Some(usage) = usage else { return };
         self.gpu_memory.clear();
         self.gpu_compute.clear();
         for d in usage {

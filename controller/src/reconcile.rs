@@ -9,13 +9,14 @@
 //! claims rolls back what this pass wrote for that pod.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_driver::allocator::{Allocator, AllocatorOptions, Policy, claim_key};
+use tessera_driver::allocator::{Allocator, AllocatorOptions, FailureKind, Policy, claim_key};
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -105,7 +106,12 @@ pub struct Reconciler {
     leader: watch::Receiver<bool>,
     remembered: HashMap<String, Remembered>,
     reported_unbound: BTreeSet<String>,
+    gauges_at: Option<Instant>,
 }
+
+/// How often the per-device gauges are recomputed while pods are being placed (they cost a
+/// walk over every device).
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
 fn pod_key(pod: &Pod) -> String {
     format!(
@@ -144,6 +150,7 @@ impl Reconciler {
             leader,
             remembered: HashMap::new(),
             reported_unbound: BTreeSet::new(),
+            gauges_at: None,
         }
     }
 
@@ -152,6 +159,7 @@ impl Reconciler {
     }
 
     /// One pass; see the module docs.
+    #[allow(clippy::too_many_lines)] // Reason: the pass's order (release, place, report) reads best in one place.
     pub async fn pass(&mut self, view: &mut ClusterView) -> PassReport {
         let mut report = PassReport::default();
         if !self.leading() {
@@ -160,27 +168,29 @@ impl Reconciler {
         }
         self.release_orphans(view, &mut report).await;
         let mut usage = node_usage(view);
-        let mut gated: Vec<&Pod> = view
+        let mut gated: Vec<(Option<Timestamp>, String)> = view
             .pods()
-            .values()
-            .filter(|p| gate::is_gated(p) && !gate::is_done(p))
+            .iter()
+            .filter(|(_, p)| gate::is_gated(p) && !gate::is_done(p))
+            .map(|(k, p)| {
+                (
+                    p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    k.clone(),
+                )
+            })
             .collect();
         // Oldest first, as kube-scheduler's queue would take them.
-        gated.sort_by(|a, b| {
-            let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            created(a)
-                .cmp(&created(b))
-                .then_with(|| pod_key(a).cmp(&pod_key(b)))
-        });
-        let gated: Vec<Pod> = gated.into_iter().cloned().collect();
-        let live: BTreeSet<String> = gated.iter().map(pod_key).collect();
+        gated.sort();
+        let live: BTreeSet<&String> = gated.iter().map(|(_, k)| k).collect();
         self.remembered.retain(|k, _| live.contains(k));
-        for pod in gated {
+        for (_, key) in gated {
             if !self.leading() {
                 report.lost_leadership = true;
                 break;
             }
-            let key = pod_key(&pod);
+            let Some(pod) = view.pods().get(&key) else {
+                continue;
+            };
             if let Some(r) = self.remembered.get(&key)
                 && r.generation == view.generation()
                 && r.pod_version == pod.metadata.resource_version
@@ -188,6 +198,7 @@ impl Reconciler {
                 report.pending += 1;
                 continue;
             }
+            let pod = pod.clone();
             match gate::plan_pod(&pod, view.claims()) {
                 PodPlan::Ignore => {}
                 PodPlan::Wait(why) => {
@@ -234,12 +245,21 @@ impl Reconciler {
         if !report.lost_leadership {
             self.report_unbound(view).await;
         }
-        let usage = view
-            .snapshot()
-            .map(|s| s.device_usage())
-            .unwrap_or_default();
-        self.metrics
-            .set_state(report.pending, self.reported_unbound.len(), &usage);
+        let busy = report.placed > 0 || report.released > 0;
+        let due = self
+            .gauges_at
+            .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
+        let usage = if due {
+            self.gauges_at = Some(Instant::now());
+            view.snapshot().ok().map(|s| s.device_usage())
+        } else {
+            None
+        };
+        self.metrics.set_state(
+            report.pending,
+            self.reported_unbound.len(),
+            usage.as_deref(),
+        );
         report
     }
 
@@ -300,28 +320,44 @@ impl Reconciler {
     }
 
     /// Candidate nodes for `pod` (all nodes, or only `only`), and a summary of those refused.
+    /// When every node fits, the view's shared list is handed out as is.
     fn candidates(
-        view: &ClusterView,
+        view: &mut ClusterView,
         pod: &Pod,
         requests: Resources,
         only: Option<&str>,
         usage: &BTreeMap<String, Resources>,
-    ) -> (Vec<Node>, String) {
-        let mut fit = Vec::new();
+    ) -> (Arc<Vec<Node>>, String) {
+        let mut fits = Vec::with_capacity(view.nodes().len());
         let mut misfits = Vec::new();
         let mut total = 0;
         for (name, node) in view.nodes() {
             if only.is_some_and(|o| o != name) {
+                fits.push(false);
                 continue;
             }
             total += 1;
             let used = usage.get(name).copied().unwrap_or_default();
             match nodefit::check(pod, requests, node, used) {
-                Ok(()) => fit.push(node.clone()),
-                Err(m) => misfits.push(m),
+                Ok(()) => fits.push(true),
+                Err(m) => {
+                    fits.push(false);
+                    misfits.push(m);
+                }
             }
         }
-        (fit, nodefit::summarize(total, &misfits))
+        let summary = nodefit::summarize(total, &misfits);
+        if fits.iter().all(|f| *f) {
+            return (view.node_list(), summary);
+        }
+        let fit: Vec<Node> = view
+            .nodes()
+            .values()
+            .zip(&fits)
+            .filter(|(_, f)| **f)
+            .map(|(n, _)| n.clone())
+            .collect();
+        (Arc::new(fit), summary)
     }
 
     #[allow(clippy::too_many_lines)] // Reason: the protocol for one pod reads best in order.
@@ -342,24 +378,30 @@ impl Reconciler {
             .filter_map(|k| view.claims().get(k).cloned())
             .collect();
         let outcome = if candidates.is_empty() {
-            Err(format!("no node can take the pod: {node_summary}"))
+            Err((format!("no node can take the pod: {node_summary}"), false))
         } else {
             let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
+            let all_nodes = view.nodes().len();
             let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
             self.allocator
                 .allocate(snapshot, &refs, &candidates)
                 .map_err(|u| {
-                    let excluded = if candidates.len() < view.nodes().len() {
+                    let excluded = if candidates.len() < all_nodes {
                         format!(" (nodes considered: {node_summary})")
                     } else {
                         String::new()
                     };
-                    format!("{u}{excluded}")
+                    // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
+                    let invalid = u
+                        .failures
+                        .iter()
+                        .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
+                    (format!("{u}{excluded}"), invalid)
                 })
         };
         let placement = match outcome {
             Ok(p) => p,
-            Err(message) => {
+            Err((message, invalid)) => {
                 // Claims already allocated by this controller tie the pod to a node that no
                 // longer fits: give them back so the next attempt may choose freely.
                 if node.is_some() {
@@ -378,7 +420,11 @@ impl Reconciler {
                         }
                     }
                 }
-                return Err(NotPlaced::Unschedulable(message));
+                return Err(if invalid {
+                    NotPlaced::Refused(message)
+                } else {
+                    NotPlaced::Unschedulable(message)
+                });
             }
         };
         let stamp = Time(now());

@@ -41,6 +41,12 @@ async fn a_v1beta2_server_is_served_the_same_protocol() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1beta1_server_is_served_the_same_protocol() {
+    let (_server, client, _dir) = start(&["v1beta1"]).await;
+    place_several_pods(&client, ApiVersion::V1beta1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allocation_is_written_as_kube_scheduler_writes_it() {
     let (server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(1, 4, true), "8").await;
@@ -626,4 +632,31 @@ async fn metrics_and_probes_are_served_over_http() {
     })
     .await;
     task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_capacity_request_is_refused_and_frees_nothing() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    seed(&client, ApiVersion::V1, &inventory(1, 2, true), "8").await;
+    let running = start_controller(&client, config(Policy::FirstFit, None));
+    let mut negative = share_claim("negative", 1);
+    negative["spec"]["devices"]["config"] = serde_json::Value::Null;
+    negative["spec"]["devices"]["requests"][0]["exactly"]["capacity"] =
+        serde_json::json!({"requests": {"memory": "-5Gi"}});
+    create_claim(&client, ApiVersion::V1, negative).await;
+    create_pod(&client, &gated_pod("p", &["negative"], &[], "1")).await;
+    eventually(WAIT, "the pod is refused with the rule", || async {
+        server.objects("events").iter().any(|e| {
+            e["reason"] == "AllocationRefused"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("negative"))
+        })
+    })
+    .await;
+    assert!(gate::is_gated(&pods(&client).await["p"]));
+    assert!(!gate::is_allocated(
+        &claims(&client, ApiVersion::V1).await["negative"]
+    ));
+    running.stop().await;
 }

@@ -1,0 +1,222 @@
+//! Starting a real kube-apiserver and etcd (and kube-scheduler when present) on loopback from
+//! the binaries in `KUBEBUILDER_ASSETS`, for the controller's envtest-style run. Nothing is
+//! ever downloaded. (The kubelet plugin's envtest has the same start-up sequence; the lead may
+//! fold the two into this module.)
+#![allow(dead_code, reason = "each test file uses a subset")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tessera_controller::apiserver;
+
+const TOKEN: &str = "tessera-envtest-token";
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Children killed when dropped, so a failed assertion leaves no server behind.
+pub(crate) struct Processes(pub(crate) Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub(crate) fn assets() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("KUBEBUILDER_ASSETS").ok_or("KUBEBUILDER_ASSETS is not set")?;
+    let dir = PathBuf::from(dir);
+    for binary in ["etcd", "kube-apiserver"] {
+        if !dir.join(binary).is_file() {
+            return Err(format!("{} has no {binary}", dir.display()));
+        }
+    }
+    let openssl = Command::new("openssl").arg("version").output();
+    if !openssl.is_ok_and(|o| o.status.success()) {
+        return Err("openssl is not on the PATH".to_owned());
+    }
+    Ok(dir)
+}
+
+/// `(major, minor)` of the kube-apiserver binary.
+pub(crate) fn server_version(bin: &Path) -> (u32, u32) {
+    let out = Command::new(bin).arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "Kubernetes v1.34.1"
+    let version = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('v'))
+        .expect("kube-apiserver --version prints a version");
+    let mut parts = version.split('.');
+    let major = parts.next().unwrap().parse().unwrap();
+    let minor = parts
+        .next()
+        .unwrap()
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap();
+    (major, minor)
+}
+
+pub(crate) struct Cluster {
+    pub(crate) processes: Processes,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) kubeconfig: PathBuf,
+    pub(crate) minor: u32,
+}
+
+#[allow(
+    clippy::too_many_lines,
+    reason = "the start-up sequence reads best in order"
+)]
+pub(crate) async fn start_cluster(assets: &Path) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let etcd_port = free_port();
+    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+    let etcd = Command::new(assets.join("etcd"))
+        .args(["--data-dir", path("etcd").to_str().unwrap()])
+        .args(["--listen-client-urls", &etcd_url])
+        .args(["--advertise-client-urls", &etcd_url])
+        .args([
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{}", free_port()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut processes = Processes(vec![etcd]);
+
+    let status = Command::new("openssl")
+        .args(["genrsa", "-out", path("sa.key").to_str().unwrap(), "2048"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "openssl genrsa failed");
+    std::fs::write(
+        path("tokens.csv"),
+        format!("{TOKEN},admin,admin,system:masters\n"),
+    )
+    .unwrap();
+
+    let apiserver_bin = assets.join("kube-apiserver");
+    let (_, minor) = server_version(&apiserver_bin);
+    let port = free_port();
+    let mut command = Command::new(&apiserver_bin);
+    command
+        .args(["--etcd-servers", &etcd_url])
+        .args(["--bind-address", "127.0.0.1"])
+        .args(["--advertise-address", "127.0.0.1"])
+        .args(["--secure-port", &port.to_string()])
+        .args(["--cert-dir", path("certs").to_str().unwrap()])
+        .args(["--token-auth-file", path("tokens.csv").to_str().unwrap()])
+        .args(["--authorization-mode", "AlwaysAllow"])
+        .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+        .args(["--service-account-issuer", "https://localhost"])
+        .args([
+            "--service-account-key-file",
+            path("sa.key").to_str().unwrap(),
+        ])
+        .args([
+            "--service-account-signing-key-file",
+            path("sa.key").to_str().unwrap(),
+        ])
+        .args(["--disable-admission-plugins", "ServiceAccount"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(path("kube-apiserver.log")).unwrap());
+    // Before 1.34 DRA is beta: off unless asked for.
+    match minor {
+        32 => {
+            command
+                .arg("--feature-gates=DynamicResourceAllocation=true")
+                .arg("--runtime-config=resource.k8s.io/v1beta1=true");
+        }
+        33 => {
+            command
+                .arg("--feature-gates=DynamicResourceAllocation=true")
+                .arg("--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true");
+        }
+        _ => {}
+    }
+    processes.0.push(command.spawn().unwrap());
+
+    let kubeconfig = path("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: envtest\n  cluster:\n    \
+             server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\n\
+             contexts:\n- name: envtest\n  context:\n    cluster: envtest\n    user: admin\n\
+             current-context: envtest\nusers:\n- name: admin\n  user:\n    token: {TOKEN}\n"
+        ),
+    )
+    .unwrap();
+
+    let client = apiserver::client(Some(&kubeconfig)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        // Ready for the scenarios: DRA discovered and the default namespace created.
+        let namespace = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .get("default")
+            .await;
+        let served = apiserver::served_resource_version(&client).await;
+        if namespace.is_ok() && served.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kube-apiserver not ready after 90 s; see {}",
+            path("kube-apiserver.log").display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Cluster {
+        processes,
+        dir,
+        kubeconfig,
+        minor,
+    }
+}
+
+impl Cluster {
+    /// Starts kube-scheduler from `assets` against this cluster, if the binary is there;
+    /// returns whether it runs.
+    pub(crate) fn start_scheduler(&mut self, assets: &Path) -> bool {
+        let bin = assets.join("kube-scheduler");
+        if !bin.is_file() {
+            return false;
+        }
+        let log = std::fs::File::create(self.dir.path().join("kube-scheduler.log")).unwrap();
+        let mut command = Command::new(bin);
+        command
+            .args(["--kubeconfig", self.kubeconfig.to_str().unwrap()])
+            .args([
+                "--authentication-kubeconfig",
+                self.kubeconfig.to_str().unwrap(),
+            ])
+            .args([
+                "--authorization-kubeconfig",
+                self.kubeconfig.to_str().unwrap(),
+            ])
+            .args(["--leader-elect=false"])
+            .args(["--bind-address", "127.0.0.1"])
+            .args(["--secure-port", &free_port().to_string()])
+            .stdout(Stdio::null())
+            .stderr(log);
+        if self.minor < 34 {
+            command.arg("--feature-gates=DynamicResourceAllocation=true");
+        }
+        self.processes.0.push(command.spawn().unwrap());
+        true
+    }
+}
