@@ -430,8 +430,10 @@ impl Args {
             task.abort();
         }
         ops.shutdown().await?;
-        plugin.shutdown().await?;
+        // Health streams run until their board goes: end them first, or the servers' graceful
+        // shutdown would wait for kubelet's stream forever.
         drop(health);
+        plugin.shutdown().await?;
         Ok(())
     }
 }
