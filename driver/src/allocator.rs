@@ -116,18 +116,36 @@ pub struct Placement {
 pub struct Allocator {
     options: AllocatorOptions,
     policy: Box<dyn PlacementPolicy>,
+    explain: bool,
 }
 
 impl Allocator {
     /// An allocator with one of the built-in policies.
     pub fn new(options: AllocatorOptions) -> Self {
         let policy = Box::new(options.policy);
-        Self { options, policy }
+        Self {
+            options,
+            policy,
+            explain: true,
+        }
+    }
+
+    /// The same allocator, but a pod that fits nowhere gets the short reason "no candidate
+    /// node fits" instead of a per-request diagnosis, which costs a pass over every device
+    /// (simulations place thousands of pods that do not fit and never read why).
+    #[must_use]
+    pub fn without_explanations(mut self) -> Self {
+        self.explain = false;
+        self
     }
 
     /// An allocator with a custom placement policy (`options.policy` is then ignored).
     pub fn with_policy(options: AllocatorOptions, policy: Box<dyn PlacementPolicy>) -> Self {
-        Self { options, policy }
+        Self {
+            options,
+            policy,
+            explain: true,
+        }
     }
 
     /// The options in use.
@@ -313,6 +331,9 @@ impl Allocator {
         if specs.is_empty() || without_room == candidates.len() {
             let nodes = u32::try_from(without_room).unwrap_or(u32::MAX);
             return Err(single(first, None, FailureKind::HostResources { nodes }));
+        }
+        if !self.explain {
+            return Err(single(first, None, FailureKind::Unexplained));
         }
         let ids = snapshot.candidate_ids(&mut cache, candidates, true);
         Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))

@@ -165,6 +165,34 @@ pub fn node_fragmentation(node: &NodeState<'_>, typical: &[Typical]) -> f64 {
         .sum()
 }
 
+/// CPU and memory the typical GPU task brings per milli-GPU (demand-weighted means).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostPerGpu {
+    /// Milli-cores per milli-GPU.
+    pub cpu: f64,
+    /// Bytes per milli-GPU.
+    pub memory: f64,
+}
+
+/// Idle milli-GPU of `node` that its free CPU or memory cannot back, if the GPU were filled
+/// by typical tasks (`per_gpu`): what stays idle however the GPUs are shared out. Single-task
+/// fragmentation misses this: a node may fit the next typical task and still run out of CPU
+/// long before its GPUs are full.
+pub fn stranded(node: &NodeState<'_>, per_gpu: &HostPerGpu) -> f64 {
+    let Some(free) = node.host_free else {
+        return 0.0;
+    };
+    #[allow(clippy::cast_precision_loss)] // Reason: node-sized amounts, far below 2^52.
+    let (idle, cpu, memory) = (
+        node.idle() as f64,
+        free.cpu_milli as f64,
+        free.memory_bytes as f64,
+    );
+    let backed = |have: f64, per: f64| if per > 0.0 { have / per } else { f64::INFINITY };
+    let usable = backed(cpu, per_gpu.cpu).min(backed(memory, per_gpu.memory));
+    (idle - usable).max(0.0)
+}
+
 /// The task shapes seen so far, and the typical ones among them.
 #[derive(Debug, Clone, Default)]
 pub struct Workload {
@@ -172,6 +200,7 @@ pub struct Workload {
     seen: u64,
     typical: Vec<Typical>,
     by_demand: Vec<Typical>,
+    per_gpu: HostPerGpu,
     refreshed_at: u64,
     version: u64,
 }
@@ -227,6 +256,11 @@ impl Workload {
         &self.by_demand
     }
 
+    /// CPU and memory per milli-GPU of the typical GPU tasks, weighted by demand.
+    pub fn host_per_gpu(&self) -> HostPerGpu {
+        self.per_gpu
+    }
+
     fn refresh(&mut self) {
         let mut shapes: Vec<(&TaskShape, u64)> = self.counts.iter().map(|(s, &c)| (s, c)).collect();
         // Ties are broken by the shape itself, so the result never depends on hash order.
@@ -269,6 +303,26 @@ impl Workload {
                 weight: if total > 0.0 { w / total } else { 0.0 },
             })
             .collect();
+        let (mut cpu, mut memory, mut milli) = (0.0, 0.0, 0.0);
+        for t in self.typical.iter().filter(|t| t.shape.gpus > 0) {
+            #[allow(clippy::cast_precision_loss)] // Reason: one task's amounts.
+            let (c, m, d) = (
+                t.shape.host.cpu_milli as f64,
+                t.shape.host.memory_bytes as f64,
+                t.shape.gpu_demand() as f64,
+            );
+            cpu += t.weight * c;
+            memory += t.weight * m;
+            milli += t.weight * d;
+        }
+        self.per_gpu = if milli > 0.0 {
+            HostPerGpu {
+                cpu: cpu / milli,
+                memory: memory / milli,
+            }
+        } else {
+            HostPerGpu::default()
+        };
         self.refreshed_at = self.seen;
         self.version += 1;
     }

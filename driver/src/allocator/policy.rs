@@ -11,7 +11,8 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 use crate::fragmentation::{
-    HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
+    HostPerGpu, HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
+    stranded,
 };
 
 /// What a policy sees of one candidate node.
@@ -193,8 +194,12 @@ fn after(node: &NodeView<'_>, ask: &PodAsk, taken: &[usize]) -> (Vec<u32>, Optio
 
 /// The least growth of expected fragmentation over the pod's GPU choices on the node, and the
 /// choice that gives it; `None` when the view shows no room.
-fn best_delta(node: &NodeView<'_>, ask: &PodAsk, typical: &[Typical]) -> Option<(f64, Vec<usize>)> {
-    let before = node_fragmentation(&node.state(), typical);
+fn best_delta(
+    node: &NodeView<'_>,
+    ask: &PodAsk,
+    measure: &dyn Fn(&NodeState<'_>) -> f64,
+) -> Option<(f64, Vec<usize>)> {
+    let before = measure(&node.state());
     let mut best: Option<(f64, Vec<usize>)> = None;
     for taken in choices(node, ask) {
         let (free, host_free) = after(node, ask, &taken);
@@ -203,12 +208,18 @@ fn best_delta(node: &NodeView<'_>, ask: &PodAsk, typical: &[Typical]) -> Option<
             host_free,
             gpu_free: &free,
         };
-        let delta = node_fragmentation(&state, typical) - before;
+        let delta = measure(&state) - before;
         if best.as_ref().is_none_or(|(d, _)| delta < *d - 1e-9) {
             best = Some((delta, taken));
         }
     }
     best
+}
+
+/// Demand-fgd's measure: fragmentation over the typical shapes weighted by demand, plus the
+/// idle GPU that the node's free CPU and memory cannot back.
+fn demand_measure(state: &NodeState<'_>, typical: &[Typical], per_gpu: &HostPerGpu) -> f64 {
+    node_fragmentation(state, typical) + stranded(state, per_gpu)
 }
 
 #[allow(clippy::cast_possible_truncation)] // Reason: deltas are bounded by a node's milli-GPU.
@@ -251,11 +262,16 @@ impl PlacementPolicy for Policy {
             Self::Binpack => -fullness(node),
             Self::Spread => fullness(node),
             Self::BestFit => remaining(node, input.ask),
-            Self::Fgd => best_delta(node, input.ask, input.workload.typical())
-                .map_or(UNFIT, |(d, _)| scaled(d)),
+            Self::Fgd => {
+                let typical = input.workload.typical();
+                best_delta(node, input.ask, &|s| node_fragmentation(s, typical))
+                    .map_or(UNFIT, |(d, _)| scaled(d))
+            }
             Self::DemandFgd => {
                 let typical = input.workload.typical_by_demand();
-                best_delta(node, input.ask, typical).map_or(UNFIT, |(d, _)| {
+                let per_gpu = input.workload.host_per_gpu();
+                let measure = |s: &NodeState<'_>| demand_measure(s, typical, &per_gpu);
+                best_delta(node, input.ask, &measure).map_or(UNFIT, |(d, _)| {
                     // Equal growth: the fuller node, so empty nodes stay empty.
                     scaled(d) * 1024 - fullness(node)
                 })
@@ -278,12 +294,15 @@ impl PlacementPolicy for Policy {
                 let Some(gpu) = device.gpu.filter(|_| input.ask.cards == 1) else {
                     return -used;
                 };
-                let typical = if *self == Self::Fgd {
-                    input.workload.typical()
-                } else {
-                    input.workload.typical_by_demand()
+                let measure = |s: &NodeState<'_>| {
+                    if *self == Self::Fgd {
+                        node_fragmentation(s, input.workload.typical())
+                    } else {
+                        let per_gpu = input.workload.host_per_gpu();
+                        demand_measure(s, input.workload.typical_by_demand(), &per_gpu)
+                    }
                 };
-                let before = node_fragmentation(&node.state(), typical);
+                let before = measure(&node.state());
                 if node
                     .gpu_free
                     .get(gpu)
@@ -298,7 +317,7 @@ impl PlacementPolicy for Policy {
                     gpu_free: &free,
                 };
                 // Equal growth: the fuller GPU.
-                scaled(node_fragmentation(&state, typical) - before) * 1024 - used
+                scaled(measure(&state) - before) * 1024 - used
             }
         }
     }

@@ -55,6 +55,10 @@ pub(crate) struct DeviceEntry {
     pub(crate) consumes: Vec<(String, Amounts)>,
     pub(crate) nvlink: Option<String>,
     pub(crate) numa: Option<String>,
+    /// A Tessera whole GPU (`type=gpu`), and its `model`.
+    pub(crate) gpu_model: Option<Option<String>>,
+    /// Fully qualified memory and compute capacity names (computed once: hot in searches).
+    share_keys: (String, String),
     cel: OnceLock<CelDevice>,
 }
 
@@ -72,10 +76,7 @@ impl DeviceEntry {
 
     /// Fully qualified memory and compute capacity names of this device's driver.
     pub(crate) fn share_names(&self) -> (String, String) {
-        (
-            capacity::qualify(names::CAP_MEMORY, &self.driver),
-            capacity::qualify(names::CAP_COMPUTE, &self.driver),
-        )
+        self.share_keys.clone()
     }
 }
 
@@ -517,6 +518,13 @@ impl Snapshot {
             consumes,
             nvlink: attr_text(device, driver, names::ATTR_NVLINK_DOMAIN),
             numa: attr_text(device, driver, names::ATTR_NUMA_NODE),
+            gpu_model: (tessera
+                && attr_text(device, driver, names::ATTR_TYPE).as_deref() == Some(names::TYPE_GPU))
+            .then(|| attr_text(device, driver, names::ATTR_MODEL)),
+            share_keys: (
+                capacity::qualify(names::CAP_MEMORY, driver),
+                capacity::qualify(names::CAP_COMPUTE, driver),
+            ),
             device: device.clone(),
             cel: OnceLock::new(),
         });
@@ -726,7 +734,7 @@ impl Snapshot {
     /// Free Tessera memory (bytes) and compute (percent) of a shared GPU, committed use only.
     pub(crate) fn share_free(&self, idx: usize, inflight: Option<&Amounts>) -> (u64, i64) {
         let e = &self.devices[idx];
-        let (mem, comp) = e.share_names();
+        let (mem, comp) = &e.share_keys;
         let used = |name: &str| {
             let a = self.uses[idx]
                 .consumed
@@ -739,8 +747,8 @@ impl Snapshot {
                 .unwrap_or(Quantity::ZERO);
             a.saturating_add(b).ceil_units()
         };
-        let mem_used = u64::try_from(used(&mem)).unwrap_or(0);
-        (e.memory.saturating_sub(mem_used), e.compute - used(&comp))
+        let mem_used = u64::try_from(used(mem)).unwrap_or(0);
+        (e.memory.saturating_sub(mem_used), e.compute - used(comp))
     }
 
     fn refresh_summary(&mut self, node: usize) {
@@ -760,12 +768,9 @@ impl Snapshot {
                 }
             }
             s.used_permille += self.fullness(idx);
-            if e.tessera
-                && attr_text(&e.device, &e.driver, names::ATTR_TYPE).as_deref()
-                    == Some(names::TYPE_GPU)
-            {
+            if let Some(model) = &e.gpu_model {
                 if s.model.is_none() {
-                    s.model = attr_text(&e.device, &e.driver, names::ATTR_MODEL);
+                    s.model.clone_from(model);
                 }
                 s.gpu_free.push(self.gpu_free_milli(idx));
                 s.gpu_devices.push(idx);

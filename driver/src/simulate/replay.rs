@@ -43,6 +43,9 @@ pub struct SeedResult {
     pub failed_gpu_milli: u64,
     /// Tasks whose milli-GPU was rounded up to a whole percent.
     pub rounded_pods: usize,
+    /// Milli-GPU of the tasks that failed before arrived demand reached 100 %, by kind: what
+    /// the headline is made of.
+    pub failed_before_100: FailedByKind,
     /// 100 minus the allocation ratio at 100 % arrived demand: the headline (lower is better).
     pub unallocated_pct_at_100: f64,
     /// Fragmented GPU in percent of capacity at 100 % arrived demand.
@@ -51,6 +54,17 @@ pub struct SeedResult {
     pub allocation_curve: Vec<Option<f64>>,
     /// Fragmented GPU in percent of capacity, by arrived demand.
     pub fragmentation_curve: Vec<Option<f64>>,
+}
+
+/// Failed milli-GPU by kind of task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FailedByKind {
+    /// Shares of one GPU.
+    pub shares: u64,
+    /// One whole GPU.
+    pub whole: u64,
+    /// Several whole GPUs.
+    pub multi: u64,
 }
 
 /// Running bookkeeping of one replay: allocated milli-GPU and each node's fragmentation.
@@ -180,7 +194,8 @@ pub fn replay(
         driver_name: cluster.driver_name.clone(),
         policy: opts.policy,
         max_steps: DEFAULT_MAX_STEPS,
-    });
+    })
+    .without_explanations();
     let node_index: std::collections::HashMap<&str, usize> = cluster
         .nodes
         .iter()
@@ -197,6 +212,7 @@ pub fn replay(
         failed_gpu_pods: 0,
         failed_gpu_milli: 0,
         rounded_pods: 0,
+        failed_before_100: FailedByKind::default(),
         unallocated_pct_at_100: 0.0,
         fragmentation_pct_at_100: 0.0,
         allocation_curve: Vec::new(),
@@ -233,6 +249,14 @@ pub fn replay(
                 if pod.num_gpu > 0 {
                     result.failed_gpu_pods += 1;
                     result.failed_gpu_milli += pod.gpu_demand();
+                    if ledger.arrived * 100 <= capacity * HEADLINE_PERCENT as u64 {
+                        let f = &mut result.failed_before_100;
+                        match (pod.num_gpu, pod.gpu_milli) {
+                            (1, m) if m < 1000 => f.shares += pod.gpu_demand(),
+                            (1, _) => f.whole += pod.gpu_demand(),
+                            _ => f.multi += pod.gpu_demand(),
+                        }
+                    }
                 }
             }
         }
