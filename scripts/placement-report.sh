@@ -21,7 +21,7 @@ TRACES=${TRACES:-$ALL_TRACES}
 mkdir -p "$OUT"
 
 if [[ -z "${REPORT_ONLY:-}" ]]; then
-  cargo build --release --locked --bin tessera
+  cargo build --release --locked -p tessera-controller --bin tessera
   for trace in $TRACES; do
     for policy in $POLICIES; do
       file="$OUT/$trace.$policy.json"
