@@ -233,7 +233,7 @@ impl Allocator {
                     || memo.workload != snapshot.workload.version()
                     || memo.nodes.len() != snapshot.summaries.len())
             {
-                memo.policy = self.policy.name().to_owned();
+                self.policy.name().clone_into(&mut memo.policy);
                 memo.workload = snapshot.workload.version();
                 memo.nodes = vec![(u64::MAX, Vec::new()); snapshot.summaries.len()];
             }

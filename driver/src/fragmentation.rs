@@ -265,7 +265,11 @@ impl Workload {
         let mut shapes: Vec<(&TaskShape, u64)> = self.counts.iter().map(|(s, &c)| (s, c)).collect();
         // Ties are broken by the shape itself, so the result never depends on hash order.
         shapes.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        #[allow(clippy::cast_precision_loss)] // Reason: task counts, far below 2^52.
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )] // Reason: task counts, far below 2^52, and the product is positive.
         let goal = (self.seen as f64 * TYPICAL_COVERAGE).ceil() as u64;
         let mut covered = 0u64;
         let mut chosen = Vec::new();
@@ -344,7 +348,7 @@ mod tests {
         }
     }
 
-    fn node<'a>(free: &'a [u32], cpu: u64) -> NodeState<'a> {
+    fn node(free: &[u32], cpu: u64) -> NodeState<'_> {
         NodeState {
             model: Some("a100-40g"),
             host_free: Some(HostResources {

@@ -136,7 +136,7 @@ impl Policy {
     pub fn names() -> String {
         Self::ALL
             .iter()
-            .map(|p| p.name())
+            .map(PlacementPolicy::name)
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -55,8 +55,8 @@ pub(crate) struct DeviceEntry {
     pub(crate) consumes: Vec<(String, Amounts)>,
     pub(crate) nvlink: Option<String>,
     pub(crate) numa: Option<String>,
-    /// A Tessera whole GPU (`type=gpu`), and its `model`.
-    pub(crate) gpu_model: Option<Option<String>>,
+    /// For a Tessera whole GPU (`type=gpu`): its `model` attribute (empty when absent).
+    pub(crate) gpu_model: Option<String>,
     /// Fully qualified memory and compute capacity names (computed once: hot in searches).
     share_keys: (String, String),
     cel: OnceLock<CelDevice>,
@@ -520,7 +520,7 @@ impl Snapshot {
             numa: attr_text(device, driver, names::ATTR_NUMA_NODE),
             gpu_model: (tessera
                 && attr_text(device, driver, names::ATTR_TYPE).as_deref() == Some(names::TYPE_GPU))
-            .then(|| attr_text(device, driver, names::ATTR_MODEL)),
+            .then(|| attr_text(device, driver, names::ATTR_MODEL).unwrap_or_default()),
             share_keys: (
                 capacity::qualify(names::CAP_MEMORY, driver),
                 capacity::qualify(names::CAP_COMPUTE, driver),
@@ -769,8 +769,8 @@ impl Snapshot {
             }
             s.used_permille += self.fullness(idx);
             if let Some(model) = &e.gpu_model {
-                if s.model.is_none() {
-                    s.model.clone_from(model);
+                if s.model.is_none() && !model.is_empty() {
+                    s.model = Some(model.clone());
                 }
                 s.gpu_free.push(self.gpu_free_milli(idx));
                 s.gpu_devices.push(idx);

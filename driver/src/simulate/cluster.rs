@@ -11,6 +11,8 @@
 //! and counted (`rounded_pods`) — none of the published traces has one. `gpu_spec` becomes a
 //! CEL selector on the `model` attribute.
 
+use std::fmt::Write as _;
+
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -65,10 +67,11 @@ impl Cluster {
                     "a node without GPUs cannot be simulated; use a GPU node list",
                 ));
             }
-            yaml.push_str(&format!(
-                "- name: {}\n  gpus:\n  - {{model: {}, count: {}}}\n",
+            let _ = writeln!(
+                yaml,
+                "- name: {}\n  gpus:\n  - {{model: {}, count: {}}}",
                 n.name, n.model, n.gpus
-            ));
+            );
         }
         let inventory = Inventory::from_yaml(&yaml)?;
         let opts = RenderOptions {
@@ -114,7 +117,7 @@ pub fn claim_for(pod: &TracePod, seq: usize, driver: &str) -> Option<(res::Resou
         return None;
     }
     let percent = pod.gpu_milli.div_ceil(10);
-    let rounded = pod.gpu_milli % 10 != 0;
+    let rounded = !pod.gpu_milli.is_multiple_of(10);
     let selectors = (!pod.gpu_spec.is_empty()).then(|| {
         let list = pod
             .gpu_spec

@@ -14,6 +14,8 @@ use crate::fragmentation::{NodeState, Typical, Workload, node_fragmentation};
 pub const MAX_ARRIVED_PERCENT: u64 = 130;
 /// The headline is read at this arrived demand.
 pub const HEADLINE_PERCENT: usize = 100;
+/// [`HEADLINE_PERCENT`] as a milli-GPU multiplier.
+const HEADLINE_X: u64 = 100;
 
 /// How one replay runs.
 #[derive(Debug, Clone)]
@@ -232,8 +234,9 @@ pub fn replay(
             result.rounded_pods += 1;
         }
         let claims: Vec<&_> = claim.iter().map(|(c, _)| c).collect();
-        match allocator.allocate_pod(&snap, &claims, &cluster.candidates, &pod.host) {
-            Ok(placement) => {
+        let placed = allocator.allocate_pod(&snap, &claims, &cluster.candidates, &pod.host);
+        if let Ok(placement) = placed {
+            {
                 for (c, a) in claims.iter().zip(&placement.allocations) {
                     snap.commit(c, a);
                 }
@@ -244,12 +247,13 @@ pub fn replay(
                     ledger.update_node(idx, value);
                 }
             }
-            Err(_) => {
+        } else {
+            {
                 result.failed_pods += 1;
                 if pod.num_gpu > 0 {
                     result.failed_gpu_pods += 1;
                     result.failed_gpu_milli += pod.gpu_demand();
-                    if ledger.arrived * 100 <= capacity * HEADLINE_PERCENT as u64 {
+                    if ledger.arrived * 100 <= capacity * HEADLINE_X {
                         let f = &mut result.failed_before_100;
                         match (pod.num_gpu, pod.gpu_milli) {
                             (1, m) if m < 1000 => f.shares += pod.gpu_demand(),

@@ -26,7 +26,10 @@ fn ask(cards: u32, milli: u32) -> PodAsk {
     PodAsk {
         cards,
         gpu_milli: milli,
-        host: host(1000),
+        host: HostResources {
+            cpu_milli: 1000,
+            memory_bytes: 1 << 30,
+        },
     }
 }
 
@@ -34,7 +37,10 @@ fn workload(shapes: &[(u32, u32, usize)]) -> Workload {
     Workload::from_shapes(shapes.iter().flat_map(|&(gpus, milli, n)| {
         std::iter::repeat_n(
             TaskShape {
-                host: host(1000),
+                host: HostResources {
+                    cpu_milli: 1000,
+                    memory_bytes: 1 << 30,
+                },
                 gpus,
                 gpu_milli: milli,
                 models: None,
@@ -96,9 +102,10 @@ fn best_fit_counts_cpu_as_well_as_gpu() {
 
 #[test]
 fn fgd_puts_a_share_where_it_leaves_no_unusable_remainder() {
-    // Typical tasks: half GPUs. A 500 share on the node with 500 free fills it exactly; on the
-    // empty node it would leave a 500 that is still usable, but the exact fit costs nothing.
-    let w = workload(&[(1, 500, 10)]);
+    // Typical tasks: whole and half GPUs. A 500 share on the node with 500 free fills it
+    // exactly and removes a remainder whole GPUs cannot use; on the empty node it would break
+    // a whole GPU.
+    let w = workload(&[(1, 1000, 10), (1, 500, 10)]);
     let nodes = [view("empty", &[1000], 32_000), view("half", &[500], 32_000)];
     assert_eq!(pick(Policy::Fgd, &nodes, &ask(1, 500), &w), "half");
 }
