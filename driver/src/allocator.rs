@@ -209,6 +209,7 @@ impl Allocator {
         let input = ScoreInput {
             ask: &ask,
             workload: &snapshot.workload,
+            model_shares: &snapshot.model_shares,
         };
         let view = |pos: usize| {
             let s = summary(pos);

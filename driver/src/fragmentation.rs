@@ -201,6 +201,7 @@ pub struct Workload {
     typical: Vec<Typical>,
     by_demand: Vec<Typical>,
     per_gpu: HostPerGpu,
+    pressure: Vec<(String, f64)>,
     refreshed_at: u64,
     version: u64,
 }
@@ -254,6 +255,18 @@ impl Workload {
     /// matter).
     pub fn typical_by_demand(&self) -> &[Typical] {
         &self.by_demand
+    }
+
+    /// The share of typical GPU demand (demand-weighted) that accepts only some models,
+    /// split evenly over the models each shape accepts: how much the workload needs GPUs of
+    /// `model` that other tasks could do without.
+    pub fn model_pressure(&self, model: Option<&str>) -> f64 {
+        model.map_or(0.0, |m| {
+            self.pressure
+                .iter()
+                .find(|(name, _)| name == m)
+                .map_or(0.0, |(_, p)| *p)
+        })
     }
 
     /// CPU and memory per milli-GPU of the typical GPU tasks, weighted by demand.
@@ -327,6 +340,21 @@ impl Workload {
         } else {
             HostPerGpu::default()
         };
+        let mut pressure: Vec<(String, f64)> = Vec::new();
+        for t in &self.by_demand {
+            let Some(models) = t.shape.models.as_ref().filter(|_| t.shape.gpus > 0) else {
+                continue;
+            };
+            #[allow(clippy::cast_precision_loss)] // Reason: a handful of models.
+            let each = t.weight / models.len().max(1) as f64;
+            for m in models.iter() {
+                match pressure.iter_mut().find(|(name, _)| name == m) {
+                    Some((_, p)) => *p += each,
+                    None => pressure.push((m.clone(), each)),
+                }
+            }
+        }
+        self.pressure = pressure;
         self.refreshed_at = self.seen;
         self.version += 1;
     }

@@ -75,6 +75,27 @@ pub struct ScoreInput<'a> {
     pub ask: &'a PodAsk,
     /// The task shapes seen so far.
     pub workload: &'a Workload,
+    /// Each GPU model's share of the cluster's Tessera GPUs.
+    pub model_shares: &'a [(String, f64)],
+}
+
+impl ScoreInput<'_> {
+    /// The share of `model`'s GPUs that model-restricted typical tasks need (0..=1): the
+    /// restricted demand for the model over the model's share of all GPUs.
+    pub fn reserved(&self, model: Option<&str>) -> f64 {
+        let need = self.workload.model_pressure(model);
+        if need <= 0.0 {
+            return 0.0;
+        }
+        let share = model
+            .and_then(|m| self.model_shares.iter().find(|(name, _)| name == m))
+            .map_or(0.0, |(_, s)| *s);
+        if share <= 0.0 {
+            1.0
+        } else {
+            (need / share).min(1.0)
+        }
+    }
 }
 
 /// Orders candidate nodes and devices. Lower scores are tried first; equal scores keep
@@ -272,8 +293,12 @@ impl PlacementPolicy for Policy {
                 let per_gpu = input.workload.host_per_gpu();
                 let measure = |s: &NodeState<'_>| demand_measure(s, typical, &per_gpu);
                 best_delta(node, input.ask, &measure).map_or(UNFIT, |(d, _)| {
-                    // Equal growth: the fuller node, so empty nodes stay empty.
-                    scaled(d) * 1024 - fullness(node)
+                    // GPUs of a model that model-restricted tasks need cost what those tasks
+                    // would lose; equal scores: the fuller node, so empty nodes stay empty.
+                    #[allow(clippy::cast_precision_loss)] // Reason: one pod's milli-GPU.
+                    let demand = f64::from(input.ask.cards) * f64::from(input.ask.gpu_milli);
+                    let reserved = demand * input.reserved(node.model);
+                    scaled(d + reserved) * 1024 - fullness(node)
                 })
             }
         }

@@ -233,6 +233,8 @@ pub struct Snapshot {
     pub(crate) hosts: Vec<Option<HostState>>,
     /// The task shapes seen so far (fragmentation-aware policies learn from them).
     pub(crate) workload: Workload,
+    /// Each GPU model's share of the Tessera GPUs (devices never change in a snapshot).
+    pub(crate) model_shares: Vec<(String, f64)>,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
 }
@@ -309,6 +311,7 @@ impl Snapshot {
             node_versions: Vec::new(),
             hosts: Vec::new(),
             workload: Workload::new(),
+            model_shares: Vec::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
         };
@@ -332,6 +335,18 @@ impl Snapshot {
             snap.hosts.push(None);
             snap.refresh_summary(id);
         }
+        let mut counts: Vec<(String, f64)> = Vec::new();
+        for model in snap.devices.iter().filter_map(|d| d.gpu_model.as_ref()) {
+            match counts.iter_mut().find(|(m, _)| m == model) {
+                Some((_, n)) => *n += 1.0,
+                None => counts.push((model.clone(), 1.0)),
+            }
+        }
+        let total: f64 = counts.iter().map(|(_, n)| n).sum();
+        snap.model_shares = counts
+            .into_iter()
+            .map(|(m, n)| (m, n / total.max(1.0)))
+            .collect();
         for claim in allocated {
             if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
                 snap.commit(claim, allocation);

@@ -52,7 +52,11 @@ fn workload(shapes: &[(u32, u32, usize)]) -> Workload {
 
 /// The name of the node a policy scores lowest (ties: the first).
 fn pick<'a>(policy: Policy, nodes: &[NodeView<'a>], ask: &PodAsk, w: &Workload) -> &'a str {
-    let input = ScoreInput { ask, workload: w };
+    let input = ScoreInput {
+        ask,
+        workload: w,
+        model_shares: &[],
+    };
     nodes
         .iter()
         .min_by_key(|n| policy.node_score(n, &input))
@@ -164,6 +168,7 @@ fn fgd_scores_the_gpu_within_the_node_by_the_same_measure() {
     let input = ScoreInput {
         ask: &a,
         workload: &w,
+        model_shares: &[],
     };
     let device = |gpu| DeviceView {
         position: gpu,
@@ -184,6 +189,7 @@ fn a_node_without_room_in_the_view_is_tried_last() {
     let input = ScoreInput {
         ask: &a,
         workload: &w,
+        model_shares: &[],
     };
     assert_eq!(
         Policy::Fgd.node_score(&view("n", &[1000, 10], 32_000), &input),
