@@ -196,3 +196,41 @@ fn a_node_without_room_in_the_view_is_tried_last() {
         UNFIT
     );
 }
+
+#[test]
+fn demand_fgd_keeps_a_model_that_restricted_tasks_need_for_them() {
+    // Half the workload's demand accepts only T4s, which are a quarter of the GPUs: a task
+    // that runs anywhere goes to the other model.
+    let restricted = TaskShape {
+        host: HostResources {
+            cpu_milli: 1000,
+            memory_bytes: 1 << 30,
+        },
+        gpus: 1,
+        gpu_milli: 1000,
+        models: Some(vec!["t4-16g".to_owned()].into()),
+    };
+    let mut shapes = vec![restricted; 10];
+    shapes.extend(
+        workload(&[(1, 1000, 10)])
+            .typical()
+            .iter()
+            .map(|t| t.shape.clone()),
+    );
+    let w = Workload::from_shapes(shapes);
+    let model_shares = [("t4-16g".to_owned(), 0.25), ("a100-40g".to_owned(), 0.75)];
+    let a = ask(1, 1000);
+    let input = ScoreInput {
+        ask: &a,
+        workload: &w,
+        model_shares: &model_shares,
+    };
+    let free = [1000, 1000];
+    let mut t4 = view("t4", &free, 32_000);
+    t4.model = Some("t4-16g");
+    let a100 = view("a100", &free, 32_000);
+    assert!(input.reserved(Some("t4-16g")) > 0.9);
+    assert!(
+        Policy::DemandFgd.node_score(&a100, &input) < Policy::DemandFgd.node_score(&t4, &input)
+    );
+}
