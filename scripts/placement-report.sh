@@ -96,17 +96,17 @@ open("docs/placement-results.md", "w").write("\n".join(lines) + "\n")
 
 # The allocation curves of the default trace, as an SVG line chart.
 W, H, L, B, T, R = 720, 420, 60, 40, 20, 170
-x0, x1, y0, y1 = 0, 130, 0, 100
+x0, x1, y0, y1 = 70, 130, 70, 100  # the part where policies differ
 sx = lambda x: L + (x - x0) / (x1 - x0) * (W - L - R)
 sy = lambda y: H - B - (y - y0) / (y1 - y0) * (H - B - T)
 colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#000000", "#8c564b"]
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        f'<rect width="{W}" height="{H}" fill="white"/>']
-for v in range(0, 131, 10):
-    svg.append(f'<line x1="{sx(v):.1f}" y1="{sy(0):.1f}" x2="{sx(v):.1f}" y2="{sy(100):.1f}" stroke="#eee"/>')
+for v in range(x0, x1 + 1, 10):
+    svg.append(f'<line x1="{sx(v):.1f}" y1="{sy(y0):.1f}" x2="{sx(v):.1f}" y2="{sy(y1):.1f}" stroke="#eee"/>')
     svg.append(f'<text x="{sx(v):.1f}" y="{H - B + 16}" text-anchor="middle">{v}</text>')
-for v in range(0, 101, 20):
-    svg.append(f'<line x1="{sx(0):.1f}" y1="{sy(v):.1f}" x2="{sx(130):.1f}" y2="{sy(v):.1f}" stroke="#eee"/>')
+for v in range(y0, y1 + 1, 5):
+    svg.append(f'<line x1="{sx(x0):.1f}" y1="{sy(v):.1f}" x2="{sx(x1):.1f}" y2="{sy(v):.1f}" stroke="#eee"/>')
     svg.append(f'<text x="{L - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{v}</text>')
 svg.append(f'<text x="{(L + W - R) / 2:.0f}" y="{H - 6}" text-anchor="middle">arrived GPU demand, % of capacity</text>')
 svg.append(f'<text x="14" y="{(H - B) / 2:.0f}" transform="rotate(-90 14 {(H - B) / 2:.0f})" text-anchor="middle">allocated GPU, %</text>')
@@ -118,7 +118,8 @@ if rows:
     paper_fgd = [sum(float(r[str(x)]) for r in rows) / len(rows) if all(r[str(x)] for r in rows) else None for x in range(131)]
     series.append(("paper fgd", paper_fgd))
 for i, (name, curve) in enumerate(series):
-    pts = " ".join(f"{sx(x):.1f},{sy(v):.1f}" for x, v in enumerate(curve) if v is not None)
+    pts = " ".join(f"{sx(x):.1f},{sy(v):.1f}" for x, v in enumerate(curve)
+                   if v is not None and x >= x0 and v >= y0)
     dash = ' stroke-dasharray="5,3"' if name.startswith("paper") else ""
     svg.append(f'<polyline fill="none" stroke="{colors[i % len(colors)]}" stroke-width="1.5"{dash} points="{pts}"/>')
     svg.append(f'<line x1="{W - R + 10}" y1="{T + 14 + 18 * i}" x2="{W - R + 30}" y2="{T + 14 + 18 * i}" stroke="{colors[i % len(colors)]}" stroke-width="2"{dash}/>')
