@@ -33,9 +33,9 @@ pub struct Args {
     /// Kubeconfig file; without it the pod's service account is used.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Placement policy (binpack and spread prefer one NVLink island, then one NUMA node, for
-    /// multi-GPU requests).
-    #[arg(long, env = "TESSERA_POLICY", default_value = "binpack")]
+    /// Placement policy (every policy but first-fit prefers one NVLink island, then one NUMA
+    /// node, for multi-GPU requests).
+    #[arg(long, env = "TESSERA_POLICY", default_value_t)]
     pub policy: Policy,
     /// The DRA driver name Tessera's GPUs are published under.
     #[arg(long, env = "TESSERA_DRIVER_NAME", default_value = names::DEFAULT_DRIVER_NAME)]

@@ -1,10 +1,12 @@
-//! The `tessera` command: demo, allocate and validate offline (no cluster, no GPU), inspect live.
+//! The `tessera` command: demo, allocate, validate and simulate offline (no cluster, no GPU),
+//! inspect live.
 
 pub mod allocate;
 pub mod demo;
 pub mod input;
 pub mod inspect;
 pub mod output;
+pub mod simulate;
 pub mod validate;
 
 use std::io::Write as _;
@@ -39,7 +41,7 @@ pub enum Command {
     /// Run the whole flow on a built-in example cluster and print a report.
     Demo {
         /// Placement policy.
-        #[arg(long, env = "TESSERA_POLICY", default_value = "binpack")]
+        #[arg(long, env = "TESSERA_POLICY", default_value_t)]
         policy: Policy,
     },
     /// Allocate the pending ResourceClaims of the given files against their ResourceSlices.
@@ -52,7 +54,7 @@ pub enum Command {
         #[arg(long)]
         node: Option<String>,
         /// Placement policy.
-        #[arg(long, env = "TESSERA_POLICY", default_value = "first-fit")]
+        #[arg(long, env = "TESSERA_POLICY", default_value_t)]
         policy: Policy,
         /// Output format.
         #[arg(short = 'o', long, default_value = "table")]
@@ -63,6 +65,32 @@ pub enum Command {
         /// Files or folders to check (`-` reads standard input).
         #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
+    },
+    /// Replay a GPU cluster trace (Alibaba "openb" CSVs) through the allocator and report
+    /// unallocated GPU, fragmentation and failed pods.
+    Simulate {
+        /// The node list (`sn,cpu_milli,memory_mib,gpu,model`).
+        #[arg(long)]
+        nodes: PathBuf,
+        /// The pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`).
+        #[arg(long)]
+        pods: PathBuf,
+        /// Placement policy.
+        #[arg(long, env = "TESSERA_POLICY", default_value_t)]
+        policy: Policy,
+        /// One seed of the arrival order.
+        #[arg(long, conflicts_with = "seeds")]
+        seed: Option<u64>,
+        /// An inclusive range of seeds, `A..B` (default: 42..51, the paper's).
+        #[arg(long)]
+        seeds: Option<simulate::SeedRange>,
+        /// A pod list whose task shapes the policy knows from the start (the paper's FGD
+        /// knows the whole trace's); without it the policy learns from arrivals only.
+        #[arg(long)]
+        history: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: SimulateFormat,
     },
     /// Show a live cluster's GPUs per node (mode, memory and compute allocated and free, the
     /// claims and pods using them), or why a gated pod is pending (`inspect pod NAME`).
@@ -91,6 +119,15 @@ pub enum InspectTarget {
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
+}
+
+/// Output formats of `tessera simulate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SimulateFormat {
+    /// Per seed and mean, with curves.
+    Json,
+    /// A table for people.
+    Table,
 }
 
 /// Output formats of `tessera allocate`.
@@ -144,6 +181,31 @@ impl Cli {
                 let outcomes =
                     allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
                 output::write(&outcomes, *output, out)
+            }
+            Command::Simulate {
+                nodes,
+                pods,
+                policy,
+                seed,
+                seeds,
+                history,
+                output,
+            } => {
+                let seeds = match (seed, seeds) {
+                    (Some(s), _) => vec![*s],
+                    (None, Some(r)) => (r.first..=r.last).collect(),
+                    (None, None) => (42..=51).collect(),
+                };
+                let args = simulate::SimulateArgs {
+                    nodes: nodes.clone(),
+                    pods: pods.clone(),
+                    policy: *policy,
+                    seeds,
+                    history: history.clone(),
+                    json: *output == SimulateFormat::Json,
+                    progress: true,
+                };
+                simulate::run(&args, &self.driver_name, out)
             }
             Command::Validate { files } => {
                 let objects = input::Objects::load(files)?;

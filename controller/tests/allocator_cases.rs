@@ -87,10 +87,14 @@ fn run_case(dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot read expected.json: {e}"))?;
     let expected: Value = serde_json::from_str(&expected_text)
         .map_err(|e| format!("expected.json is not JSON: {e}"))?;
-    let args = match fs::read_to_string(dir.join("args")) {
+    let mut args: Vec<String> = match fs::read_to_string(dir.join("args")) {
         Ok(text) => text.split_whitespace().map(str::to_owned).collect(),
         Err(_) => Vec::new(),
     };
+    // The cases check kube-scheduler's own choices: first-fit, unless a case names a policy.
+    if !args.iter().any(|a| a == "--policy") {
+        args.extend(["--policy".to_owned(), "first-fit".to_owned()]);
+    }
 
     let output = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .arg("allocate")

@@ -299,3 +299,109 @@ spec:
     assert_eq!(results[1]["allocated"], false, "{json}");
     assert_eq!(results[2]["allocated"], true, "{json}");
 }
+
+const TRACE_NODES: &str = "\
+sn,cpu_milli,memory_mib,gpu,model
+node-a,32000,131072,2,G2
+node-b,16000,65536,1,T4
+";
+
+const TRACE_PODS: &str = "\
+name,cpu_milli,memory_mib,num_gpu,gpu_milli
+p0,4000,8192,1,500
+p1,4000,8192,1,1000
+p2,2000,4096,0,0
+p3,4000,8192,2,1000
+";
+
+#[test]
+fn simulate_reports_unallocated_gpu_per_seed_and_mean_as_json() {
+    let nodes = write_temp("nodes.csv", TRACE_NODES);
+    let pods = write_temp("pods.csv", TRACE_PODS);
+    let out = tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seeds",
+        "1..3",
+        "--policy",
+        "fgd",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["policy"], "fgd");
+    assert_eq!(json["gpus"], 3);
+    let seeds = json["seeds"].as_array().unwrap();
+    assert_eq!(seeds.len(), 3);
+    assert!(seeds.iter().all(|s| s["unallocated_pct_at_100"].is_f64()));
+    assert!(json["unallocated_pct_at_100"].is_f64());
+    assert_eq!(json["allocation_curve"].as_array().unwrap().len(), 131);
+}
+
+#[test]
+fn simulate_defaults_to_the_best_policy_and_prints_a_table() {
+    let nodes = write_temp("nodes2.csv", TRACE_NODES);
+    let pods = write_temp("pods2.csv", TRACE_PODS);
+    let out = tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seed",
+        "42",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("policy demand-fgd"), "{text}");
+    assert!(
+        text.contains("UNALLOC@100") && text.contains("mean"),
+        "{text}"
+    );
+}
+
+#[test]
+fn simulate_names_the_file_line_and_column_of_a_bad_value() {
+    let nodes = write_temp("nodes3.csv", TRACE_NODES);
+    let pods = write_temp(
+        "pods3.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,2000\n",
+    );
+    let out = tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seed",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pods3.csv line 2") && err.contains("gpu_milli"),
+        "{err}"
+    );
+    let reversed = tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seeds",
+        "9..3",
+    ]);
+    assert_eq!(reversed.status.code(), Some(2));
+}

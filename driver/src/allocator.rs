@@ -61,12 +61,13 @@ use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, No
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
-pub use policy::{DeviceView, NodeView, PlacementPolicy, Policy};
+pub use policy::{DeviceView, NodeView, PlacementPolicy, PodAsk, Policy, ScoreInput};
 pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable, Wanted};
 pub use snapshot::{Snapshot, claim_key, claim_name};
 pub use usage::DeviceUsage;
 
 use crate::config::{AllocatedShares, DeviceShare};
+use crate::fragmentation::{HostResources, WHOLE_GPU};
 use crate::names;
 use crate::quantity::Quantity;
 use nodeselect::{FIELD_NODE_NAME, NodeScope};
@@ -115,18 +116,36 @@ pub struct Placement {
 pub struct Allocator {
     options: AllocatorOptions,
     policy: Box<dyn PlacementPolicy>,
+    explain: bool,
 }
 
 impl Allocator {
     /// An allocator with one of the built-in policies.
     pub fn new(options: AllocatorOptions) -> Self {
         let policy = Box::new(options.policy);
-        Self { options, policy }
+        Self {
+            options,
+            policy,
+            explain: true,
+        }
+    }
+
+    /// The same allocator, but a pod that fits nowhere gets the short reason "no candidate
+    /// node fits" instead of a per-request diagnosis, which costs a pass over every device
+    /// (simulations place thousands of pods that do not fit and never read why).
+    #[must_use]
+    pub fn without_explanations(mut self) -> Self {
+        self.explain = false;
+        self
     }
 
     /// An allocator with a custom placement policy (`options.policy` is then ignored).
     pub fn with_policy(options: AllocatorOptions, policy: Box<dyn PlacementPolicy>) -> Self {
-        Self { options, policy }
+        Self {
+            options,
+            policy,
+            explain: true,
+        }
     }
 
     /// The options in use.
@@ -135,12 +154,26 @@ impl Allocator {
     }
 
     /// Places all `claims` of one pod together on one of `candidates`, or says why not.
-    #[allow(clippy::too_many_lines)] // Reason: the whole decision in one place: prepare, order, search, build.
     pub fn allocate(
         &self,
         snapshot: &Snapshot,
         claims: &[&res::ResourceClaim],
         candidates: &[Node],
+    ) -> Result<Placement, Unsatisfiable> {
+        self.allocate_pod(snapshot, claims, candidates, &HostResources::default())
+    }
+
+    /// Places a pod that requests `host` CPU and memory and has `claims` (possibly none) on
+    /// one of `candidates`: only nodes with that much free (where the snapshot tracks it,
+    /// [`Snapshot::set_host`]) are considered. The caller commits the claims and adds the
+    /// host use ([`Snapshot::add_host_use`]).
+    #[allow(clippy::too_many_lines)] // Reason: the whole decision in one place: prepare, order, search, build.
+    pub fn allocate_pod(
+        &self,
+        snapshot: &Snapshot,
+        claims: &[&res::ResourceClaim],
+        candidates: &[Node],
+        host: &HostResources,
     ) -> Result<Placement, Unsatisfiable> {
         let mut cache = snapshot.selectors();
         let mut specs = Vec::with_capacity(claims.len());
@@ -167,22 +200,68 @@ impl Allocator {
         let id_of = |pos: usize| ids.get(snapshot, candidates, pos);
         let empty = snapshot::NodeSummary::default();
         let summary = |pos: usize| id_of(pos).map_or(&empty, |id| &snapshot.summaries[id]);
-        let may_fit = |pos: usize| !snapshot.global.is_empty() || need.may_fit(summary(pos));
+        let host_of = |pos: usize| id_of(pos).and_then(|id| snapshot.hosts[id]);
+        let host_fits = |pos: usize| host_of(pos).is_none_or(|h| h.free().holds(host));
+        let may_fit = |pos: usize| {
+            host_fits(pos) && (!snapshot.global.is_empty() || need.may_fit(summary(pos)))
+        };
+        let ask = pod_ask(&specs, host);
+        let input = ScoreInput {
+            ask: &ask,
+            workload: &snapshot.workload,
+            model_shares: &snapshot.model_shares,
+        };
+        let view = |pos: usize| {
+            let s = summary(pos);
+            let h = host_of(pos);
+            NodeView {
+                name: candidates[pos].metadata.name.as_deref().unwrap_or_default(),
+                position: pos,
+                devices: s.devices,
+                used_permille: s.used_permille,
+                gpu_free: &s.gpu_free,
+                model: s.model.as_deref(),
+                host_free: h.map(|h| h.free()),
+                host_total: h.map(|h| h.allocatable),
+            }
+        };
         // Policy order is (score, position); a heap hands out only the nodes actually tried.
         let positions: Box<dyn Iterator<Item = usize>> = if self.policy.orders_nodes() {
-            let scored: Vec<Reverse<(i64, usize)>> = (0..candidates.len())
-                .filter(|&pos| may_fit(pos))
-                .map(|pos| {
-                    let s = summary(pos);
-                    let score = self.policy.node_score(&NodeView {
-                        name: candidates[pos].metadata.name.as_deref().unwrap_or_default(),
-                        position: pos,
-                        devices: s.devices,
-                        used_permille: s.used_permille,
-                    });
-                    Reverse((score, pos))
-                })
-                .collect();
+            let memo = &mut cache.scores;
+            let cacheable = self.policy.cacheable();
+            if cacheable
+                && (memo.policy != self.policy.name()
+                    || memo.workload != snapshot.workload.version()
+                    || memo.nodes.len() != snapshot.summaries.len())
+            {
+                self.policy.name().clone_into(&mut memo.policy);
+                memo.workload = snapshot.workload.version();
+                memo.nodes = vec![(u64::MAX, Vec::new()); snapshot.summaries.len()];
+            }
+            let mut scored: Vec<Reverse<(i64, usize)>> = Vec::with_capacity(candidates.len());
+            for pos in (0..candidates.len()).filter(|&pos| may_fit(pos)) {
+                let id = id_of(pos).filter(|_| cacheable);
+                let cached = id.and_then(|id| {
+                    let (version, entries) = &memo.nodes[id];
+                    (*version == snapshot.node_versions[id])
+                        .then(|| entries.iter().find(|(a, _)| *a == ask).map(|e| e.1))
+                        .flatten()
+                });
+                let score = cached.unwrap_or_else(|| {
+                    let score = self.policy.node_score(&view(pos), &input);
+                    if let Some(id) = id {
+                        let slot = &mut memo.nodes[id];
+                        if slot.0 != snapshot.node_versions[id]
+                            || slot.1.len() >= snapshot::MEMO_PER_NODE
+                        {
+                            *slot = (snapshot.node_versions[id], Vec::new());
+                        }
+                        slot.1.push((ask.clone(), score));
+                    }
+                    score
+                });
+                scored.push(Reverse((score, pos)));
+            }
             let mut heap = BinaryHeap::from(scored);
             Box::new(std::iter::from_fn(move || {
                 heap.pop().map(|Reverse((_, pos))| pos)
@@ -194,6 +273,12 @@ impl Allocator {
         for pos in positions {
             let node = &candidates[pos];
             let devices = node_devices(snapshot, node, id_of(pos));
+            let node_view = view(pos);
+            let scoring = search::Scoring {
+                node: &node_view,
+                input: &input,
+                gpu_devices: &summary(pos).gpu_devices,
+            };
             let mut search = Search::new(
                 snapshot,
                 &mut cache,
@@ -202,6 +287,7 @@ impl Allocator {
                 node,
                 devices,
                 budget,
+                scoring,
             );
             let outcome = search.run();
             budget = budget.saturating_sub(search.steps);
@@ -241,6 +327,14 @@ impl Allocator {
                 }
                 Err(Abort::Fatal(m)) => return Err(single(first, None, FailureKind::Invalid(m))),
             }
+        }
+        let without_room = (0..candidates.len()).filter(|&pos| !host_fits(pos)).count();
+        if specs.is_empty() || without_room == candidates.len() {
+            let nodes = u32::try_from(without_room).unwrap_or(u32::MAX);
+            return Err(single(first, None, FailureKind::HostResources { nodes }));
+        }
+        if !self.explain {
+            return Err(single(first, None, FailureKind::Unexplained));
         }
         let ids = snapshot.candidate_ids(&mut cache, candidates, true);
         Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
@@ -473,19 +567,66 @@ fn node_devices(snap: &Snapshot, node: &Node, id: Option<usize>) -> Vec<usize> {
     all
 }
 
+/// What the pod asks for, as placement scores see it: its cards (whole devices and share
+/// cards over all claims) and the milli-GPU of each (the largest among its requests).
+fn pod_ask(specs: &[ClaimSpec], host: &HostResources) -> PodAsk {
+    let mut ask = PodAsk {
+        cards: 0,
+        gpu_milli: 0,
+        host: *host,
+    };
+    for claim in specs {
+        for alts in &claim.requests {
+            let Some(req) = alts.first() else { continue };
+            if req.admin {
+                continue;
+            }
+            let share = req
+                .share
+                .as_ref()
+                .or_else(|| req.capacity_share.as_ref().and_then(|r| r.as_ref().ok()));
+            let (cards, milli) = match share {
+                Some(s) => {
+                    let by_memory = match s.memory {
+                        crate::share::MemoryAsk::Percent(p) => u32::from(p) * 10,
+                        crate::share::MemoryAsk::Bytes(_) => 0,
+                    };
+                    let by_compute = u32::try_from(s.compute.clamp(0, 100)).unwrap_or(0) * 10;
+                    (s.cards, by_memory.max(by_compute).max(1))
+                }
+                None => (u32::try_from(req.count).unwrap_or(u32::MAX), WHOLE_GPU),
+            };
+            ask.cards = ask.cards.saturating_add(cards);
+            ask.gpu_milli = ask.gpu_milli.max(milli);
+        }
+    }
+    ask
+}
+
 /// A sound lower bound of what a pod needs of one node, to skip nodes without searching.
 #[derive(Debug, Default)]
 struct QuickNeed {
     plain: u32,
     share_cards: u32,
     share_memory: u64,
+    /// The largest `memoryPercent` of a share (0: none).
+    share_percent: u8,
 }
 
 impl QuickNeed {
     fn may_fit(&self, s: &snapshot::NodeSummary) -> bool {
         s.free_plain >= self.plain
             && (self.share_cards == 0
-                || (s.share_avail >= self.share_cards && s.share_max_free >= self.share_memory))
+                || (s.share_avail >= self.share_cards
+                    && s.share_max_free >= self.share_memory
+                    && (self.share_percent == 0
+                        || s.share_free
+                            .iter()
+                            .filter(|&&(free, total)| {
+                                crate::share::percent_bytes(total, self.share_percent) <= free
+                            })
+                            .count()
+                            >= self.share_cards as usize)))
     }
 }
 
@@ -504,8 +645,13 @@ fn quick_need(
             let count = u32::try_from(req.count).unwrap_or(u32::MAX);
             if let Some(share) = &req.share {
                 need.share_cards = need.share_cards.max(share.cards);
-                if let crate::share::MemoryAsk::Bytes(b) = share.memory {
-                    need.share_memory = need.share_memory.max(b);
+                match share.memory {
+                    crate::share::MemoryAsk::Bytes(b) => {
+                        need.share_memory = need.share_memory.max(b);
+                    }
+                    crate::share::MemoryAsk::Percent(p) => {
+                        need.share_percent = need.share_percent.max(p);
+                    }
                 }
             } else if req.capacity.is_none() && !class_matches_multi(snap, cache, req) {
                 need.plain += count;

@@ -9,6 +9,8 @@
 //! * [`config`], [`share`]: Tessera's opaque config API and the share rules.
 //! * [`cel`]: the Kubernetes DRA CEL environment.
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
+//! * [`fragmentation`]: idle GPU capacity that typical task shapes cannot use.
+//! * [`simulate`]: replaying a GPU cluster trace through the allocator.
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
 //! * [`admission`]: the admission webhook's decisions (scheduling gate, claim checks).
@@ -29,6 +31,7 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod fragmentation;
 pub mod gate;
 pub mod gpu_mode;
 pub mod health;
@@ -42,6 +45,7 @@ pub mod prepare;
 pub mod quantity;
 pub mod reconfigure;
 pub mod share;
+pub mod simulate;
 pub mod slices;
 pub mod validation;
 

@@ -58,6 +58,14 @@ fn gib_text(bytes: u64) -> String {
     Quantity::from_bytes(bytes).to_string()
 }
 
+/// `percent` of `device_memory`, rounded down to whole MiB (the unit CUDA limits are set in).
+pub fn percent_bytes(device_memory: u64, percent: u8) -> u64 {
+    let mib = 1_u64 << 20;
+    let bytes = u128::from(device_memory) * u128::from(percent) / 100;
+    let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+    bytes - bytes % mib
+}
+
 /// Checks per-card compute: 5..=100 in steps of 5.
 fn check_card_compute(field: &str, per_card: i64, detail: &str) -> Result<()> {
     if !(COMPUTE_STEP..=100).contains(&per_card) {
@@ -252,10 +260,7 @@ impl ShareRequest {
         let memory_bytes = match self.memory {
             MemoryAsk::Bytes(b) => b,
             MemoryAsk::Percent(p) => {
-                let mib = 1_u64 << 20;
-                let bytes = u128::from(device_memory) * u128::from(p) / 100;
-                let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
-                let bytes = bytes - bytes % mib;
+                let bytes = percent_bytes(device_memory, p);
                 if bytes == 0 {
                     return Err(share_err(
                         "memoryPercent",

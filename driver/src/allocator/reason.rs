@@ -75,6 +75,13 @@ pub enum FailureKind {
     CelRuntime(String),
     /// The search exceeded its step budget.
     SearchLimit(u64),
+    /// No candidate node fits; the allocator was asked not to work out why (simulations).
+    Unexplained,
+    /// No candidate node has the pod's CPU and memory free (where the caller tracks them).
+    HostResources {
+        /// Candidate nodes without room.
+        nodes: u32,
+    },
 }
 
 /// Why one claim could not be placed.
@@ -174,6 +181,12 @@ impl fmt::Display for ClaimFailure {
             FailureKind::SearchLimit(n) => {
                 write!(f, ": unsatisfiable: search limit of {n} steps reached")?;
             }
+            FailureKind::Unexplained => write!(f, ": no candidate node fits")?,
+            FailureKind::HostResources { nodes } => write!(
+                f,
+                ": no node has the pod's CPU and memory free ({} without room)",
+                plural(*nodes, "node")
+            )?,
         }
         for n in &self.notes {
             write!(f, "; {n}")?;

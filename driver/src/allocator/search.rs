@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 
 use super::capacity::{self, Amounts};
-use super::policy::{DeviceView, PlacementPolicy};
+use super::policy::{DeviceView, NodeView, PlacementPolicy, ScoreInput};
 use super::request::{ClaimSpec, MAX_RESULTS, ReqSpec};
 use super::snapshot::{SelectorCache, Snapshot};
 use crate::error::Error;
@@ -202,8 +202,18 @@ pub(crate) fn static_outcome(
     Ok(Outcome::Fits)
 }
 
+/// What device scores see: the node the search is on and the pod being placed.
+#[derive(Clone, Copy)]
+pub(crate) struct Scoring<'a> {
+    pub(crate) node: &'a NodeView<'a>,
+    pub(crate) input: &'a ScoreInput<'a>,
+    /// The device index of each entry of the node's `gpu_free`.
+    pub(crate) gpu_devices: &'a [usize],
+}
+
 /// The search state for one node.
 pub(crate) struct Search<'a> {
+    scoring: Scoring<'a>,
     snap: &'a Snapshot,
     cache: &'a mut SelectorCache,
     specs: &'a [ClaimSpec],
@@ -232,6 +242,7 @@ impl<'a> Search<'a> {
         node: &'a Node,
         node_devices: Vec<usize>,
         budget: u64,
+        scoring: Scoring<'a>,
     ) -> Self {
         let constraints = specs
             .iter()
@@ -249,6 +260,7 @@ impl<'a> Search<'a> {
             })
             .collect();
         Self {
+            scoring,
             snap,
             cache,
             specs,
@@ -312,10 +324,14 @@ impl<'a> Search<'a> {
             .map(|(pos, &dev)| {
                 let island = topology && group_ok(&|d| snap.devices[d].nvlink.as_ref(), dev);
                 let numa = topology && group_ok(&|d| snap.devices[d].numa.as_ref(), dev);
-                let score = self.policy.device_score(&DeviceView {
+                let view = DeviceView {
                     position: pos,
                     used_permille: snap.fullness(dev),
-                });
+                    gpu: self.scoring.gpu_devices.iter().position(|&d| d == dev),
+                };
+                let score = self
+                    .policy
+                    .device_score(&view, self.scoring.node, self.scoring.input);
                 (!island, !numa, score, pos, dev)
             })
             .collect();

@@ -25,6 +25,7 @@ use super::nodeselect::NodeScope;
 use crate::cel::{CelCache, CelDevice, CompiledExpression};
 use crate::config::{self, TesseraConfig};
 use crate::error::{Error, Result};
+use crate::fragmentation::{HostResources, TaskShape, WHOLE_GPU, Workload};
 use crate::names;
 use crate::quantity::Quantity;
 
@@ -54,6 +55,10 @@ pub(crate) struct DeviceEntry {
     pub(crate) consumes: Vec<(String, Amounts)>,
     pub(crate) nvlink: Option<String>,
     pub(crate) numa: Option<String>,
+    /// For a Tessera whole GPU (`type=gpu`): its `model` attribute (empty when absent).
+    pub(crate) gpu_model: Option<String>,
+    /// Fully qualified memory and compute capacity names (computed once: hot in searches).
+    share_keys: (String, String),
     cel: OnceLock<CelDevice>,
 }
 
@@ -71,10 +76,7 @@ impl DeviceEntry {
 
     /// Fully qualified memory and compute capacity names of this device's driver.
     pub(crate) fn share_names(&self) -> (String, String) {
-        (
-            capacity::qualify(names::CAP_MEMORY, &self.driver),
-            capacity::qualify(names::CAP_COMPUTE, &self.driver),
-        )
+        self.share_keys.clone()
     }
 }
 
@@ -127,7 +129,40 @@ pub(crate) struct NodeSummary {
     pub(crate) share_max_free: u64,
     /// Sum of each device's fullness in permille.
     pub(crate) used_permille: u64,
+    /// Free milli-GPU of each Tessera GPU (not MIG instances), in device order.
+    pub(crate) gpu_free: Vec<u32>,
+    /// The device index of each entry of `gpu_free`.
+    pub(crate) gpu_devices: Vec<usize>,
+    /// The `model` attribute of the node's first Tessera GPU.
+    pub(crate) model: Option<String>,
+    /// Per Tessera shared GPU not held whole: (free memory bytes, memory bytes).
+    pub(crate) share_free: Vec<(u64, u64)>,
 }
+
+/// CPU and memory of a node whose host resources the caller tracks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HostState {
+    pub(crate) allocatable: HostResources,
+    pub(crate) used: HostResources,
+}
+
+impl HostState {
+    pub(crate) fn free(&self) -> HostResources {
+        self.allocatable.minus(&self.used)
+    }
+}
+
+/// Cached node scores of one policy, valid while node, pod ask and workload stay the same.
+#[derive(Debug, Default)]
+pub(crate) struct ScoreMemo {
+    pub(crate) policy: String,
+    pub(crate) workload: u64,
+    /// Per node id: the node version the entries belong to, and (ask, score) pairs.
+    pub(crate) nodes: Vec<(u64, Vec<(crate::allocator::PodAsk, i64)>)>,
+}
+
+/// Most asks remembered per node before its entries are dropped.
+pub(crate) const MEMO_PER_NODE: usize = 64;
 
 /// Compiled selectors and their per-device results, shared by every allocation on a snapshot.
 #[derive(Debug, Default)]
@@ -143,6 +178,8 @@ pub(crate) struct SelectorCache {
     pub(crate) class_devices: HashMap<String, Arc<Vec<usize>>>,
     candidate_names: Arc<Vec<String>>,
     candidate_ids: Arc<Vec<Option<usize>>>,
+    /// Node scores of cacheable policies.
+    pub(crate) scores: ScoreMemo,
 }
 
 /// The node ids of the last candidate list seen; trusted per position only where the name
@@ -190,6 +227,14 @@ pub struct Snapshot {
     pub(crate) local: Vec<Vec<usize>>,
     /// Per node id: what it has free.
     pub(crate) summaries: Vec<NodeSummary>,
+    /// Per node id: bumped whenever what the node has free changes.
+    pub(crate) node_versions: Vec<u64>,
+    /// Per node id: CPU and memory, where the caller tracks them.
+    pub(crate) hosts: Vec<Option<HostState>>,
+    /// The task shapes seen so far (fragmentation-aware policies learn from them).
+    pub(crate) workload: Workload,
+    /// Each GPU model's share of the Tessera GPUs (devices never change in a snapshot).
+    pub(crate) model_shares: Vec<(String, f64)>,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
 }
@@ -263,6 +308,10 @@ impl Snapshot {
             node_ids: HashMap::new(),
             local: Vec::new(),
             summaries: Vec::new(),
+            node_versions: Vec::new(),
+            hosts: Vec::new(),
+            workload: Workload::new(),
+            model_shares: Vec::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
         };
@@ -282,8 +331,22 @@ impl Snapshot {
             snap.node_ids.insert(node, id);
             snap.local.push(devices);
             snap.summaries.push(NodeSummary::default());
+            snap.node_versions.push(0);
+            snap.hosts.push(None);
             snap.refresh_summary(id);
         }
+        let mut counts: Vec<(String, f64)> = Vec::new();
+        for model in snap.devices.iter().filter_map(|d| d.gpu_model.as_ref()) {
+            match counts.iter_mut().find(|(m, _)| m == model) {
+                Some((_, n)) => *n += 1.0,
+                None => counts.push((model.clone(), 1.0)),
+            }
+        }
+        let total: f64 = counts.iter().map(|(_, n)| n).sum();
+        snap.model_shares = counts
+            .into_iter()
+            .map(|(m, n)| (m, n / total.max(1.0)))
+            .collect();
         for claim in allocated {
             if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
                 snap.commit(claim, allocation);
@@ -470,6 +533,13 @@ impl Snapshot {
             consumes,
             nvlink: attr_text(device, driver, names::ATTR_NVLINK_DOMAIN),
             numa: attr_text(device, driver, names::ATTR_NUMA_NODE),
+            gpu_model: (tessera
+                && attr_text(device, driver, names::ATTR_TYPE).as_deref() == Some(names::TYPE_GPU))
+            .then(|| attr_text(device, driver, names::ATTR_MODEL).unwrap_or_default()),
+            share_keys: (
+                capacity::qualify(names::CAP_MEMORY, driver),
+                capacity::qualify(names::CAP_COMPUTE, driver),
+            ),
             device: device.clone(),
             cel: OnceLock::new(),
         });
@@ -679,7 +749,7 @@ impl Snapshot {
     /// Free Tessera memory (bytes) and compute (percent) of a shared GPU, committed use only.
     pub(crate) fn share_free(&self, idx: usize, inflight: Option<&Amounts>) -> (u64, i64) {
         let e = &self.devices[idx];
-        let (mem, comp) = e.share_names();
+        let (mem, comp) = &e.share_keys;
         let used = |name: &str| {
             let a = self.uses[idx]
                 .consumed
@@ -692,8 +762,8 @@ impl Snapshot {
                 .unwrap_or(Quantity::ZERO);
             a.saturating_add(b).ceil_units()
         };
-        let mem_used = u64::try_from(used(&mem)).unwrap_or(0);
-        (e.memory.saturating_sub(mem_used), e.compute - used(&comp))
+        let mem_used = u64::try_from(used(mem)).unwrap_or(0);
+        (e.memory.saturating_sub(mem_used), e.compute - used(comp))
     }
 
     fn refresh_summary(&mut self, node: usize) {
@@ -713,8 +783,107 @@ impl Snapshot {
                 }
             }
             s.used_permille += self.fullness(idx);
+            if let Some(model) = &e.gpu_model {
+                if s.model.is_none() && !model.is_empty() {
+                    s.model = Some(model.clone());
+                }
+                s.gpu_free.push(self.gpu_free_milli(idx));
+                s.gpu_devices.push(idx);
+            }
+            if e.tessera_shared && u.exclusive == 0 {
+                let (free, _) = self.share_free(idx, None);
+                s.share_free.push((free, e.memory));
+            }
         }
         self.summaries[node] = s;
+        self.node_versions[node] += 1;
+    }
+
+    /// Free milli-GPU of a Tessera GPU: 1000 when nobody holds it, 0 when held whole, else
+    /// its free memory in milli of its memory (rounded down).
+    fn gpu_free_milli(&self, idx: usize) -> u32 {
+        let e = &self.devices[idx];
+        let u = &self.uses[idx];
+        if u.holders() == 0 {
+            return WHOLE_GPU;
+        }
+        if u.exclusive > 0 || !e.tessera_shared || e.memory == 0 {
+            return 0;
+        }
+        let (free, compute) = self.share_free(idx, None);
+        let by_memory = u128::from(free) * u128::from(WHOLE_GPU) / u128::from(e.memory);
+        let by_compute = u128::try_from(compute.clamp(0, 100)).unwrap_or(0) * 10;
+        u32::try_from(by_memory.min(by_compute)).unwrap_or(0)
+    }
+
+    /// Tracks a node's CPU and memory: what it has allocatable, and what pods already use.
+    /// Nodes never set here are not limited by CPU or memory. Unknown nodes are ignored.
+    pub fn set_host(&mut self, node: &str, allocatable: HostResources, used: HostResources) {
+        if let Some(&id) = self.node_ids.get(node) {
+            self.hosts[id] = Some(HostState { allocatable, used });
+            self.node_versions[id] += 1;
+        }
+    }
+
+    /// Adds a placed pod's CPU and memory to a tracked node's use.
+    pub fn add_host_use(&mut self, node: &str, ask: &HostResources) {
+        if let Some(&id) = self.node_ids.get(node)
+            && let Some(h) = self.hosts[id].as_mut()
+        {
+            h.used = h.used.plus(ask);
+            self.node_versions[id] += 1;
+        }
+    }
+
+    /// Removes a departed pod's CPU and memory from a tracked node's use.
+    pub fn remove_host_use(&mut self, node: &str, ask: &HostResources) {
+        if let Some(&id) = self.node_ids.get(node)
+            && let Some(h) = self.hosts[id].as_mut()
+        {
+            h.used = h.used.minus(ask);
+            self.node_versions[id] += 1;
+        }
+    }
+
+    /// Free CPU and memory of a tracked node.
+    pub fn host_free(&self, node: &str) -> Option<HostResources> {
+        let id = *self.node_ids.get(node)?;
+        self.hosts[id].map(|h| h.free())
+    }
+
+    /// Records the shape of a task that arrived, for fragmentation-aware policies.
+    pub fn observe(&mut self, shape: TaskShape) {
+        self.workload.observe(shape);
+    }
+
+    /// Replaces what fragmentation-aware policies know of the workload (e.g. from history).
+    pub fn set_workload(&mut self, workload: Workload) {
+        self.workload = workload;
+    }
+
+    /// The task shapes seen so far.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// The model and free milli-GPU of each Tessera GPU of one node.
+    pub fn node_gpu_free(&self, node: &str) -> Option<(Option<&str>, &[u32])> {
+        let s = &self.summaries[*self.node_ids.get(node)?];
+        Some((s.model.as_deref(), s.gpu_free.as_slice()))
+    }
+
+    /// Free milli-GPU of every Tessera GPU, node by node (nodes by name), for bookkeeping
+    /// checks and fragmentation reports.
+    pub fn gpu_free_by_node(&self) -> Vec<(&str, Option<&str>, &[u32])> {
+        let mut names: Vec<(&String, &usize)> = self.node_ids.iter().collect();
+        names.sort_unstable();
+        names
+            .into_iter()
+            .map(|(n, &id)| {
+                let s = &self.summaries[id];
+                (n.as_str(), s.model.as_deref(), s.gpu_free.as_slice())
+            })
+            .collect()
     }
 
     /// The node ids of `candidates`, refreshing the cached list when it differs (every

@@ -1,0 +1,284 @@
+//! `tessera simulate`: replays a GPU cluster trace (Alibaba "openb" CSVs) through the
+//! allocator, by the method of the trace's paper, and reports how much GPU stays unallocated.
+//!
+//! The replay itself is pure (`tessera_driver::simulate`); this adapter reads the files, runs
+//! the seeds on all cores, draws a progress bar when standard error is a terminal, and prints
+//! a table or JSON.
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use k8s_openapi::api::resource::v1 as res;
+use serde::Serialize;
+use tessera_driver::allocator::Policy;
+use tessera_driver::simulate::{
+    self, Cluster, ReplayOptions, SeedResult, Summary, parse_nodes, parse_pods,
+};
+
+use crate::error::{Error, Result};
+
+/// Tessera's share class, as shipped in `deviceclasses/`.
+const SHARED_CLASS: &str = include_str!("../../../deviceclasses/shared-gpu.yaml");
+
+/// An inclusive range of seeds, written `A..B` (the paper's seeds are `42..51`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeedRange {
+    /// First seed.
+    pub first: u64,
+    /// Last seed, included.
+    pub last: u64,
+}
+
+impl FromStr for SeedRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad = || format!("seeds {s:?}: expected A..B with A <= B, e.g. 42..51");
+        let (a, b) = s.split_once("..").ok_or_else(bad)?;
+        let first = a.trim().parse::<u64>().map_err(|_| bad())?;
+        let last = b.trim().parse::<u64>().map_err(|_| bad())?;
+        if first > last {
+            return Err(bad());
+        }
+        Ok(Self { first, last })
+    }
+}
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimulateArgs {
+    /// The node list.
+    pub nodes: PathBuf,
+    /// The pod list.
+    pub pods: PathBuf,
+    /// The placement policy.
+    pub policy: Policy,
+    /// The seeds to run.
+    pub seeds: Vec<u64>,
+    /// A pod list whose task shapes the policy knows before the first arrival.
+    pub history: Option<PathBuf>,
+    /// JSON instead of a table.
+    pub json: bool,
+    /// Draw a progress bar on standard error when it is a terminal.
+    pub progress: bool,
+}
+
+/// The JSON report.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    nodes: String,
+    pods: String,
+    history: Option<String>,
+    gpus: u64,
+    #[serde(flatten)]
+    summary: &'a Summary,
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn malformed(e: &tessera_driver::Error) -> Error {
+    Error::Malformed(e.to_string())
+}
+
+/// Draws `[####....] 40% (4/10 seeds)` on standard error, in place.
+struct Progress {
+    enabled: bool,
+    done: Vec<AtomicUsize>,
+    total: Vec<AtomicUsize>,
+    last: Mutex<usize>,
+}
+
+impl Progress {
+    fn new(seeds: usize, enabled: bool) -> Self {
+        Self {
+            enabled,
+            done: (0..seeds).map(|_| AtomicUsize::new(0)).collect(),
+            total: (0..seeds).map(|_| AtomicUsize::new(1)).collect(),
+            last: Mutex::new(usize::MAX),
+        }
+    }
+
+    fn report(&self, seed: usize, done: usize, total: usize) {
+        if !self.enabled {
+            return;
+        }
+        self.done[seed].store(done, Ordering::Relaxed);
+        self.total[seed].store(total.max(1), Ordering::Relaxed);
+        let permille: usize = self
+            .done
+            .iter()
+            .zip(&self.total)
+            .map(|(d, t)| d.load(Ordering::Relaxed) * 1000 / t.load(Ordering::Relaxed))
+            .sum::<usize>()
+            / self.done.len().max(1);
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last == permille / 10 {
+            return;
+        }
+        *last = permille / 10;
+        let filled = permille * 30 / 1000;
+        let bar = format!(
+            "\r[{}{}] {:>3}% ",
+            "#".repeat(filled),
+            ".".repeat(30 - filled),
+            permille / 10
+        );
+        let _ = std::io::stderr().write_all(bar.as_bytes());
+    }
+
+    fn finish(&self) {
+        if self.enabled {
+            let _ = std::io::stderr().write_all(b"\r\x1b[K");
+        }
+    }
+}
+
+/// Runs the simulation and appends the report to `out`.
+pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
+    let nodes_name = args.nodes.display().to_string();
+    let pods_name = args.pods.display().to_string();
+    let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
+    let pods = parse_pods(&pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
+    let history = match &args.history {
+        Some(path) => {
+            let name = path.display().to_string();
+            let list = parse_pods(&name, &read(path)?).map_err(|e| malformed(&e))?;
+            Some(simulate::workload_of(&list))
+        }
+        None => None,
+    };
+    let class: res::DeviceClass = serde_yaml::from_str(SHARED_CLASS)
+        .map_err(|e| Error::Malformed(format!("deviceclasses/shared-gpu.yaml: {e}")))?;
+    let cluster = Cluster::new(nodes, vec![class], driver).map_err(|e| malformed(&e))?;
+    // The report's fragmentation uses the whole trace's shapes, as the paper's measure does;
+    // the policy never sees them unless given as --history.
+    let measure = simulate::workload_of(&pods);
+    let progress = Progress::new(
+        args.seeds.len(),
+        args.progress && std::io::stderr().is_terminal(),
+    );
+    let results: Mutex<Vec<Option<(SeedResult, f64)>>> = Mutex::new(vec![None; args.seeds.len()]);
+    let next = AtomicUsize::new(0);
+    let failure: Mutex<Option<tessera_driver::Error>> = Mutex::new(None);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(args.seeds.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&seed) = args.seeds.get(k) else {
+                        break;
+                    };
+                    let opts = ReplayOptions {
+                        policy: args.policy,
+                        seed,
+                        history: history.clone(),
+                    };
+                    let started = Instant::now();
+                    let outcome =
+                        simulate::replay(&cluster, &pods, &measure, &opts, &mut |d, t| {
+                            progress.report(k, d, t);
+                        });
+                    let seconds = started.elapsed().as_secs_f64();
+                    match outcome {
+                        Ok(r) => {
+                            results
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)[k] =
+                                Some((r, seconds));
+                        }
+                        Err(e) => {
+                            *failure
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    progress.finish();
+    if let Some(e) = failure
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        return Err(e.into());
+    }
+    let (seeds, seconds): (Vec<SeedResult>, Vec<f64>) = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .into_iter()
+        .flatten()
+        .unzip();
+    let summary = Summary::new(&args.policy.to_string(), seeds);
+    if args.json {
+        let report = Report {
+            nodes: nodes_name,
+            pods: pods_name,
+            history: args.history.as_ref().map(|p| p.display().to_string()),
+            gpus: cluster.capacity_milli() / 1000,
+            summary: &summary,
+        };
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| Error::Output(e.to_string()))?;
+        out.push_str(&text);
+        out.push('\n');
+        return Ok(());
+    }
+    table(&summary, &seconds, &pods_name, out);
+    Ok(())
+}
+
+fn table(summary: &Summary, seconds: &[f64], pods: &str, out: &mut String) {
+    let _ = writeln!(out, "trace {pods}, policy {}", summary.policy);
+    let _ = writeln!(
+        out,
+        "{:>6} {:>7} {:>7} {:>12} {:>10} {:>9}  FAILED<100 SHARE/WHOLE/MULTI",
+        "SEED", "PODS", "FAILED", "UNALLOC@100", "FRAG@100", "SECONDS"
+    );
+    for (s, secs) in summary.seeds.iter().zip(seconds) {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>7} {:>7} {:>11.2}% {:>9.2}% {:>9.2}  {}/{}/{}",
+            s.seed,
+            s.pods,
+            s.failed_pods,
+            s.unallocated_pct_at_100,
+            s.fragmentation_pct_at_100,
+            secs,
+            s.failed_before_100.shares,
+            s.failed_before_100.whole,
+            s.failed_before_100.multi
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:>6} {:>7} {:>7.1} {:>11.2}% {:>9.2}%",
+        "mean",
+        "",
+        summary.failed_pods,
+        summary.unallocated_pct_at_100,
+        summary.fragmentation_pct_at_100
+    );
+    if summary.seeds.iter().any(|s| s.rounded_pods > 0) {
+        let _ = writeln!(
+            out,
+            "note: some tasks' milli-GPU was not a multiple of 10 and was rounded up to a whole percent (rounded_pods in -o json)"
+        );
+    }
+}

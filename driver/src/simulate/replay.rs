@@ -1,0 +1,279 @@
+//! One replay of a trace with one seed: tasks arrive one at a time, each is placed through
+//! the allocator or fails for good, and the bookkeeping after every arrival feeds the curves.
+
+use serde::Serialize;
+
+use super::cluster::{Cluster, claim_for};
+use super::order::arrival_order;
+use super::trace::TracePod;
+use crate::allocator::{Allocator, AllocatorOptions, DEFAULT_MAX_STEPS, Policy, Snapshot};
+use crate::error::{Error, Result};
+use crate::fragmentation::{NodeState, Typical, Workload, node_fragmentation};
+
+/// The x-axis ends here: arrived demand in percent of the cluster's GPU capacity.
+pub const MAX_ARRIVED_PERCENT: u64 = 130;
+/// The headline is read at this arrived demand.
+pub const HEADLINE_PERCENT: usize = 100;
+/// [`HEADLINE_PERCENT`] as a milli-GPU multiplier.
+const HEADLINE_X: u64 = 100;
+
+/// How one replay runs.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// The placement policy.
+    pub policy: Policy,
+    /// The seed of the arrival order.
+    pub seed: u64,
+    /// What the policy knows of the workload before the first arrival (e.g. a history file);
+    /// arrivals are added to it as they come.
+    pub history: Option<Workload>,
+}
+
+/// What one replay measured. Curves are indexed by arrived demand in percent (0..=130) and
+/// hold the mean over the arrivals at that percent (`None` where none landed).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedResult {
+    /// The seed.
+    pub seed: u64,
+    /// Tasks that arrived (the trace plus its random copies).
+    pub pods: usize,
+    /// Tasks that could not be placed.
+    pub failed_pods: usize,
+    /// Tasks with GPUs that could not be placed.
+    pub failed_gpu_pods: usize,
+    /// Milli-GPU of the tasks that could not be placed.
+    pub failed_gpu_milli: u64,
+    /// Tasks whose milli-GPU was rounded up to a whole percent.
+    pub rounded_pods: usize,
+    /// Milli-GPU of the tasks that failed before arrived demand reached 100 %, by kind: what
+    /// the headline is made of.
+    pub failed_before_100: FailedByKind,
+    /// 100 minus the allocation ratio at 100 % arrived demand: the headline (lower is better).
+    pub unallocated_pct_at_100: f64,
+    /// Fragmented GPU in percent of capacity at 100 % arrived demand.
+    pub fragmentation_pct_at_100: f64,
+    /// Allocated GPU in percent of capacity, by arrived demand.
+    pub allocation_curve: Vec<Option<f64>>,
+    /// Fragmented GPU in percent of capacity, by arrived demand.
+    pub fragmentation_curve: Vec<Option<f64>>,
+}
+
+/// Failed milli-GPU by kind of task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FailedByKind {
+    /// Shares of one GPU.
+    pub shares: u64,
+    /// One whole GPU.
+    pub whole: u64,
+    /// Several whole GPUs.
+    pub multi: u64,
+}
+
+/// Running bookkeeping of one replay: allocated milli-GPU and each node's fragmentation.
+#[derive(Debug)]
+pub struct Ledger {
+    /// Milli-GPU of the tasks placed so far.
+    pub allocated: u64,
+    /// Milli-GPU of the tasks arrived so far (failed ones included).
+    pub arrived: u64,
+    /// Per node (cluster order), its fragmentation under the measure's shapes.
+    pub node_frag: Vec<f64>,
+    /// Sum of `node_frag`.
+    pub total_frag: f64,
+}
+
+impl Ledger {
+    fn new(cluster: &Cluster, snap: &Snapshot, measure: &[Typical]) -> Self {
+        let node_frag: Vec<f64> = cluster
+            .nodes
+            .iter()
+            .map(|n| fragmentation_of(snap, &n.name, measure))
+            .collect();
+        let total_frag = node_frag.iter().sum();
+        Self {
+            allocated: 0,
+            arrived: 0,
+            node_frag,
+            total_frag,
+        }
+    }
+
+    fn update_node(&mut self, idx: usize, value: f64) {
+        self.total_frag += value - self.node_frag[idx];
+        self.node_frag[idx] = value;
+    }
+}
+
+/// A node's fragmentation as it is now in the snapshot.
+pub fn fragmentation_of(snap: &Snapshot, node: &str, measure: &[Typical]) -> f64 {
+    let Some((model, free)) = snap.node_gpu_free(node) else {
+        return 0.0;
+    };
+    let state = NodeState {
+        model,
+        host_free: snap.host_free(node),
+        gpu_free: free,
+    };
+    node_fragmentation(&state, measure)
+}
+
+/// Mean per bucket of (bucket, value) samples.
+struct Curve {
+    sums: Vec<f64>,
+    counts: Vec<u32>,
+}
+
+impl Curve {
+    fn new() -> Self {
+        let n = usize::try_from(MAX_ARRIVED_PERCENT).unwrap_or(130) + 1;
+        Self {
+            sums: vec![0.0; n],
+            counts: vec![0; n],
+        }
+    }
+
+    fn add(&mut self, bucket: usize, value: f64) {
+        if bucket < self.sums.len() {
+            self.sums[bucket] += value;
+            self.counts[bucket] += 1;
+        }
+    }
+
+    fn means(&self) -> Vec<Option<f64>> {
+        self.sums
+            .iter()
+            .zip(&self.counts)
+            .map(|(&s, &c)| (c > 0).then(|| s / f64::from(c)))
+            .collect()
+    }
+}
+
+/// The value at `x`, else at the nearest x below it that has one.
+pub fn at_or_below(curve: &[Option<f64>], x: usize) -> f64 {
+    curve
+        .iter()
+        .take(x + 1)
+        .rev()
+        .find_map(|v| *v)
+        .unwrap_or(0.0)
+}
+
+#[allow(clippy::cast_precision_loss)] // Reason: milli-GPU totals of a cluster, far below 2^52.
+fn percent(part: u64, whole: u64) -> f64 {
+    part as f64 * 100.0 / whole.max(1) as f64
+}
+
+#[allow(clippy::cast_precision_loss)] // Reason: as above.
+fn percent_f(part: f64, whole: u64) -> f64 {
+    part * 100.0 / whole.max(1) as f64
+}
+
+/// Replays `pods` on `cluster` by the paper's method. `measure` holds the typical shapes of
+/// the fragmentation report (not the policy's knowledge); `progress` is told
+/// `(arrived, total)` now and then.
+pub fn replay(
+    cluster: &Cluster,
+    pods: &[TracePod],
+    measure: &Workload,
+    opts: &ReplayOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SeedResult> {
+    let capacity = cluster.capacity_milli();
+    if capacity == 0 {
+        return Err(Error::invalid(
+            "simulation",
+            "nodes",
+            "the cluster has no GPUs",
+        ));
+    }
+    let demands: Vec<u64> = pods.iter().map(TracePod::gpu_demand).collect();
+    let order = arrival_order(&demands, opts.seed, capacity * MAX_ARRIVED_PERCENT / 100);
+    let mut snap = cluster.snapshot()?;
+    if let Some(h) = &opts.history {
+        snap.set_workload(h.clone());
+    }
+    let allocator = Allocator::new(AllocatorOptions {
+        driver_name: cluster.driver_name.clone(),
+        policy: opts.policy,
+        max_steps: DEFAULT_MAX_STEPS,
+    })
+    .without_explanations();
+    let node_index: std::collections::HashMap<&str, usize> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    let mut ledger = Ledger::new(cluster, &snap, measure.typical());
+    let mut alloc_curve = Curve::new();
+    let mut frag_curve = Curve::new();
+    let mut result = SeedResult {
+        seed: opts.seed,
+        pods: order.len(),
+        failed_pods: 0,
+        failed_gpu_pods: 0,
+        failed_gpu_milli: 0,
+        rounded_pods: 0,
+        failed_before_100: FailedByKind::default(),
+        unallocated_pct_at_100: 0.0,
+        fragmentation_pct_at_100: 0.0,
+        allocation_curve: Vec::new(),
+        fragmentation_curve: Vec::new(),
+    };
+    let step = (order.len() / 200).max(1);
+    for (seq, &i) in order.iter().enumerate() {
+        if seq % step == 0 {
+            progress(seq, order.len());
+        }
+        let pod = &pods[i];
+        // The policy learns the task as it arrives: never a task still to come.
+        snap.observe(pod.shape());
+        ledger.arrived += pod.gpu_demand();
+        let claim = claim_for(pod, seq, &cluster.driver_name);
+        if claim.as_ref().is_some_and(|(_, rounded)| *rounded) {
+            result.rounded_pods += 1;
+        }
+        let claims: Vec<&_> = claim.iter().map(|(c, _)| c).collect();
+        let placed = allocator.allocate_pod(&snap, &claims, &cluster.candidates, &pod.host);
+        if let Ok(placement) = placed {
+            {
+                for (c, a) in claims.iter().zip(&placement.allocations) {
+                    snap.commit(c, a);
+                }
+                snap.add_host_use(&placement.node, &pod.host);
+                ledger.allocated += pod.gpu_demand();
+                if let Some(&idx) = node_index.get(placement.node.as_str()) {
+                    let value = fragmentation_of(&snap, &placement.node, measure.typical());
+                    ledger.update_node(idx, value);
+                }
+            }
+        } else {
+            {
+                result.failed_pods += 1;
+                if pod.num_gpu > 0 {
+                    result.failed_gpu_pods += 1;
+                    result.failed_gpu_milli += pod.gpu_demand();
+                    if ledger.arrived * 100 <= capacity * HEADLINE_X {
+                        let f = &mut result.failed_before_100;
+                        match (pod.num_gpu, pod.gpu_milli) {
+                            (1, m) if m < 1000 => f.shares += pod.gpu_demand(),
+                            (1, _) => f.whole += pod.gpu_demand(),
+                            _ => f.multi += pod.gpu_demand(),
+                        }
+                    }
+                }
+            }
+        }
+        let x = (percent(ledger.arrived, capacity)).round();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // Reason: 0..=130.
+        let bucket = x as usize;
+        alloc_curve.add(bucket, percent(ledger.allocated, capacity));
+        frag_curve.add(bucket, percent_f(ledger.total_frag, capacity));
+    }
+    progress(order.len(), order.len());
+    result.allocation_curve = alloc_curve.means();
+    result.fragmentation_curve = frag_curve.means();
+    result.unallocated_pct_at_100 = 100.0 - at_or_below(&result.allocation_curve, HEADLINE_PERCENT);
+    result.fragmentation_pct_at_100 = at_or_below(&result.fragmentation_curve, HEADLINE_PERCENT);
+    Ok(result)
+}
