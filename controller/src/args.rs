@@ -219,8 +219,8 @@ mod tests {
                 Args::try_parse_from(["tessera-controller", "--policy", &p.to_string()]).unwrap();
             assert_eq!(args.policy, p);
         }
-        let err = Args::try_parse_from(["tessera-controller", "--policy", "no-such-policy"])
-            .unwrap_err();
+        let err =
+            Args::try_parse_from(["tessera-controller", "--policy", "no-such-policy"]).unwrap_err();
         assert!(err.to_string().contains("unknown policy"), "{err}");
     }
 
