@@ -1,7 +1,6 @@
 //! Starting a real kube-apiserver and etcd (and kube-scheduler when present) on loopback from
-//! the binaries in `KUBEBUILDER_ASSETS`, for the controller's envtest-style run. Nothing is
-//! ever downloaded. (The kubelet plugin's envtest has the same start-up sequence; the lead may
-//! fold the two into this module.)
+//! the binaries in `KUBEBUILDER_ASSETS`, for the envtest-style runs of the kubelet plugin and
+//! the controller. Nothing is ever downloaded.
 #![allow(dead_code, reason = "each test file uses a subset")]
 
 use std::path::{Path, PathBuf};
