@@ -201,6 +201,26 @@ mod tests {
     use super::pb::dra_resource_health_server::DraResourceHealth as _;
     use super::*;
 
+    /// Node `n` with `count` T4 GPUs.
+    fn one_node(count: u32) -> NodeInventory {
+        Inventory::from_yaml(&format!(
+            "nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: {count}\n"
+        ))
+        .unwrap()
+        .nodes
+        .remove(0)
+    }
+
+    /// A kubelet's health stream from `reporter`, repeated every `refresh`.
+    async fn open_stream(reporter: &HealthReporter, refresh: Duration) -> WatchStream {
+        reporter
+            .service(refresh)
+            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
     #[tokio::test]
     async fn a_stream_reports_everything_then_each_change() {
         let mut node =
@@ -210,12 +230,7 @@ mod tests {
                 .remove(0);
         let (tx, rx) = watch::channel(node.clone());
         let reporter = HealthReporter::spawn(rx);
-        let mut stream = reporter
-            .service(Duration::from_hours(1))
-            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = open_stream(&reporter, Duration::from_hours(1)).await;
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.devices.len(), 2);
         assert!(
@@ -245,19 +260,11 @@ mod tests {
 
     #[tokio::test]
     async fn streams_stay_open_when_nothing_follows_the_inventory_any_more() {
-        let node = Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n")
-            .unwrap()
-            .nodes
-            .remove(0);
+        let node = one_node(1);
         let (tx, rx) = watch::channel(node);
         let reporter = HealthReporter::spawn(rx);
         drop(tx);
-        let mut stream = reporter
-            .service(Duration::from_millis(20))
-            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = open_stream(&reporter, Duration::from_millis(20)).await;
         for _ in 0..3 {
             assert_eq!(stream.next().await.unwrap().unwrap().devices.len(), 1);
         }
@@ -272,12 +279,7 @@ mod tests {
                 .remove(0);
         let (_tx, rx) = watch::channel(node);
         let reporter = HealthReporter::spawn(rx);
-        let mut stream = reporter
-            .service(Duration::from_millis(20))
-            .node_watch_resources(Request::new(pb::NodeWatchResourcesRequest {}))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = open_stream(&reporter, Duration::from_millis(20)).await;
         for _ in 0..3 {
             let message = stream.next().await.unwrap().unwrap();
             assert_eq!(message.devices.len(), 2);
