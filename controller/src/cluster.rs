@@ -19,7 +19,9 @@ use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
 use tessera_driver::allocator::{Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
+use tessera_driver::fragmentation::{TaskShape, Workload};
 use tessera_driver::gate;
+use tessera_driver::nodefit::{self, Resources};
 use tracing::warn;
 
 pub use reflector::Change;
@@ -119,6 +121,8 @@ pub struct ClusterView {
     snapshot: Option<Snapshot>,
     synced: BTreeSet<Resource>,
     generation: u64,
+    workload: Workload,
+    learned: BTreeSet<String>,
 }
 
 impl ClusterView {
@@ -135,6 +139,8 @@ impl ClusterView {
             snapshot: None,
             synced: BTreeSet::new(),
             generation: 0,
+            workload: Workload::new(),
+            learned: BTreeSet::new(),
         }
     }
 
@@ -191,9 +197,47 @@ impl ClusterView {
                 .filter(|c| gate::is_allocated(c))
                 .cloned()
                 .collect();
-            Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?
+            let mut fresh = Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?;
+            fresh.set_workload(self.workload.clone());
+            fresh
         };
         Ok(self.snapshot.insert(snapshot))
+    }
+
+    /// Teaches fragmentation-aware policies the task shape of the pod `pod` (its
+    /// `namespace/name`), once per pod however often it is tried.
+    pub fn learn(&mut self, pod: &str, shape: TaskShape) {
+        if !self.learned.insert(pod.to_owned()) {
+            return;
+        }
+        if let Some(snapshot) = self.snapshot.as_mut() {
+            snapshot.observe(shape.clone());
+        }
+        self.workload.observe(shape);
+    }
+
+    /// The task shapes learned so far.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// Gives placement policies each node's CPU and memory: `status.allocatable` less
+    /// `usage` (what the pods on it request). Nodes without allocatable amounts stay untracked.
+    pub fn track_hosts(&mut self, usage: &BTreeMap<String, Resources>) -> Result<()> {
+        let hosts: Vec<(String, _, _)> = self
+            .nodes
+            .iter()
+            .filter_map(|(name, node)| {
+                let allocatable = nodefit::node_allocatable(node).host()?;
+                let used = usage.get(name).and_then(|u| u.host()).unwrap_or_default();
+                Some((name.clone(), allocatable, used))
+            })
+            .collect();
+        let snapshot = self.snapshot()?;
+        for (name, allocatable, used) in hosts {
+            snapshot.set_host(&name, allocatable, used);
+        }
+        Ok(())
     }
 
     /// Applies one change the reflector of `resource` saw (or the answer to one of the
@@ -372,6 +416,7 @@ impl ClusterView {
             }
             Resource::Pods => {
                 self.pods.remove(key);
+                self.learned.remove(key);
             }
             Resource::Nodes => {
                 self.nodes.remove(key);
@@ -445,6 +490,32 @@ mod tests {
         assert_eq!(view.node_list().len(), 2);
         view.apply(Resource::Nodes, Change::Deleted(node("a")));
         assert_eq!(view.node_list().len(), 1);
+    }
+
+    #[test]
+    fn a_pod_teaches_its_shape_once_and_a_rebuilt_snapshot_keeps_what_was_learned() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let shape = TaskShape {
+            host: tessera_driver::fragmentation::HostResources::default(),
+            gpus: 1,
+            gpu_milli: 500,
+            models: None,
+        };
+        view.learn("ml/p", shape.clone());
+        view.learn("ml/p", shape.clone());
+        assert_eq!(view.workload().seen(), 1);
+        assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
+        // A class change drops the snapshot; the rebuilt one still knows the shape.
+        view.apply(
+            Resource::Classes,
+            Change::Applied(
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": "x", "resourceVersion": "1"}, "spec": {}}),
+            ),
+        );
+        assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
+        view.learn("ml/q", shape);
+        assert_eq!(view.snapshot().unwrap().workload().seen(), 2);
     }
 
     #[test]

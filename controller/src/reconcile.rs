@@ -168,6 +168,9 @@ impl Reconciler {
         }
         self.release_orphans(view, &mut report).await;
         let mut usage = node_usage(view);
+        if let Err(e) = view.track_hosts(&usage) {
+            warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
+        }
         let mut gated: Vec<(Option<Timestamp>, String)> = view
             .pods()
             .iter()
@@ -377,14 +380,22 @@ impl Reconciler {
             .iter()
             .filter_map(|k| view.claims().get(k).cloned())
             .collect();
+        let host = requests.host().unwrap_or_default();
+        let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
+        let shape = {
+            let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
+            self.allocator.task_shape(snapshot, &refs, &host)
+        };
+        if let Some(shape) = shape {
+            view.learn(&pod_key(pod), shape);
+        }
         let outcome = if candidates.is_empty() {
             Err((format!("no node can take the pod: {node_summary}"), false))
         } else {
-            let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
             let all_nodes = view.nodes().len();
             let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
             self.allocator
-                .allocate(snapshot, &refs, &candidates)
+                .allocate_pod(snapshot, &refs, &candidates, &host)
                 .map_err(|u| {
                     let excluded = if candidates.len() < all_nodes {
                         format!(" (nodes considered: {node_summary})")
@@ -441,6 +452,7 @@ impl Reconciler {
             for (c, a) in claims.iter().zip(&allocations) {
                 snapshot.commit(c, a);
             }
+            snapshot.add_host_use(&placement.node, &host);
         }
         let mut written: Vec<String> = Vec::new();
         let mut failure = None;

@@ -300,6 +300,60 @@ spec:
     assert_eq!(results[2]["allocated"], true, "{json}");
 }
 
+#[test]
+fn allocate_counts_the_cpu_of_pods_placed_earlier_in_the_batch() {
+    // Each node has two GPUs but CPU for only one of the two pods: first-fit would put both on
+    // node-1 if the batch forgot what the first pod took.
+    let two_gpus = |node: &str| {
+        SLICE.replace("node-1", node).replace(
+            "  - name: gpu-0\n",
+            "  - name: gpu-1\n    attributes: {type: {string: gpu}, sharing: {string: exclusive}}\n    capacity: {memory: {value: 80Gi}}\n  - name: gpu-0\n",
+        )
+    };
+    let node = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{kubernetes.io/hostname: {name}}}}}\nstatus: {{allocatable: {{cpu: '4', memory: 16Gi, pods: '110'}}}}\n"
+        )
+    };
+    let pod = |name: &str, claim: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers: [{{name: main, image: busybox, resources: {{requests: {{cpu: '3'}}}}}}]\n  resourceClaims: [{{name: gpu, resourceClaimName: {claim}}}]\n"
+        )
+    };
+    let text = [
+        two_gpus("node-1"),
+        two_gpus("node-2"),
+        node("node-1"),
+        node("node-2"),
+        CLASS.to_owned(),
+        claim("first"),
+        claim("second"),
+        pod("a", "first"),
+        pod("b", "second"),
+    ]
+    .join("---\n");
+    let file = write_temp("cpu.yaml", &text);
+    let out = tessera(&[
+        "allocate",
+        "-f",
+        file.to_str().unwrap(),
+        "--policy",
+        "first-fit",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = json["results"].as_array().unwrap();
+    let pool = |i: usize| results[i]["allocation"]["devices"]["results"][0]["pool"].clone();
+    assert_eq!(pool(0), "node-1", "{json}");
+    assert_eq!(pool(1), "node-2", "{json}");
+}
+
 const TRACE_NODES: &str = "\
 sn,cpu_milli,memory_mib,gpu,model
 node-a,32000,131072,2,G2

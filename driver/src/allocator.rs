@@ -67,7 +67,7 @@ pub use snapshot::{Snapshot, claim_key, claim_name};
 pub use usage::DeviceUsage;
 
 use crate::config::{AllocatedShares, DeviceShare};
-use crate::fragmentation::{HostResources, WHOLE_GPU};
+use crate::fragmentation::{HostResources, TaskShape, WHOLE_GPU};
 use crate::names;
 use crate::quantity::Quantity;
 use nodeselect::{FIELD_NODE_NAME, NodeScope};
@@ -161,6 +161,30 @@ impl Allocator {
         candidates: &[Node],
     ) -> Result<Placement, Unsatisfiable> {
         self.allocate_pod(snapshot, claims, candidates, &HostResources::default())
+    }
+
+    /// The task shape of a pod that requests `host` CPU and memory and has `claims`, as
+    /// fragmentation-aware policies learn it ([`Snapshot::observe`]); `None` when a claim is
+    /// malformed (it is refused when allocated, and teaches the policy nothing).
+    pub fn task_shape(
+        &self,
+        snapshot: &Snapshot,
+        claims: &[&res::ResourceClaim],
+        host: &HostResources,
+    ) -> Option<TaskShape> {
+        let mut cache = snapshot.selectors();
+        let specs = claims
+            .iter()
+            .map(|c| request::prepare_claim(snapshot, &mut cache, &self.options.driver_name, c))
+            .collect::<Result<Vec<_>, _>>()
+            .ok()?;
+        let ask = pod_ask(&specs, host);
+        Some(TaskShape {
+            host: ask.host,
+            gpus: ask.cards,
+            gpu_milli: if ask.cards == 0 { 0 } else { ask.gpu_milli },
+            models: None,
+        })
     }
 
     /// Places a pod that requests `host` CPU and memory and has `claims` (possibly none) on

@@ -5,6 +5,11 @@
 //! `spec.resourceClaims[].resourceClaimName`) are allocated together, all on one node or not at
 //! all, at the position of the pod's first pending claim. Each success is committed to the
 //! snapshot before the next claim is tried, so later claims see earlier ones as used.
+//!
+//! Placement policies see what the cluster view offers them in a controller: each Node's
+//! `status.allocatable` CPU and memory less what the pods bound to it (`spec.nodeName`) and
+//! the pods placed earlier in the batch request, and the task shapes of the pods seen so far,
+//! each learned as its turn comes (never a pod still to come).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +21,7 @@ use serde::Serialize;
 use crate::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
 use crate::error::Result;
 use crate::names;
+use crate::nodefit::{self, Resources};
 
 /// What happened to one pending claim.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -180,6 +186,29 @@ fn outcome(
     }
 }
 
+/// Tracks the CPU and memory of every Node object that reports allocatable amounts, less what
+/// the pods bound to it request (a pod whose requests do not parse is skipped here; it is
+/// refused where it is placed).
+fn track_hosts(snapshot: &mut Snapshot, input: &BatchInput<'_>) {
+    let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
+    for pod in input.pods {
+        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if let (Some(node), Ok(r)) = (bound, nodefit::pod_requests(pod)) {
+            let entry = used.entry(node).or_default();
+            *entry = entry.plus(r);
+        }
+    }
+    for node in input.nodes {
+        let Some(name) = node.metadata.name.as_deref() else {
+            continue;
+        };
+        if let Some(allocatable) = nodefit::node_allocatable(node).host() {
+            let used = used.get(name).and_then(|r| r.host()).unwrap_or_default();
+            snapshot.set_host(name, allocatable, used);
+        }
+    }
+}
+
 /// Allocates every pending claim of `input`, returning one outcome per pending claim in input
 /// order.
 pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<Vec<ClaimOutcome>> {
@@ -194,6 +223,7 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
         input.classes,
         &allocated,
     )?;
+    track_hosts(&mut snapshot, input);
     let allocator = Allocator::new(AllocatorOptions {
         driver_name: options.driver_name.clone(),
         policy: options.policy,
@@ -223,8 +253,22 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
             .filter(|n| pod.is_none_or(|p| pod_fits_node(p, n)))
             .cloned()
             .collect();
-        match allocator.allocate(&snapshot, &group, &candidates) {
+        let host = match pod.map(nodefit::pod_requests).transpose() {
+            Ok(r) => r.and_then(Resources::host).unwrap_or_default(),
+            Err(e) => {
+                let reason = e.to_string();
+                for c in &group {
+                    outcomes.insert(key(&c.metadata), outcome(c, Err(&reason)));
+                }
+                continue;
+            }
+        };
+        if let Some(shape) = allocator.task_shape(&snapshot, &group, &host) {
+            snapshot.observe(shape);
+        }
+        match allocator.allocate_pod(&snapshot, &group, &candidates, &host) {
             Ok(placement) => {
+                snapshot.add_host_use(&placement.node, &host);
                 for (c, result) in group.iter().zip(placement.allocations) {
                     snapshot.commit(c, &result);
                     outcomes.insert(key(&c.metadata), outcome(c, Ok((&placement.node, result))));

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 use crate::allocator::nodeselect::selector_matches;
 use crate::error::{Error, Result};
+use crate::fragmentation::HostResources;
 use crate::quantity::Quantity;
 
 /// Taint kube-controller-manager puts on cordoned nodes; tolerating it allows unschedulable nodes.
@@ -53,6 +54,19 @@ impl Resources {
             memory_nanos: self.memory_nanos.saturating_sub(other.memory_nanos),
             pods: self.pods.saturating_sub(other.pods),
         }
+    }
+
+    /// CPU (milli-cores) and memory (bytes) as placement policies see them, below a milli-core
+    /// or a byte dropped (scores only rank nodes; fitting is [`check`]'s); `None` when either is
+    /// unlimited (a node that reports no allocatable amounts).
+    pub fn host(self) -> Option<HostResources> {
+        let milli = |nanos: i128, per: i128| -> Option<u64> {
+            (nanos < i128::MAX).then(|| u64::try_from(nanos.max(0) / per).unwrap_or(u64::MAX))
+        };
+        Some(HostResources {
+            cpu_milli: milli(self.cpu_nanos, 1_000_000)?,
+            memory_bytes: milli(self.memory_nanos, 1_000_000_000)?,
+        })
     }
 
     fn max(self, other: Self) -> Self {
@@ -362,6 +376,28 @@ mod tests {
 
     fn fits(p: &Pod, n: &Node) -> Result<(), Misfit> {
         check(p, pod_requests(p).unwrap(), n, Resources::default())
+    }
+
+    #[test]
+    fn host_amounts_are_milli_cores_and_bytes_and_unlimited_nodes_have_none() {
+        let alloc = node_allocatable(&node(json!({})));
+        assert_eq!(
+            alloc.host(),
+            Some(HostResources {
+                cpu_milli: 4000,
+                memory_bytes: 16 << 30,
+            })
+        );
+        let p = pod(json!({"containers": [container("250m", "1Mi")]}));
+        assert_eq!(
+            pod_requests(&p).unwrap().host(),
+            Some(HostResources {
+                cpu_milli: 250,
+                memory_bytes: 1 << 20,
+            })
+        );
+        let bare = node(json!({"status": {}}));
+        assert_eq!(node_allocatable(&bare).host(), None);
     }
 
     #[test]

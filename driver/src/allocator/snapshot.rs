@@ -140,7 +140,7 @@ pub(crate) struct NodeSummary {
 }
 
 /// CPU and memory of a node whose host resources the caller tracks.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HostState {
     pub(crate) allocatable: HostResources,
     pub(crate) used: HostResources,
@@ -820,8 +820,12 @@ impl Snapshot {
     /// Nodes never set here are not limited by CPU or memory. Unknown nodes are ignored.
     pub fn set_host(&mut self, node: &str, allocatable: HostResources, used: HostResources) {
         if let Some(&id) = self.node_ids.get(node) {
-            self.hosts[id] = Some(HostState { allocatable, used });
-            self.node_versions[id] += 1;
+            let state = Some(HostState { allocatable, used });
+            // Unchanged amounts keep the node's cached scores.
+            if self.hosts[id] != state {
+                self.hosts[id] = state;
+                self.node_versions[id] += 1;
+            }
         }
     }
 
