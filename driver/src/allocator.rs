@@ -234,6 +234,7 @@ impl Allocator {
             ask: &ask,
             workload: &snapshot.workload,
             model_shares: &snapshot.model_shares,
+            gaps: &snapshot.gaps,
         };
         let view = |pos: usize| {
             let s = summary(pos);
@@ -262,7 +263,8 @@ impl Allocator {
                 memo.workload = snapshot.workload.version();
                 memo.nodes = vec![(u64::MAX, Vec::new()); snapshot.summaries.len()];
             }
-            let mut scored: Vec<Reverse<(i64, usize)>> = Vec::with_capacity(candidates.len());
+            let mut scored: Vec<Reverse<((i64, i64), usize)>> =
+                Vec::with_capacity(candidates.len());
             for pos in (0..candidates.len()).filter(|&pos| may_fit(pos)) {
                 let id = id_of(pos).filter(|_| cacheable);
                 let cached = id.and_then(|id| {
@@ -284,7 +286,8 @@ impl Allocator {
                     }
                     score
                 });
-                scored.push(Reverse((score, pos)));
+                let rank = self.policy.node_rank(&view(pos), &input);
+                scored.push(Reverse(((rank, score), pos)));
             }
             let mut heap = BinaryHeap::from(scored);
             Box::new(std::iter::from_fn(move || {

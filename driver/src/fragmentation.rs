@@ -202,6 +202,7 @@ pub struct Workload {
     by_demand: Vec<Typical>,
     per_gpu: HostPerGpu,
     pressure: Vec<(String, f64)>,
+    smallest: u32,
     refreshed_at: u64,
     version: u64,
 }
@@ -272,6 +273,12 @@ impl Workload {
     /// CPU and memory per milli-GPU of the typical GPU tasks, weighted by demand.
     pub fn host_per_gpu(&self) -> HostPerGpu {
         self.per_gpu
+    }
+
+    /// The smallest share of one GPU among the typical shapes (1000 when there is none): free
+    /// milli below it is expected to stay idle.
+    pub fn smallest_share(&self) -> u32 {
+        self.smallest
     }
 
     fn refresh(&mut self) {
@@ -355,6 +362,13 @@ impl Workload {
             }
         }
         self.pressure = pressure;
+        self.smallest = self
+            .typical
+            .iter()
+            .filter(|t| t.shape.gpus == 1 && t.shape.gpu_milli < WHOLE_GPU)
+            .map(|t| t.shape.gpu_milli)
+            .min()
+            .unwrap_or(WHOLE_GPU);
         self.refreshed_at = self.seen;
         self.version += 1;
     }

@@ -41,6 +41,7 @@ pub mod lease;
 pub mod mps;
 pub mod names;
 pub mod nodefit;
+pub mod packing;
 pub mod prepare;
 pub mod quantity;
 pub mod reconfigure;

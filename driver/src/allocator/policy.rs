@@ -14,6 +14,7 @@ use crate::fragmentation::{
     HostPerGpu, HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
     stranded,
 };
+use crate::packing::GapCounts;
 
 /// What a policy sees of one candidate node.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +78,8 @@ pub struct ScoreInput<'a> {
     pub workload: &'a Workload,
     /// Each GPU model's share of the cluster's Tessera GPUs.
     pub model_shares: &'a [(String, f64)],
+    /// Partly used GPUs by free milli-GPU, over the whole cluster.
+    pub gaps: &'a GapCounts,
 }
 
 impl ScoreInput<'_> {
@@ -105,6 +108,11 @@ pub trait PlacementPolicy: fmt::Debug + Send + Sync {
     fn name(&self) -> &str;
     /// The score of a node.
     fn node_score(&self, node: &NodeView<'_>, input: &ScoreInput<'_>) -> i64;
+    /// A rank that orders nodes before their score, from cluster-wide state that changes with
+    /// every placement (so it is never cached; keep it cheap). Lower is tried first.
+    fn node_rank(&self, _node: &NodeView<'_>, _input: &ScoreInput<'_>) -> i64 {
+        0
+    }
     /// The score of a device on the node the search is on.
     fn device_score(&self, device: &DeviceView, node: &NodeView<'_>, input: &ScoreInput<'_>)
     -> i64;
@@ -172,6 +180,14 @@ fn fullness(node: &NodeView<'_>) -> i64 {
 const UNFIT: i64 = i64::MAX / 4;
 /// Scale of fragmentation deltas (milli-GPU) into integer scores.
 const SCALE: f64 = 1000.0;
+
+/// Device scores of fragmentation deltas stay far below this, so a rank times it comes first.
+const RANK_SCALE: i64 = 1 << 40;
+
+/// Whether the pod is one share of one GPU, the item that Sum-of-Squares packing places.
+fn is_share(ask: &PodAsk) -> bool {
+    ask.cards == 1 && ask.gpu_milli < WHOLE_GPU
+}
 
 /// Where a pod's GPUs would go on a node: the indices into `gpu_free` it would take.
 fn choices(node: &NodeView<'_>, ask: &PodAsk) -> Vec<Vec<usize>> {
@@ -304,6 +320,21 @@ impl PlacementPolicy for Policy {
         }
     }
 
+    fn node_rank(&self, node: &NodeView<'_>, input: &ScoreInput<'_>) -> i64 {
+        if *self != Self::DemandFgd || !is_share(input.ask) {
+            return 0;
+        }
+        node.gpu_free
+            .iter()
+            .filter_map(|&free| {
+                input
+                    .gaps
+                    .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
     fn device_score(
         &self,
         device: &DeviceView,
@@ -342,7 +373,16 @@ impl PlacementPolicy for Policy {
                     gpu_free: &free,
                 };
                 // Equal growth: the fuller GPU.
-                scaled(measure(&state) - before) * 1024 - used
+                let score = scaled(measure(&state) - before) * 1024 - used;
+                if *self == Self::DemandFgd && is_share(input.ask) {
+                    let free = node.gpu_free.get(gpu).copied().unwrap_or(0);
+                    let rank = input
+                        .gaps
+                        .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
+                        .unwrap_or(0);
+                    return rank.saturating_mul(RANK_SCALE).saturating_add(score);
+                }
+                score
             }
         }
     }

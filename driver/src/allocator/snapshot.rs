@@ -27,6 +27,7 @@ use crate::config::{self, TesseraConfig};
 use crate::error::{Error, Result};
 use crate::fragmentation::{HostResources, TaskShape, WHOLE_GPU, Workload};
 use crate::names;
+use crate::packing::GapCounts;
 use crate::quantity::Quantity;
 
 /// Taint effects that keep a device from new allocations unless tolerated.
@@ -235,6 +236,8 @@ pub struct Snapshot {
     pub(crate) workload: Workload,
     /// Each GPU model's share of the Tessera GPUs (devices never change in a snapshot).
     pub(crate) model_shares: Vec<(String, f64)>,
+    /// Partly used Tessera GPUs by free milli-GPU, over all nodes.
+    pub(crate) gaps: GapCounts,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
 }
@@ -312,6 +315,7 @@ impl Snapshot {
             hosts: Vec::new(),
             workload: Workload::new(),
             model_shares: Vec::new(),
+            gaps: GapCounts::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
         };
@@ -795,8 +799,19 @@ impl Snapshot {
                 s.share_free.push((free, e.memory));
             }
         }
+        for &free in &self.summaries[node].gpu_free {
+            self.gaps.remove(free);
+        }
+        for &free in &s.gpu_free {
+            self.gaps.add(free);
+        }
         self.summaries[node] = s;
         self.node_versions[node] += 1;
+    }
+
+    /// Partly used Tessera GPUs by free milli-GPU, over all nodes.
+    pub fn gaps(&self) -> &GapCounts {
+        &self.gaps
     }
 
     /// Free milli-GPU of a Tessera GPU: 1000 when nobody holds it, 0 when held whole, else

@@ -173,8 +173,8 @@ fn cpu_and_memory_are_enforced_per_node() {
     );
 }
 
-/// Replays step by step and recounts allocated milli-GPU and fragmentation from scratch
-/// after every arrival.
+/// Replays step by step and recounts allocated milli-GPU, fragmentation and the gap counts
+/// from scratch after every arrival.
 #[test]
 fn bookkeeping_matches_a_brute_force_recount() {
     let c = cluster();
@@ -217,6 +217,12 @@ fn bookkeeping_matches_a_brute_force_recount() {
             .map(|&f| u64::from(WHOLE_GPU - f))
             .sum();
         assert_eq!(used, allocated, "after arrival {seq}");
+        // The cluster-wide gap counts that Sum-of-Squares packing reads, kept incrementally.
+        let mut gaps = crate::packing::GapCounts::new();
+        for (_, _, free) in snap.gpu_free_by_node() {
+            free.iter().for_each(|&f| gaps.add(f));
+        }
+        assert_eq!(&gaps, snap.gaps(), "gap counts after arrival {seq}");
         for (k, n) in c.nodes.iter().enumerate() {
             let fresh = fragmentation_of(&snap, &n.name, measure.typical());
             assert!(

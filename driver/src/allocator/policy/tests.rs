@@ -1,5 +1,6 @@
 use super::*;
 use crate::fragmentation::{HostResources, TaskShape};
+use crate::packing::GapCounts;
 
 fn host(cpu: u64) -> HostResources {
     HostResources {
@@ -50,18 +51,61 @@ fn workload(shapes: &[(u32, u32, usize)]) -> Workload {
     }))
 }
 
-/// The name of the node a policy scores lowest (ties: the first).
+/// The name of the node a policy ranks and scores lowest (ties: the first), with the
+/// cluster-wide gaps being those of `nodes` alone.
 fn pick<'a>(policy: Policy, nodes: &[NodeView<'a>], ask: &PodAsk, w: &Workload) -> &'a str {
+    let mut gaps = GapCounts::new();
+    for n in nodes {
+        n.gpu_free.iter().for_each(|&f| gaps.add(f));
+    }
+    pick_with(policy, nodes, ask, w, &gaps)
+}
+
+fn pick_with<'a>(
+    policy: Policy,
+    nodes: &[NodeView<'a>],
+    ask: &PodAsk,
+    w: &Workload,
+    gaps: &GapCounts,
+) -> &'a str {
     let input = ScoreInput {
         ask,
         workload: w,
         model_shares: &[],
+        gaps,
     };
     nodes
         .iter()
-        .min_by_key(|n| policy.node_score(n, &input))
+        .min_by_key(|n| (policy.node_rank(n, &input), policy.node_score(n, &input)))
         .unwrap()
         .name
+}
+
+#[test]
+fn demand_fgd_packs_a_share_into_a_gap_the_cluster_has_many_of() {
+    let w = workload(&[(1, 470, 10), (1, 320, 10), (1, 160, 10)]);
+    let nodes = [
+        view("a", &[350, 1000], 32_000),
+        view("b", &[530, 1000], 32_000),
+    ];
+    // Five GPUs in the cluster have 530 free: a 320 share uses one of them (leaving 210, which
+    // a 160 share can still fill) rather than the only 350 gap.
+    let mut common = GapCounts::new();
+    common.add(350);
+    (0..5).for_each(|_| common.add(530));
+    assert_eq!(
+        pick_with(Policy::DemandFgd, &nodes, &ask(1, 320), &w, &common),
+        "b"
+    );
+    // With one 530 gap, closing the 350 gap (the 30 left is too small for any share and
+    // counts as full) keeps the supply of gaps more even.
+    let mut even = GapCounts::new();
+    even.add(350);
+    even.add(530);
+    assert_eq!(
+        pick_with(Policy::DemandFgd, &nodes, &ask(1, 320), &w, &even),
+        "a"
+    );
 }
 
 #[test]
@@ -169,6 +213,7 @@ fn fgd_scores_the_gpu_within_the_node_by_the_same_measure() {
         ask: &a,
         workload: &w,
         model_shares: &[],
+        gaps: &GapCounts::new(),
     };
     let device = |gpu| DeviceView {
         position: gpu,
@@ -190,6 +235,7 @@ fn a_node_without_room_in_the_view_is_tried_last() {
         ask: &a,
         workload: &w,
         model_shares: &[],
+        gaps: &GapCounts::new(),
     };
     assert_eq!(
         Policy::Fgd.node_score(&view("n", &[1000, 10], 32_000), &input),
@@ -224,6 +270,7 @@ fn demand_fgd_keeps_a_model_that_restricted_tasks_need_for_them() {
         ask: &a,
         workload: &w,
         model_shares: &model_shares,
+        gaps: &GapCounts::new(),
     };
     let free = [1000, 1000];
     let mut t4 = view("t4", &free, 32_000);

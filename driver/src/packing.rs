@@ -1,0 +1,134 @@
+//! Where a share of one GPU packs best: the Sum-of-Squares rule of online bin packing.
+//!
+//! Shares of one GPU are items in bins of 1000 milli-GPU. Fragmentation-aware scores judge one
+//! node at a time; what they cannot see is the cluster-wide supply of gaps that later shares
+//! will need. The Sum-of-Squares rule (Csirik, Johnson, Kenyon, Orlin, Shor and Weber, "On the
+//! Sum-of-Squares algorithm for bin packing", J. ACM 53(1), 2006) keeps that supply balanced:
+//! with `N(g)` the number of partly used GPUs that have `g` milli free, a share goes where
+//! `Σ N(g)²` grows least. Gaps that many GPUs already have are consumed first and rare gaps
+//! are not made more common, so the free milli left over tends to come in amounts that later
+//! shares can fill. For item sizes from a fixed set its expected waste is near that of the
+//! best offline packing, without knowing the sizes' distribution in advance.
+
+use crate::fragmentation::WHOLE_GPU;
+
+/// How many GPUs have each amount of free milli-GPU, counting only partly used GPUs
+/// (`0 < free < 1000`): an untouched GPU is an empty bin, a full one is no bin at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapCounts {
+    counts: Vec<u32>,
+}
+
+impl Default for GapCounts {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; WHOLE_GPU as usize + 1],
+        }
+    }
+}
+
+impl GapCounts {
+    /// No partly used GPU.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn slot(free: u32) -> Option<usize> {
+        (free > 0 && free < WHOLE_GPU).then_some(free as usize)
+    }
+
+    /// Counts a GPU with `free` milli free.
+    pub fn add(&mut self, free: u32) {
+        if let Some(i) = Self::slot(free) {
+            self.counts[i] = self.counts[i].saturating_add(1);
+        }
+    }
+
+    /// Stops counting a GPU with `free` milli free.
+    pub fn remove(&mut self, free: u32) {
+        if let Some(i) = Self::slot(free) {
+            self.counts[i] = self.counts[i].saturating_sub(1);
+        }
+    }
+
+    /// Partly used GPUs with exactly `free` milli free.
+    pub fn count(&self, free: u32) -> u32 {
+        Self::slot(free).map_or(0, |i| self.counts[i])
+    }
+
+    /// How much `Σ N(g)²` grows when a share of `milli` goes on a GPU with `free` milli free
+    /// (`free = 1000`: an untouched GPU). Gaps below `smallest` (the smallest share expected)
+    /// can never be filled and count as full. Lower is better; `None` when it does not fit.
+    pub fn growth(&self, free: u32, milli: u32, smallest: u32) -> Option<i64> {
+        if milli > free || free > WHOLE_GPU {
+            return None;
+        }
+        let live = |g: u32| g >= smallest && g > 0 && g < WHOLE_GPU;
+        let n = |g: u32| i64::from(self.count(g));
+        let left = free - milli;
+        // The GPU leaves the count of its old gap (if it had one) and joins its new one (if
+        // one can still be filled).
+        let leave = if live(free) { 1 - 2 * n(free) } else { 0 };
+        let join = if live(left) { 2 * n(left) + 1 } else { 0 };
+        Some(leave + join)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_partly_used_gpus_are_counted() {
+        let mut g = GapCounts::new();
+        g.add(1000);
+        g.add(0);
+        g.add(190);
+        g.add(190);
+        assert_eq!(g.count(190), 2);
+        assert_eq!(g.count(1000), 0);
+        g.remove(190);
+        assert_eq!(g.count(190), 1);
+    }
+
+    #[test]
+    fn growth_is_the_change_of_the_sum_of_squares() {
+        let mut g = GapCounts::new();
+        for free in [190, 190, 530, 350] {
+            g.add(free);
+        }
+        let sum = |g: &GapCounts| {
+            (1..WHOLE_GPU)
+                .map(|f| i64::from(g.count(f)).pow(2))
+                .sum::<i64>()
+        };
+        for (free, milli) in [
+            (1000, 810),
+            (1000, 470),
+            (530, 470),
+            (350, 320),
+            (190, 160),
+            (350, 350),
+        ] {
+            let mut after = g.clone();
+            after.remove(free);
+            after.add(free - milli);
+            assert_eq!(
+                g.growth(free, milli, 1),
+                Some(sum(&after) - sum(&g)),
+                "{free} {milli}"
+            );
+        }
+        assert_eq!(g.growth(190, 320, 1), None);
+    }
+
+    #[test]
+    fn a_share_that_fills_a_common_gap_beats_opening_a_gpu() {
+        let mut g = GapCounts::new();
+        for _ in 0..5 {
+            g.add(530);
+        }
+        // A 470 share: into one of the five 530 gaps (leaving 60) rather than a new GPU.
+        assert!(g.growth(530, 470, 1) < g.growth(1000, 470, 1));
+    }
+}
