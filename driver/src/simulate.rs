@@ -20,7 +20,7 @@ pub mod trace;
 use serde::Serialize;
 
 pub use cluster::Cluster;
-pub use replay::{ReplayOptions, SeedResult, replay};
+pub use replay::{IdleByKind, ReplayOptions, SeedResult, replay};
 pub use trace::{TraceNode, TracePod, parse_nodes, parse_pods};
 
 use crate::fragmentation::Workload;

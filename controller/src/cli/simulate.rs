@@ -248,22 +248,32 @@ fn table(summary: &Summary, seconds: &[f64], pods: &str, out: &mut String) {
     let _ = writeln!(out, "trace {pods}, policy {}", summary.policy);
     let _ = writeln!(
         out,
-        "{:>6} {:>7} {:>7} {:>12} {:>10} {:>9}  FAILED<100 SHARE/WHOLE/MULTI",
-        "SEED", "PODS", "FAILED", "UNALLOC@100", "FRAG@100", "SECONDS"
+        "{:>6} {:>7} {:>7} {:>12} {:>10} {:>9}  {:<28}  IDLE@100 PARTLY-USED/UNTOUCHED/STRANDED",
+        "SEED",
+        "PODS",
+        "FAILED",
+        "UNALLOC@100",
+        "FRAG@100",
+        "SECONDS",
+        "FAILED<100 SHARE/WHOLE/MULTI"
     );
     for (s, secs) in summary.seeds.iter().zip(seconds) {
+        let failed = format!(
+            "{}/{}/{}",
+            s.failed_before_100.shares, s.failed_before_100.whole, s.failed_before_100.multi
+        );
         let _ = writeln!(
             out,
-            "{:>6} {:>7} {:>7} {:>11.2}% {:>9.2}% {:>9.2}  {}/{}/{}",
+            "{:>6} {:>7} {:>7} {:>11.2}% {:>9.2}% {:>9.2}  {failed:<28}  {}/{}/{}",
             s.seed,
             s.pods,
             s.failed_pods,
             s.unallocated_pct_at_100,
             s.fragmentation_pct_at_100,
             secs,
-            s.failed_before_100.shares,
-            s.failed_before_100.whole,
-            s.failed_before_100.multi
+            s.idle_at_100.partly_used,
+            s.idle_at_100.untouched,
+            s.idle_at_100.stranded
         );
     }
     let _ = writeln!(

@@ -8,7 +8,9 @@ use super::order::arrival_order;
 use super::trace::TracePod;
 use crate::allocator::{Allocator, AllocatorOptions, DEFAULT_MAX_STEPS, Policy, Snapshot};
 use crate::error::{Error, Result};
-use crate::fragmentation::{NodeState, Typical, Workload, node_fragmentation};
+use crate::fragmentation::{
+    HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
+};
 
 /// The x-axis ends here: arrived demand in percent of the cluster's GPU capacity.
 pub const MAX_ARRIVED_PERCENT: u64 = 130;
@@ -48,6 +50,9 @@ pub struct SeedResult {
     /// Milli-GPU of the tasks that failed before arrived demand reached 100 %, by kind: what
     /// the headline is made of.
     pub failed_before_100: FailedByKind,
+    /// Idle milli-GPU when arrived demand first reached 100 %, by where it is: what the
+    /// headline is made of, seen from the cluster's side.
+    pub idle_at_100: IdleByKind,
     /// 100 minus the allocation ratio at 100 % arrived demand: the headline (lower is better).
     pub unallocated_pct_at_100: f64,
     /// Fragmented GPU in percent of capacity at 100 % arrived demand.
@@ -67,6 +72,39 @@ pub struct FailedByKind {
     pub whole: u64,
     /// Several whole GPUs.
     pub multi: u64,
+}
+
+/// Idle milli-GPU by kind of GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct IdleByKind {
+    /// On GPUs that hold shares: gaps that only shares can fill.
+    pub partly_used: u64,
+    /// On untouched GPUs whose node has CPU and memory left for the smallest GPU task seen.
+    pub untouched: u64,
+    /// On untouched GPUs whose node has too little CPU or memory left for any GPU task seen.
+    pub stranded: u64,
+}
+
+impl IdleByKind {
+    /// Counts the idle GPU of `snap` now; `smallest` is the least CPU and memory a GPU task
+    /// arrived with.
+    pub fn count(snap: &Snapshot, smallest: HostResources) -> Self {
+        let mut idle = Self::default();
+        for (name, _, free) in snap.gpu_free_by_node() {
+            let starved = snap.host_free(name).is_some_and(|h| !h.holds(&smallest));
+            for &f in free {
+                let f = u64::from(f);
+                if f < u64::from(WHOLE_GPU) {
+                    idle.partly_used += f;
+                } else if starved {
+                    idle.stranded += f;
+                } else {
+                    idle.untouched += f;
+                }
+            }
+        }
+        idle
+    }
 }
 
 /// Running bookkeeping of one replay: allocated milli-GPU and each node's fragmentation.
@@ -168,6 +206,24 @@ fn percent_f(part: f64, whole: u64) -> f64 {
     part * 100.0 / whole.max(1) as f64
 }
 
+/// Counts a task that could not be placed; `before_100` when arrived demand had not passed 100 %.
+fn record_failure(result: &mut SeedResult, pod: &TracePod, before_100: bool) {
+    result.failed_pods += 1;
+    if pod.num_gpu == 0 {
+        return;
+    }
+    result.failed_gpu_pods += 1;
+    result.failed_gpu_milli += pod.gpu_demand();
+    if before_100 {
+        let f = &mut result.failed_before_100;
+        match (pod.num_gpu, pod.gpu_milli) {
+            (1, m) if m < WHOLE_GPU => f.shares += pod.gpu_demand(),
+            (1, _) => f.whole += pod.gpu_demand(),
+            _ => f.multi += pod.gpu_demand(),
+        }
+    }
+}
+
 /// Replays `pods` on `cluster` by the paper's method. `measure` holds the typical shapes of
 /// the fragmentation report (not the policy's knowledge); `progress` is told
 /// `(arrived, total)` now and then.
@@ -215,12 +271,16 @@ pub fn replay(
         failed_gpu_milli: 0,
         rounded_pods: 0,
         failed_before_100: FailedByKind::default(),
+        idle_at_100: IdleByKind::default(),
         unallocated_pct_at_100: 0.0,
         fragmentation_pct_at_100: 0.0,
         allocation_curve: Vec::new(),
         fragmentation_curve: Vec::new(),
     };
     let step = (order.len() / 200).max(1);
+    let mut idle_counted = false;
+    // The least CPU and memory a GPU task arrived with, each on its own.
+    let mut smallest: Option<HostResources> = None;
     for (seq, &i) in order.iter().enumerate() {
         if seq % step == 0 {
             progress(seq, order.len());
@@ -229,6 +289,12 @@ pub fn replay(
         // The policy learns the task as it arrives: never a task still to come.
         snap.observe(pod.shape());
         ledger.arrived += pod.gpu_demand();
+        if pod.num_gpu > 0 {
+            smallest = Some(smallest.map_or(pod.host, |s| HostResources {
+                cpu_milli: s.cpu_milli.min(pod.host.cpu_milli),
+                memory_bytes: s.memory_bytes.min(pod.host.memory_bytes),
+            }));
+        }
         let claim = claim_for(pod, seq, &cluster.driver_name);
         if claim.as_ref().is_some_and(|(_, rounded)| *rounded) {
             result.rounded_pods += 1;
@@ -248,21 +314,15 @@ pub fn replay(
                 }
             }
         } else {
-            {
-                result.failed_pods += 1;
-                if pod.num_gpu > 0 {
-                    result.failed_gpu_pods += 1;
-                    result.failed_gpu_milli += pod.gpu_demand();
-                    if ledger.arrived * 100 <= capacity * HEADLINE_X {
-                        let f = &mut result.failed_before_100;
-                        match (pod.num_gpu, pod.gpu_milli) {
-                            (1, m) if m < 1000 => f.shares += pod.gpu_demand(),
-                            (1, _) => f.whole += pod.gpu_demand(),
-                            _ => f.multi += pod.gpu_demand(),
-                        }
-                    }
-                }
-            }
+            record_failure(
+                &mut result,
+                pod,
+                ledger.arrived * 100 <= capacity * HEADLINE_X,
+            );
+        }
+        if !idle_counted && ledger.arrived * 100 >= capacity * HEADLINE_X {
+            idle_counted = true;
+            result.idle_at_100 = IdleByKind::count(&snap, smallest.unwrap_or_default());
         }
         let x = (percent(ledger.arrived, capacity)).round();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // Reason: 0..=130.

@@ -220,9 +220,17 @@ fn bookkeeping_matches_a_brute_force_recount() {
         // The cluster-wide gap counts that Sum-of-Squares packing reads, kept incrementally.
         let mut gaps = crate::packing::GapCounts::new();
         for (_, _, free) in snap.gpu_free_by_node() {
-            free.iter().for_each(|&f| gaps.add(f));
+            for &f in free {
+                gaps.add(f);
+            }
         }
         assert_eq!(&gaps, snap.gaps(), "gap counts after arrival {seq}");
+        let idle = super::IdleByKind::count(&snap, pod.host);
+        assert_eq!(
+            idle.partly_used + idle.untouched + idle.stranded + allocated,
+            c.capacity_milli(),
+            "idle GPU after arrival {seq}"
+        );
         for (k, n) in c.nodes.iter().enumerate() {
             let fresh = fragmentation_of(&snap, &n.name, measure.typical());
             assert!(
