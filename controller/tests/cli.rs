@@ -19,6 +19,17 @@ fn tessera(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Runs `tessera` with `args`, which must succeed, and parses what it prints as JSON.
+fn tessera_json(args: &[&str]) -> serde_json::Value {
+    let out = tessera(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn write_temp(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tessera-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -251,13 +262,7 @@ spec:
       count: 1
 "#;
     let file = write_temp("v1beta1.yaml", old);
-    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = tessera_json(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
     assert_eq!(json["results"][0]["allocated"], true, "{json}");
     assert_eq!(
         json["results"][0]["allocation"]["devices"]["results"][0]["device"],
@@ -287,13 +292,7 @@ spec:
         claim("third")
     );
     let file = write_temp("pod.yaml", &text);
-    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = tessera_json(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
     let results = json["results"].as_array().unwrap();
     assert_eq!(results[0]["allocated"], false, "{json}");
     assert_eq!(results[1]["allocated"], false, "{json}");
@@ -333,7 +332,7 @@ fn allocate_counts_the_cpu_of_pods_placed_earlier_in_the_batch() {
     ]
     .join("---\n");
     let file = write_temp("cpu.yaml", &text);
-    let out = tessera(&[
+    let json = tessera_json(&[
         "allocate",
         "-f",
         file.to_str().unwrap(),
@@ -342,12 +341,6 @@ fn allocate_counts_the_cpu_of_pods_placed_earlier_in_the_batch() {
         "-o",
         "json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = json["results"].as_array().unwrap();
     let pool = |i: usize| results[i]["allocation"]["devices"]["results"][0]["pool"].clone();
     assert_eq!(pool(0), "node-1", "{json}");
@@ -372,7 +365,7 @@ p3,4000,8192,2,1000
 fn simulate_reports_unallocated_gpu_per_seed_and_mean_as_json() {
     let nodes = write_temp("nodes.csv", TRACE_NODES);
     let pods = write_temp("pods.csv", TRACE_PODS);
-    let out = tessera(&[
+    let json = tessera_json(&[
         "simulate",
         "--nodes",
         nodes.to_str().unwrap(),
@@ -385,12 +378,6 @@ fn simulate_reports_unallocated_gpu_per_seed_and_mean_as_json() {
         "-o",
         "json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["policy"], "fgd");
     assert_eq!(json["gpus"], 3);
     let seeds = json["seeds"].as_array().unwrap();
