@@ -235,6 +235,7 @@ impl Allocator {
             workload: &snapshot.workload,
             model_shares: &snapshot.model_shares,
             gaps: &snapshot.gaps,
+            model_free: &snapshot.model_free,
         };
         let view = |pos: usize| {
             let s = summary(pos);

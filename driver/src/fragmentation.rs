@@ -347,13 +347,26 @@ impl Workload {
         } else {
             HostPerGpu::default()
         };
+        // Every task seen counts here, not only the typical shapes: model-restricted tasks
+        // come in many rare shapes that the typical ones leave out.
+        let all_demand: u64 = self.counts.iter().map(|(s, &c)| c * s.gpu_demand()).sum();
+        let mut restricted: Vec<(&TaskShape, u64)> = self
+            .counts
+            .iter()
+            .filter(|(s, _)| s.models.is_some() && s.gpus > 0)
+            .map(|(s, &c)| (s, c))
+            .collect();
+        // Sums in a fixed order: hash order must not change the result's last bits.
+        restricted.sort_unstable();
         let mut pressure: Vec<(String, f64)> = Vec::new();
-        for t in &self.by_demand {
-            let Some(models) = t.shape.models.as_ref().filter(|_| t.shape.gpus > 0) else {
+        for (shape, count) in restricted {
+            let Some(models) = shape.models.as_ref() else {
                 continue;
             };
-            #[allow(clippy::cast_precision_loss)] // Reason: a handful of models.
-            let each = t.weight / models.len().max(1) as f64;
+            #[allow(clippy::cast_precision_loss)] // Reason: milli-GPU totals, far below 2^52.
+            let each = (count * shape.gpu_demand()) as f64
+                / all_demand.max(1) as f64
+                / models.len() as f64;
             for m in models.iter() {
                 match pressure.iter_mut().find(|(name, _)| name == m) {
                     Some((_, p)) => *p += each,

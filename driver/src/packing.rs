@@ -74,9 +74,89 @@ impl GapCounts {
     }
 }
 
+/// Free milli-GPU over the whole cluster, in total and by GPU model: how much room is left
+/// for tasks that accept only some models.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelFree {
+    total: u64,
+    by_model: Vec<(String, u64)>,
+}
+
+impl ModelFree {
+    /// Nothing free.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a node's free milli-GPU (its GPUs are of `model`).
+    pub fn add(&mut self, model: Option<&str>, free: u64) {
+        self.total = self.total.saturating_add(free);
+        if let Some(m) = model {
+            match self.by_model.iter_mut().find(|(name, _)| name == m) {
+                Some((_, f)) => *f = f.saturating_add(free),
+                None => self.by_model.push((m.to_owned(), free)),
+            }
+        }
+    }
+
+    /// Takes back what [`Self::add`] added.
+    pub fn remove(&mut self, model: Option<&str>, free: u64) {
+        self.total = self.total.saturating_sub(free);
+        if let Some((_, f)) =
+            model.and_then(|m| self.by_model.iter_mut().find(|(name, _)| name == m))
+        {
+            *f = f.saturating_sub(free);
+        }
+    }
+
+    /// Free milli-GPU over all GPUs.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Free milli-GPU on GPUs of `model`.
+    pub fn of(&self, model: &str) -> u64 {
+        self.by_model
+            .iter()
+            .find(|(name, _)| name == model)
+            .map_or(0, |(_, f)| *f)
+    }
+
+    /// Whether taking `demand` milli-GPU of `model` leaves less of it free than tasks that need
+    /// this model are expected to ask for before the cluster is full: `pressure` (their share
+    /// of all GPU demand) of what is free in the whole cluster after the placement.
+    pub fn eats_reserve(&self, model: &str, demand: u64, pressure: f64) -> bool {
+        if pressure <= 0.0 {
+            return false;
+        }
+        #[allow(clippy::cast_precision_loss)] // Reason: milli-GPU totals, far below 2^52.
+        let (left, total) = (
+            self.of(model).saturating_sub(demand) as f64,
+            self.total.saturating_sub(demand) as f64,
+        );
+        left < pressure * total
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_keeps_what_its_restricted_tasks_are_expected_to_need() {
+        let mut free = ModelFree::new();
+        free.add(Some("t4"), 3000);
+        free.add(Some("a100"), 7000);
+        assert_eq!(free.total(), 10_000);
+        // Tasks that need t4 bring 20 % of the demand: after taking 1000 of t4, 2000 are
+        // left, more than 20 % of the 9000 free in all.
+        assert!(!free.eats_reserve("t4", 1000, 0.2));
+        // With 25 %, 2000 is less than 2250.
+        assert!(free.eats_reserve("t4", 1000, 0.25));
+        assert!(!free.eats_reserve("t4", 1000, 0.0));
+        free.remove(Some("t4"), 3000);
+        assert_eq!(free.of("t4"), 0);
+    }
 
     #[test]
     fn only_partly_used_gpus_are_counted() {

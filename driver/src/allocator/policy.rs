@@ -14,7 +14,7 @@ use crate::fragmentation::{
     HostPerGpu, HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
     stranded,
 };
-use crate::packing::GapCounts;
+use crate::packing::{GapCounts, ModelFree};
 
 /// What a policy sees of one candidate node.
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +80,8 @@ pub struct ScoreInput<'a> {
     pub model_shares: &'a [(String, f64)],
     /// Partly used GPUs by free milli-GPU, over the whole cluster.
     pub gaps: &'a GapCounts,
+    /// Free milli-GPU over the whole cluster, in total and by model.
+    pub model_free: &'a ModelFree,
 }
 
 impl ScoreInput<'_> {
@@ -180,6 +182,10 @@ fn fullness(node: &NodeView<'_>) -> i64 {
 const UNFIT: i64 = i64::MAX / 4;
 /// Scale of fragmentation deltas (milli-GPU) into integer scores.
 const SCALE: f64 = 1000.0;
+
+/// Ranks a node that would eat into a model's reserve after every node that would not; far
+/// above any Sum-of-Squares growth (at most a few times the cluster's GPU count).
+const RESERVE_RANK: i64 = 1 << 48;
 
 /// Device scores of fragmentation deltas stay far below this, so a rank times it comes first.
 const RANK_SCALE: i64 = 1 << 40;
@@ -321,18 +327,32 @@ impl PlacementPolicy for Policy {
     }
 
     fn node_rank(&self, node: &NodeView<'_>, input: &ScoreInput<'_>) -> i64 {
-        if *self != Self::DemandFgd || !is_share(input.ask) {
+        if *self != Self::DemandFgd {
             return 0;
         }
-        node.gpu_free
-            .iter()
-            .filter_map(|&free| {
+        // First: do not take what tasks that need this node's model will need.
+        let demand = u64::from(input.ask.cards) * u64::from(input.ask.gpu_milli);
+        // CPU-only pods take no GPU; where their CPU goes is the score's (stranded GPU).
+        let reserve = demand > 0
+            && node.model.is_some_and(|m| {
                 input
-                    .gaps
-                    .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
-            })
-            .min()
-            .unwrap_or(0)
+                    .model_free
+                    .eats_reserve(m, demand, input.workload.model_pressure(Some(m)))
+            });
+        let packing = if is_share(input.ask) {
+            node.gpu_free
+                .iter()
+                .filter_map(|&free| {
+                    input
+                        .gaps
+                        .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
+                })
+                .min()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        i64::from(reserve) * RESERVE_RANK + packing
     }
 
     fn device_score(

@@ -27,7 +27,7 @@ use crate::config::{self, TesseraConfig};
 use crate::error::{Error, Result};
 use crate::fragmentation::{HostResources, TaskShape, WHOLE_GPU, Workload};
 use crate::names;
-use crate::packing::GapCounts;
+use crate::packing::{GapCounts, ModelFree};
 use crate::quantity::Quantity;
 
 /// Taint effects that keep a device from new allocations unless tolerated.
@@ -238,6 +238,8 @@ pub struct Snapshot {
     pub(crate) model_shares: Vec<(String, f64)>,
     /// Partly used Tessera GPUs by free milli-GPU, over all nodes.
     pub(crate) gaps: GapCounts,
+    /// Free milli-GPU of Tessera GPUs, in total and by model.
+    pub(crate) model_free: ModelFree,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
 }
@@ -316,6 +318,7 @@ impl Snapshot {
             workload: Workload::new(),
             model_shares: Vec::new(),
             gaps: GapCounts::new(),
+            model_free: ModelFree::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
         };
@@ -799,12 +802,17 @@ impl Snapshot {
                 s.share_free.push((free, e.memory));
             }
         }
-        for &free in &self.summaries[node].gpu_free {
+        let old = &self.summaries[node];
+        for &free in &old.gpu_free {
             self.gaps.remove(free);
         }
+        let idle = |free: &[u32]| free.iter().map(|&f| u64::from(f)).sum::<u64>();
+        self.model_free
+            .remove(old.model.as_deref(), idle(&old.gpu_free));
         for &free in &s.gpu_free {
             self.gaps.add(free);
         }
+        self.model_free.add(s.model.as_deref(), idle(&s.gpu_free));
         self.summaries[node] = s;
         self.node_versions[node] += 1;
     }
@@ -812,6 +820,11 @@ impl Snapshot {
     /// Partly used Tessera GPUs by free milli-GPU, over all nodes.
     pub fn gaps(&self) -> &GapCounts {
         &self.gaps
+    }
+
+    /// Free milli-GPU of Tessera GPUs, in total and by model.
+    pub fn model_free(&self) -> &ModelFree {
+        &self.model_free
     }
 
     /// Free milli-GPU of a Tessera GPU: 1000 when nobody holds it, 0 when held whole, else

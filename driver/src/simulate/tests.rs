@@ -225,6 +225,19 @@ fn bookkeeping_matches_a_brute_force_recount() {
             }
         }
         assert_eq!(&gaps, snap.gaps(), "gap counts after arrival {seq}");
+        let mut model_free = crate::packing::ModelFree::new();
+        for (_, model, free) in snap.gpu_free_by_node() {
+            model_free.add(model, free.iter().map(|&f| u64::from(f)).sum());
+        }
+        assert_eq!(model_free.total(), snap.model_free().total());
+        for n in &c.nodes {
+            assert_eq!(
+                model_free.of(&n.model),
+                snap.model_free().of(&n.model),
+                "free {} GPU after arrival {seq}",
+                n.model
+            );
+        }
         let idle = super::IdleByKind::count(&snap, pod.host);
         assert_eq!(
             idle.partly_used + idle.untouched + idle.stranded + allocated,

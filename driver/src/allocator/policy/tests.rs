@@ -1,6 +1,6 @@
 use super::*;
 use crate::fragmentation::{HostResources, TaskShape};
-use crate::packing::GapCounts;
+use crate::packing::{GapCounts, ModelFree};
 
 fn host(cpu: u64) -> HostResources {
     HostResources {
@@ -73,6 +73,7 @@ fn pick_with<'a>(
         workload: w,
         model_shares: &[],
         gaps,
+        model_free: &ModelFree::new(),
     };
     nodes
         .iter()
@@ -214,6 +215,7 @@ fn fgd_scores_the_gpu_within_the_node_by_the_same_measure() {
         workload: &w,
         model_shares: &[],
         gaps: &GapCounts::new(),
+        model_free: &ModelFree::new(),
     };
     let device = |gpu| DeviceView {
         position: gpu,
@@ -236,6 +238,7 @@ fn a_node_without_room_in_the_view_is_tried_last() {
         workload: &w,
         model_shares: &[],
         gaps: &GapCounts::new(),
+        model_free: &ModelFree::new(),
     };
     assert_eq!(
         Policy::Fgd.node_score(&view("n", &[1000, 10], 32_000), &input),
@@ -271,6 +274,7 @@ fn demand_fgd_keeps_a_model_that_restricted_tasks_need_for_them() {
         workload: &w,
         model_shares: &model_shares,
         gaps: &GapCounts::new(),
+        model_free: &ModelFree::new(),
     };
     let free = [1000, 1000];
     let mut t4 = view("t4", &free, 32_000);
@@ -280,4 +284,54 @@ fn demand_fgd_keeps_a_model_that_restricted_tasks_need_for_them() {
     assert!(
         Policy::DemandFgd.node_score(&a100, &input) < Policy::DemandFgd.node_score(&t4, &input)
     );
+}
+
+#[test]
+fn demand_fgd_ranks_a_node_last_when_it_would_eat_what_restricted_tasks_will_need() {
+    // A fifth of the demand accepts only T4s.
+    let restricted = TaskShape {
+        host: host(1000),
+        gpus: 1,
+        gpu_milli: 1000,
+        models: Some(vec!["t4-16g".to_owned()].into()),
+    };
+    let mut shapes = vec![restricted; 2];
+    shapes.extend(std::iter::repeat_n(
+        TaskShape {
+            host: host(1000),
+            gpus: 1,
+            gpu_milli: 1000,
+            models: None,
+        },
+        8,
+    ));
+    let w = Workload::from_shapes(shapes);
+    let free = [1000, 1000];
+    let mut t4 = view("t4", &free, 32_000);
+    t4.model = Some("t4-16g");
+    let a100 = view("a100", &free, 32_000);
+    let rank = |t4_free: u64, a100_free: u64, node: &NodeView<'_>, a: &PodAsk| {
+        let mut model_free = ModelFree::new();
+        model_free.add(Some("t4-16g"), t4_free);
+        model_free.add(Some("a100-40g"), a100_free);
+        let input = ScoreInput {
+            ask: a,
+            workload: &w,
+            model_shares: &[],
+            gaps: &GapCounts::new(),
+            model_free: &model_free,
+        };
+        Policy::DemandFgd.node_rank(node, &input)
+    };
+    let whole = ask(1, 1000);
+    // 2,000 of T4 free out of 10,000: one more GPU leaves 1,000, less than a fifth of 9,000.
+    assert!(rank(2000, 8000, &t4, &whole) > rank(2000, 8000, &a100, &whole));
+    // 4,000 of T4 free: 3,000 left is enough; the T4 node is not held back.
+    assert_eq!(
+        rank(4000, 6000, &t4, &whole),
+        rank(4000, 6000, &a100, &whole)
+    );
+    // A CPU-only pod takes no GPU and is never held back.
+    let cpu_only = ask(0, 0);
+    assert_eq!(rank(2000, 8000, &t4, &cpu_only), 0);
 }
