@@ -17,6 +17,9 @@ use std::sync::Arc;
 pub const WHOLE_GPU: u32 = 1000;
 /// The typical shapes are the most frequent ones that together cover this share of tasks.
 pub const TYPICAL_COVERAGE: f64 = 0.95;
+/// Free milli-GPU that fewer than this share of the shares seen could fill counts as waste to
+/// Sum-of-Squares packing (see [`Workload::smallest_share`]).
+pub const FILLABLE_SHARE_QUANTILE: f64 = 0.005;
 /// The typical shapes are recomputed when the tasks seen grow by this factor, so scores can be
 /// cached between refreshes; early on (fewer than [`REFRESH_EVERY_BELOW`] tasks) on every task.
 pub const REFRESH_GROWTH: f64 = 1.05;
@@ -275,10 +278,34 @@ impl Workload {
         self.per_gpu
     }
 
-    /// The smallest share of one GPU among the typical shapes (1000 when there is none): free
-    /// milli below it is expected to stay idle.
+    /// The share size below which free milli-GPU is expected to stay idle: the smallest size
+    /// such that shares up to it are at least [`FILLABLE_SHARE_QUANTILE`] of the shares seen
+    /// (1000 when no share was seen). A gap that only a handful of rare tiny shares could fill
+    /// is, for packing, as good as full.
     pub fn smallest_share(&self) -> u32 {
         self.smallest
+    }
+
+    /// The smallest share size (milli-GPU) such that shares up to that size make up at least
+    /// `quantile` of the shares seen, by count; 1000 when none was seen.
+    fn share_quantile(&self, quantile: f64) -> u32 {
+        let mut sizes: Vec<(u32, u64)> = self
+            .counts
+            .iter()
+            .filter(|(s, _)| s.gpus == 1 && s.gpu_milli < WHOLE_GPU)
+            .map(|(s, &c)| (s.gpu_milli, c))
+            .collect();
+        sizes.sort_unstable();
+        let total: u64 = sizes.iter().map(|(_, c)| c).sum();
+        let mut acc = 0u64;
+        for (milli, count) in sizes {
+            acc += count;
+            #[allow(clippy::cast_precision_loss)] // Reason: task counts, far below 2^52.
+            if acc as f64 >= quantile * total as f64 {
+                return milli;
+            }
+        }
+        WHOLE_GPU
     }
 
     fn refresh(&mut self) {
@@ -375,13 +402,7 @@ impl Workload {
             }
         }
         self.pressure = pressure;
-        self.smallest = self
-            .typical
-            .iter()
-            .filter(|t| t.shape.gpus == 1 && t.shape.gpu_milli < WHOLE_GPU)
-            .map(|t| t.shape.gpu_milli)
-            .min()
-            .unwrap_or(WHOLE_GPU);
+        self.smallest = self.share_quantile(FILLABLE_SHARE_QUANTILE);
         self.refreshed_at = self.seen;
         self.version += 1;
     }
@@ -480,6 +501,22 @@ mod tests {
         assert_eq!(got, vec![(1, 1000), (1, 500)]);
         let total: f64 = w.typical().iter().map(|t| t.weight).sum();
         assert!((total - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn gaps_that_only_rare_tiny_shares_fit_count_as_waste() {
+        let mut shapes = vec![shape(1, 50)];
+        shapes.extend(vec![shape(1, 110); 99]);
+        shapes.extend(vec![shape(1, 470); 200]);
+        shapes.extend(vec![shape(1, 1000); 50]);
+        // One share in 300 is below the 0.5 % quantile: 110 is the smallest that counts.
+        assert_eq!(Workload::from_shapes(shapes.clone()).smallest_share(), 110);
+        shapes.push(shape(1, 50));
+        assert_eq!(Workload::from_shapes(shapes).smallest_share(), 50);
+        assert_eq!(
+            Workload::from_shapes(vec![shape(1, 1000)]).smallest_share(),
+            WHOLE_GPU
+        );
     }
 
     #[test]
