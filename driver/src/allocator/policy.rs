@@ -147,7 +147,9 @@ pub enum Policy {
     /// expected fragmentation, over the typical task shapes by frequency, grows least.
     Fgd,
     /// Tessera's own: fragmentation gradient descent weighted by what a failure costs (each
-    /// typical shape by its GPU demand, not its task count), ties to the fuller node.
+    /// typical shape by its GPU demand, not its task count) plus GPU stranded by CPU or memory,
+    /// ties to the fuller node; a model's free GPU held back for the tasks that need that
+    /// model; shares packed by the Sum-of-Squares rule over the cluster's gaps.
     #[default]
     DemandFgd,
 }
@@ -193,6 +195,13 @@ const RANK_SCALE: i64 = 1 << 40;
 /// Whether the pod is one share of one GPU, the item that Sum-of-Squares packing places.
 fn is_share(ask: &PodAsk) -> bool {
     ask.cards == 1 && ask.gpu_milli < WHOLE_GPU
+}
+
+/// The Sum-of-Squares growth of putting the pod's share on a GPU with `free` milli free.
+fn packing_growth(input: &ScoreInput<'_>, free: u32) -> Option<i64> {
+    input
+        .gaps
+        .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
 }
 
 /// Where a pod's GPUs would go on a node: the indices into `gpu_free` it would take.
@@ -342,11 +351,7 @@ impl PlacementPolicy for Policy {
         let packing = if is_share(input.ask) {
             node.gpu_free
                 .iter()
-                .filter_map(|&free| {
-                    input
-                        .gaps
-                        .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
-                })
+                .filter_map(|&free| packing_growth(input, free))
                 .min()
                 .unwrap_or(0)
         } else {
@@ -396,10 +401,7 @@ impl PlacementPolicy for Policy {
                 let score = scaled(measure(&state) - before) * 1024 - used;
                 if *self == Self::DemandFgd && is_share(input.ask) {
                     let free = node.gpu_free.get(gpu).copied().unwrap_or(0);
-                    let rank = input
-                        .gaps
-                        .growth(free, input.ask.gpu_milli, input.workload.smallest_share())
-                        .unwrap_or(0);
+                    let rank = packing_growth(input, free).unwrap_or(0);
                     return rank.saturating_mul(RANK_SCALE).saturating_add(score);
                 }
                 score
