@@ -216,6 +216,11 @@ impl ClusterView {
         self.workload.observe(shape);
     }
 
+    /// Whether the pod `pod` (its `namespace/name`) has taught its shape already.
+    pub fn has_learned(&self, pod: &str) -> bool {
+        self.learned.contains(pod)
+    }
+
     /// The task shapes learned so far.
     pub fn workload(&self) -> &Workload {
         &self.workload
@@ -503,6 +508,7 @@ mod tests {
         };
         view.learn("ml/p", shape.clone());
         view.learn("ml/p", shape.clone());
+        assert!(view.has_learned("ml/p") && !view.has_learned("ml/q"));
         assert_eq!(view.workload().seen(), 1);
         assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
         // A class change drops the snapshot; the rebuilt one still knows the shape.

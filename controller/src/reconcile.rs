@@ -382,12 +382,12 @@ impl Reconciler {
             .collect();
         let host = requests.host().unwrap_or_default();
         let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
-        let shape = {
+        let key = pod_key(pod);
+        if !view.has_learned(&key) {
             let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
-            self.allocator.task_shape(snapshot, &refs, &host)
-        };
-        if let Some(shape) = shape {
-            view.learn(&pod_key(pod), shape);
+            if let Some(shape) = self.allocator.task_shape(snapshot, &refs, &host) {
+                view.learn(&key, shape);
+            }
         }
         let outcome = if candidates.is_empty() {
             Err((format!("no node can take the pod: {node_summary}"), false))

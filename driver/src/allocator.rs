@@ -55,7 +55,7 @@ mod snapshot;
 mod usage;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1 as res;
@@ -179,11 +179,14 @@ impl Allocator {
             .collect::<Result<Vec<_>, _>>()
             .ok()?;
         let ask = pod_ask(&specs, host);
+        let models = (ask.cards > 0)
+            .then(|| accepted_models(snapshot, &mut cache, &specs))
+            .flatten();
         Some(TaskShape {
             host: ask.host,
             gpus: ask.cards,
             gpu_milli: if ask.cards == 0 { 0 } else { ask.gpu_milli },
-            models: None,
+            models,
         })
     }
 
@@ -629,6 +632,48 @@ fn pod_ask(specs: &[ClaimSpec], host: &HostResources) -> PodAsk {
         }
     }
     ask
+}
+
+/// The GPU models a pod's GPU requests accept, when their class and selectors leave out some
+/// of the cluster's models (`None`: any model, or none matches at all). Each model is judged on
+/// the devices the selectors are evaluated on, not guessed from the expressions' text.
+fn accepted_models(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    specs: &[ClaimSpec],
+) -> Option<std::sync::Arc<[String]>> {
+    let all: BTreeSet<&String> = snap
+        .devices
+        .iter()
+        .filter_map(|d| d.gpu_model.as_ref())
+        .collect();
+    let mut accepted = all.clone();
+    for claim in specs {
+        for alts in &claim.requests {
+            let Some(req) = alts.first().filter(|r| !r.admin) else {
+                continue;
+            };
+            let mut models: BTreeSet<&String> = BTreeSet::new();
+            for &dev in class_devices(snap, cache, req).iter() {
+                let Some(model) = snap.devices[dev].gpu_model.as_ref() else {
+                    continue;
+                };
+                if models.contains(model) {
+                    continue;
+                }
+                if req
+                    .selectors
+                    .iter()
+                    .all(|&e| snap.eval(cache, e, dev).unwrap_or(false))
+                {
+                    models.insert(model);
+                }
+            }
+            accepted.retain(|m| models.contains(m));
+        }
+    }
+    (!accepted.is_empty() && accepted.len() < all.len())
+        .then(|| accepted.into_iter().cloned().collect::<Vec<_>>().into())
 }
 
 /// A sound lower bound of what a pod needs of one node, to skip nodes without searching.

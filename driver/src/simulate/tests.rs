@@ -145,6 +145,22 @@ fn model_restricted_tasks_land_only_on_their_model() {
 }
 
 #[test]
+fn a_claims_shape_carries_the_models_its_selectors_accept() {
+    // What the controller learns from a claim must match the trace's own shape, gpu_spec
+    // included, so the model reserve works outside the simulator too.
+    let c = cluster();
+    let pods = parse_pods("pods.csv", PODS).unwrap();
+    let snap = c.snapshot().unwrap();
+    let allocator = crate::allocator::Allocator::new(crate::allocator::AllocatorOptions::default());
+    for (seq, pod) in pods.iter().enumerate() {
+        let claim = cluster::claim_for(pod, seq, "gpu.tessera.dev");
+        let claims: Vec<&_> = claim.iter().map(|(cl, _)| cl).collect();
+        let shape = allocator.task_shape(&snap, &claims, &pod.host).unwrap();
+        assert_eq!(shape, pod.shape(), "{}", pod.name);
+    }
+}
+
+#[test]
 fn cpu_and_memory_are_enforced_per_node() {
     let c = cluster();
     let mut snap = c.snapshot().unwrap();
