@@ -233,12 +233,19 @@ impl Allocator {
             host_fits(pos) && (!snapshot.global.is_empty() || need.may_fit(summary(pos)))
         };
         let ask = pod_ask(&specs, host);
+        // CPU-only pods take no GPU and hold nothing back; where their CPU goes is the
+        // policies' concern (stranded GPU).
+        let held_back = snapshot
+            .model_free
+            .held_back(u64::from(ask.cards) * u64::from(ask.gpu_milli), |m| {
+                snapshot.workload.model_pressure(Some(m))
+            });
         let input = ScoreInput {
             ask: &ask,
             workload: &snapshot.workload,
             model_shares: &snapshot.model_shares,
             gaps: &snapshot.gaps,
-            model_free: &snapshot.model_free,
+            held_back: &held_back,
         };
         let view = |pos: usize| {
             let s = summary(pos);

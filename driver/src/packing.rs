@@ -138,6 +138,22 @@ impl ModelFree {
     }
 }
 
+impl ModelFree {
+    /// The models whose reserve taking `demand` milli-GPU would eat into
+    /// ([`Self::eats_reserve`]), each model's pressure given by `pressure`; none for a pod
+    /// that takes no GPU.
+    pub fn held_back(&self, demand: u64, pressure: impl Fn(&str) -> f64) -> Vec<String> {
+        if demand == 0 {
+            return Vec::new();
+        }
+        self.by_model
+            .iter()
+            .filter(|(m, _)| self.eats_reserve(m, demand, pressure(m)))
+            .map(|(m, _)| m.clone())
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +170,9 @@ mod tests {
         // With 25 %, 2000 is less than 2250.
         assert!(free.eats_reserve("t4", 1000, 0.25));
         assert!(!free.eats_reserve("t4", 1000, 0.0));
+        let pressure = |m: &str| if m == "t4" { 0.25 } else { 0.0 };
+        assert_eq!(free.held_back(1000, pressure), vec!["t4".to_owned()]);
+        assert!(free.held_back(0, pressure).is_empty());
         free.remove(Some("t4"), 3000);
         assert_eq!(free.of("t4"), 0);
     }

@@ -14,7 +14,9 @@ use crate::fragmentation::{
     HostPerGpu, HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
     stranded,
 };
-use crate::packing::{GapCounts, ModelFree};
+use crate::packing::GapCounts;
+#[cfg(doc)]
+use crate::packing::ModelFree;
 
 /// What a policy sees of one candidate node.
 #[derive(Debug, Clone, Copy)]
@@ -80,8 +82,9 @@ pub struct ScoreInput<'a> {
     pub model_shares: &'a [(String, f64)],
     /// Partly used GPUs by free milli-GPU, over the whole cluster.
     pub gaps: &'a GapCounts,
-    /// Free milli-GPU over the whole cluster, in total and by model.
-    pub model_free: &'a ModelFree,
+    /// The models whose free GPU the pod would take from tasks that need them
+    /// ([`ModelFree::held_back`]), computed once per pod.
+    pub held_back: &'a [String],
 }
 
 impl ScoreInput<'_> {
@@ -340,14 +343,9 @@ impl PlacementPolicy for Policy {
             return 0;
         }
         // First: do not take what tasks that need this node's model will need.
-        let demand = u64::from(input.ask.cards) * u64::from(input.ask.gpu_milli);
-        // CPU-only pods take no GPU; where their CPU goes is the score's (stranded GPU).
-        let reserve = demand > 0
-            && node.model.is_some_and(|m| {
-                input
-                    .model_free
-                    .eats_reserve(m, demand, input.workload.model_pressure(Some(m)))
-            });
+        let reserve = node
+            .model
+            .is_some_and(|m| input.held_back.iter().any(|h| h == m));
         let packing = if is_share(input.ask) {
             node.gpu_free
                 .iter()

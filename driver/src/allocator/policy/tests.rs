@@ -73,7 +73,7 @@ fn pick_with<'a>(
         workload: w,
         model_shares: &[],
         gaps,
-        model_free: &ModelFree::new(),
+        held_back: &[],
     };
     nodes
         .iter()
@@ -215,7 +215,7 @@ fn fgd_scores_the_gpu_within_the_node_by_the_same_measure() {
         workload: &w,
         model_shares: &[],
         gaps: &GapCounts::new(),
-        model_free: &ModelFree::new(),
+        held_back: &[],
     };
     let device = |gpu| DeviceView {
         position: gpu,
@@ -238,7 +238,7 @@ fn a_node_without_room_in_the_view_is_tried_last() {
         workload: &w,
         model_shares: &[],
         gaps: &GapCounts::new(),
-        model_free: &ModelFree::new(),
+        held_back: &[],
     };
     assert_eq!(
         Policy::Fgd.node_score(&view("n", &[1000, 10], 32_000), &input),
@@ -274,7 +274,7 @@ fn demand_fgd_keeps_a_model_that_restricted_tasks_need_for_them() {
         workload: &w,
         model_shares: &model_shares,
         gaps: &GapCounts::new(),
-        model_free: &ModelFree::new(),
+        held_back: &[],
     };
     let free = [1000, 1000];
     let mut t4 = view("t4", &free, 32_000);
@@ -314,12 +314,15 @@ fn demand_fgd_ranks_a_node_last_when_it_would_eat_what_restricted_tasks_will_nee
         let mut model_free = ModelFree::new();
         model_free.add(Some("t4-16g"), t4_free);
         model_free.add(Some("a100-40g"), a100_free);
+        let held_back = model_free.held_back(u64::from(a.cards) * u64::from(a.gpu_milli), |m| {
+            w.model_pressure(Some(m))
+        });
         let input = ScoreInput {
             ask: a,
             workload: &w,
             model_shares: &[],
             gaps: &GapCounts::new(),
-            model_free: &model_free,
+            held_back: &held_back,
         };
         Policy::DemandFgd.node_rank(node, &input)
     };
