@@ -136,9 +136,7 @@ impl ModelFree {
         );
         left < pressure * total
     }
-}
 
-impl ModelFree {
     /// The models whose reserve taking `demand` milli-GPU would eat into
     /// ([`Self::eats_reserve`]), each model's pressure given by `pressure`; none for a pod
     /// that takes no GPU.

@@ -15,8 +15,6 @@ use crate::fragmentation::{
     stranded,
 };
 use crate::packing::GapCounts;
-#[cfg(doc)]
-use crate::packing::ModelFree;
 
 /// What a policy sees of one candidate node.
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +81,7 @@ pub struct ScoreInput<'a> {
     /// Partly used GPUs by free milli-GPU, over the whole cluster.
     pub gaps: &'a GapCounts,
     /// The models whose free GPU the pod would take from tasks that need them
-    /// ([`ModelFree::held_back`]), computed once per pod.
+    /// ([`crate::packing::ModelFree::held_back`]), computed once per pod.
     pub held_back: &'a [String],
 }
 
