@@ -51,6 +51,10 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
 
+    /// A client's HTTP/2 bytes break framing or HPACK (the connection is closed).
+    #[error("HTTP/2 from the client: {0}")]
+    Http2(String),
+
     /// Serving gRPC failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),

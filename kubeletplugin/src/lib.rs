@@ -1,6 +1,7 @@
 //! The Tessera kubelet plugin: the node agent that prepares claims for kubelet.
 //!
-//! * [`server`]: the registration and DRA sockets (`start`, `RunningPlugin`).
+//! * [`server`]: the registration and DRA sockets (`start`, `RunningPlugin`); [`authority`]:
+//!   the layer under them that accepts the `:authority` kubelet sends on a unix socket.
 //! * [`registration`], [`dra`]: the gRPC services, thin layers over the seams below.
 //! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
@@ -14,6 +15,7 @@
 pub mod apiserver;
 pub mod args;
 pub mod atomic_file;
+pub mod authority;
 pub mod claims;
 pub mod crash;
 pub mod discovery;

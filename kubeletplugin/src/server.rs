@@ -17,9 +17,11 @@ use tessera_proto::pluginregistration::v1 as reg;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
+use crate::authority::AuthorityShim;
 use crate::dra::DraService;
 use crate::error::{Error, Result};
 use crate::health_stream::HealthService;
@@ -69,6 +71,14 @@ fn bind(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// The listener's connections, each under an [`AuthorityShim`] so that the `:authority` kubelet
+/// sends (the socket path) does not make the HTTP/2 layer reset its calls.
+fn accepted(
+    listener: UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityShim<tokio::net::UnixStream>>> {
+    UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityShim::new))
+}
+
 type ServerTask = JoinHandle<std::result::Result<(), tonic::transport::Error>>;
 
 /// A plugin serving on its sockets; dropping it without [`RunningPlugin::shutdown`] stops the
@@ -109,10 +119,7 @@ pub fn start_with_health(
             .add_optional_service(
                 health.map(health::dra_resource_health_server::DraResourceHealthServer::new),
             )
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(dra_listener),
-                until_stopped(stopped.clone()),
-            ),
+            .serve_with_incoming_shutdown(accepted(dra_listener), until_stopped(stopped.clone())),
     );
 
     let (verdict_tx, verdict) = watch::channel(None);
@@ -129,10 +136,7 @@ pub fn start_with_health(
             .add_service(reg::registration_server::RegistrationServer::new(
                 registration,
             ))
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(reg_listener),
-                until_stopped(stopped),
-            ),
+            .serve_with_incoming_shutdown(accepted(reg_listener), until_stopped(stopped)),
     );
     info!(
         registration = %reg_socket.display(),
