@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::names;
+use crate::prepare::{PreparedClaim, PreparedDevice};
 use crate::share::PerDeviceShare;
 
 pub use enforcement::{
@@ -47,62 +48,6 @@ const MAX_GPU_MINOR: u32 = 253;
 /// access capabilities start at 3.
 const MIN_MIG_CAP_MINOR: u32 = 3;
 const MIB: u64 = 1 << 20;
-
-/// A claim allocated to this node, as the kubelet plugin prepares it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedClaim {
-    /// The claim's UID; names the spec file and the CDI devices.
-    pub uid: String,
-    /// The claim's namespace.
-    pub namespace: String,
-    /// The claim's name.
-    pub name: String,
-    /// The claim's allocated devices on this node, in allocation order.
-    pub devices: Vec<PreparedDevice>,
-}
-
-/// One allocation result of a claim, joined with what discovery knows about the device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedDevice {
-    /// The request (`request` or `request/subrequest`) the device was allocated for.
-    pub request: String,
-    /// The pool the device belongs to.
-    pub pool: String,
-    /// The device name within the pool, e.g. `gpu-0`.
-    pub device: String,
-    /// The physical GPU (for a MIG instance: its parent).
-    pub gpu: GpuNode,
-    /// The MIG instance, when the device is one.
-    pub mig: Option<MigNode>,
-    /// The resolved share, when the device is a share of a GPU; `None` for a whole device.
-    pub share: Option<PerDeviceShare>,
-}
-
-/// A GPU as discovery saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuNode {
-    /// The GPU's index on the node.
-    pub index: u32,
-    /// `GPU-…` UUID.
-    pub uuid: String,
-    /// Minor number of `/dev/nvidia<minor>`.
-    pub minor: u32,
-}
-
-/// A MIG instance as discovery saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigNode {
-    /// `MIG-…` UUID.
-    pub uuid: String,
-    /// GPU instance id.
-    pub gpu_instance: u32,
-    /// Compute instance id.
-    pub compute_instance: u32,
-    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` granting access to the GPU instance.
-    pub gpu_instance_cap_minor: u32,
-    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` granting access to the compute instance.
-    pub compute_instance_cap_minor: u32,
-}
 
 /// A device as CUDA in the container numbers it: a GPU or MIG instance, with the claim's total
 /// share of it (`None`: the whole device).
@@ -324,14 +269,30 @@ fn device_nodes(d: &PreparedDevice) -> Vec<DeviceNode> {
     nodes
 }
 
-/// Builds the CDI spec of a prepared claim for a node enforcing shares with `enforcement`.
+/// Everything the node makes for a prepared claim, decided at once: the CDI spec, the host
+/// directories to create before its containers start (and remove at unprepare), and the MPS
+/// daemon its containers connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The claim's CDI spec.
+    pub spec: CdiSpec,
+    /// Host directories of the claim (HAMi-core's per-claim accounting and lock directories).
+    pub host_dirs: Vec<String>,
+    /// The MPS control daemon of the claim's GPUs, when the node enforces with MPS and the
+    /// claim holds a share; the kubelet plugin starts it before answering kubelet.
+    pub mps_daemon: Option<MpsDaemon>,
+}
+
+/// Renders a prepared claim for a node enforcing shares with `enforcement`.
 ///
 /// Whole GPUs and MIG instances get their device nodes only; when the claim holds at least one
 /// share, the backend's settings are added claim-wide (none for [`Enforcement::None`]).
-pub fn build_spec(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<CdiSpec> {
+pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Rendered> {
     let who = claim.display_name();
     let plan = Plan::new(claim)?;
     enforcement.validate(&who)?;
+    let mut mps_daemon = None;
+    let mut host_dirs = Vec::new();
 
     let devices = plan
         .devices
@@ -359,12 +320,20 @@ pub fn build_spec(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Cd
                 log_dir_root,
             } => {
                 let daemon = enforcement::mps_daemon(pipe_dir_root, log_dir_root, &plan.cuda);
-                enforcement::mps_edits(&daemon, &plan.cuda)
+                let edits = enforcement::mps_edits(&daemon, &plan.cuda);
+                mps_daemon = Some(daemon);
+                edits
             }
             Enforcement::HamiCore {
                 library_path,
                 cache_dir,
-            } => enforcement::hami_edits(library_path, cache_dir, &claim.uid, &plan.cuda),
+            } => {
+                host_dirs = vec![
+                    enforcement::hami_claim_dir(cache_dir, &claim.uid),
+                    enforcement::hami_lock_dir(cache_dir, &claim.uid),
+                ];
+                enforcement::hami_edits(library_path, cache_dir, &claim.uid, &plan.cuda)
+            }
             Enforcement::None => ContainerEdits::default(),
         };
         edits.env.extend(backend.env);
@@ -395,7 +364,16 @@ pub fn build_spec(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Cd
             ),
         });
     }
-    Ok(spec)
+    Ok(Rendered {
+        spec,
+        host_dirs,
+        mps_daemon,
+    })
+}
+
+/// The CDI spec alone of [`render`].
+pub fn build_spec(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<CdiSpec> {
+    render(claim, enforcement).map(|r| r.spec)
 }
 
 fn version_tuple(v: &str) -> Vec<u64> {
@@ -436,38 +414,6 @@ pub fn spec_file_name(claim_uid: &str) -> String {
         names::CDI_CLASS,
         claim_uid.replace('/', "_")
     )
-}
-
-/// The MPS daemon a claim's containers connect to, when the node enforces with MPS and the
-/// claim holds a share; the kubelet plugin starts it (if not running) before returning the ids.
-pub fn mps_daemon(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Option<MpsDaemon>> {
-    let plan = Plan::new(claim)?;
-    enforcement.validate(&claim.display_name())?;
-    Ok(match enforcement {
-        Enforcement::Mps {
-            pipe_dir_root,
-            log_dir_root,
-        } if plan.has_shares() => Some(enforcement::mps_daemon(
-            pipe_dir_root,
-            log_dir_root,
-            &plan.cuda,
-        )),
-        _ => None,
-    })
-}
-
-/// Host directories the kubelet plugin must create for a claim before its containers start, and
-/// remove when the claim is unprepared (HAMi-core's per-claim accounting and lock directories).
-pub fn host_dirs(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Vec<String>> {
-    let plan = Plan::new(claim)?;
-    enforcement.validate(&claim.display_name())?;
-    Ok(match enforcement {
-        Enforcement::HamiCore { cache_dir, .. } if plan.has_shares() => vec![
-            enforcement::hami_claim_dir(cache_dir, &claim.uid),
-            enforcement::hami_lock_dir(cache_dir, &claim.uid),
-        ],
-        _ => Vec::new(),
-    })
 }
 
 #[cfg(test)]

@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cdi::{self, MpsDaemon, PreparedClaim};
+use crate::cdi::{self, MpsDaemon};
 use crate::error::{Error, Result};
+use crate::prepare::PreparedClaim;
 
 /// The schema version this module writes and reads.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -69,6 +70,9 @@ pub struct HeldDevice {
     /// device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_compute_percent: Option<i64>,
+    /// The allocation result's `shareID` (absent for a device that allows one allocation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 impl HeldDevice {
@@ -160,6 +164,7 @@ pub fn held_devices(claim: &PreparedClaim) -> Vec<HeldDevice> {
             cdi_ids: next(&d.request).into_iter().collect(),
             share_memory_bytes: d.share.as_ref().map(|s| s.memory_bytes),
             share_compute_percent: d.share.as_ref().map(|s| s.compute_percent),
+            share_id: d.share_id.clone(),
         })
         .collect()
 }
@@ -330,7 +335,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::cdi::{GpuNode, MigNode, PreparedDevice};
+    use crate::prepare::{GpuNode, MigNode, PreparedDevice};
     use crate::share::PerDeviceShare;
 
     fn device(name: &str, gpu: &str, share: Option<u64>, mig: bool) -> PreparedDevice {
@@ -354,6 +359,7 @@ mod tests {
                 memory_bytes: gib << 30,
                 compute_percent: 25,
             }),
+            share_id: None,
         }
     }
 

@@ -83,6 +83,17 @@ pub enum Error {
     #[error("snapshot: {0}")]
     Snapshot(String),
 
+    // --- prepare
+    /// The node refuses to prepare a claim: its allocation does not say what the node must
+    /// enforce, or says something only a user could have written.
+    #[error("claim {claim} cannot be prepared: {message}")]
+    Prepare {
+        /// The claim's namespace/name.
+        claim: String,
+        /// What is wrong and what to do about it.
+        message: String,
+    },
+
     // --- CDI
     /// A CDI spec could not be built from a prepared claim.
     #[error("CDI spec for claim {claim}: {message}")]

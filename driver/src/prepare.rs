@@ -1,13 +1,25 @@
 //! What a node prepares for an allocated claim: its devices on this node, with their shares.
 //!
-//! The node never recomputes a share: it takes the allocation's `AllocatedShares` record (or,
-//! for allocations made by kube-scheduler with consumable capacity, the `consumedCapacity`) and
-//! maps each allocated device of this driver and this node's pool to the GPU or MIG instance of
-//! the node's inventory. The result feeds the CDI builder.
+//! The node never recomputes a share, and it trusts only what an allocator wrote into the
+//! claim's status (shared/DESIGN.md §5): the `consumedCapacity` of each result (kube-scheduler
+//! or Tessera's controller) and the controller's `AllocatedShares` record. Where both exist
+//! the record must stay within what was booked. It refuses, with a message that says what to
+//! do:
+//! * a record that the claim's own `spec.devices.config` carries (kube-scheduler copies a
+//!   claim's configs into its allocation, so a user could otherwise pick their own limits), or
+//!   a record that came from a class;
+//! * a record or config of this driver in the allocation that does not decode;
+//! * a record larger than the `consumedCapacity` booked for the same device;
+//! * a request that asks for a `GpuShare` whose device has no record: kube-scheduler placed it
+//!   with the request policy's defaults because Tessera's admission did not gate the pod.
+//!
+//! Each allocated device of this driver and this node's pool is then mapped to the GPU or MIG
+//! instance of the node's inventory. The result feeds the CDI builder.
 
 use k8s_openapi::api::resource::v1 as res;
 
-use crate::cdi::{GpuNode, MigNode, PreparedClaim, PreparedDevice};
+use std::collections::BTreeMap;
+
 use crate::config::{self, TesseraConfig};
 use crate::error::{Error, Result};
 use crate::inventory::{Gpu, Inventory, NodeInventory};
@@ -20,6 +32,8 @@ use crate::share::PerDeviceShare;
 const CAPS_FIRST: u32 = 3;
 const CAPS_PER_GI: u32 = 9;
 const CAPS_PER_GPU: u32 = 15 * CAPS_PER_GI;
+/// The `source` of an allocation config the allocator wrote for the claim.
+const SOURCE_CLAIM: &str = "FromClaim";
 
 fn claim_label(claim: &res::ResourceClaim) -> String {
     format!(
@@ -27,6 +41,65 @@ fn claim_label(claim: &res::ResourceClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// A claim allocated to this node, as the kubelet plugin prepares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedClaim {
+    /// The claim's UID; names the spec file and the CDI devices.
+    pub uid: String,
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The claim's allocated devices on this node, in allocation order.
+    pub devices: Vec<PreparedDevice>,
+}
+
+/// One allocation result of a claim, joined with what discovery knows about the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The request (`request` or `request/subrequest`) the device was allocated for.
+    pub request: String,
+    /// The pool the device belongs to.
+    pub pool: String,
+    /// The device name within the pool, e.g. `gpu-0`.
+    pub device: String,
+    /// The physical GPU (for a MIG instance: its parent).
+    pub gpu: GpuNode,
+    /// The MIG instance, when the device is one.
+    pub mig: Option<MigNode>,
+    /// The resolved share, when the device is a share of a GPU; `None` for a whole device.
+    pub share: Option<PerDeviceShare>,
+    /// The allocation result's `shareID`, for a device that allows several allocations;
+    /// returned to kubelet with the device.
+    pub share_id: Option<String>,
+}
+
+/// A GPU as discovery saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuNode {
+    /// The GPU's index on the node.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Minor number of `/dev/nvidia<minor>`.
+    pub minor: u32,
+}
+
+/// A MIG instance as discovery saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigNode {
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// GPU instance id.
+    pub gpu_instance: u32,
+    /// Compute instance id.
+    pub compute_instance: u32,
+    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` granting access to the GPU instance.
+    pub gpu_instance_cap_minor: u32,
+    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` granting access to the compute instance.
+    pub compute_instance_cap_minor: u32,
 }
 
 /// The devices of `claim`'s allocation that `driver` prepares on `node`, ready for the CDI
@@ -37,7 +110,7 @@ pub fn prepare_on_node(
     node: &NodeInventory,
 ) -> Result<PreparedClaim> {
     let label = claim_label(claim);
-    let err = |message: String| Error::Cdi {
+    let err = |message: String| Error::Prepare {
         claim: label.clone(),
         message,
     };
@@ -52,7 +125,7 @@ pub fn prepare_on_node(
         .clone()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| err("the claim has no UID".to_owned()))?;
-    let shares = recorded_shares(allocation, driver);
+    let trusted = TrustedShares::read(claim, allocation, driver).map_err(&err)?;
     let mut devices = Vec::new();
     for result in allocation
         .devices
@@ -68,15 +141,14 @@ pub fn prepare_on_node(
                 result.pool, result.device, node.name
             ))
         })?;
-        let share = match shares
-            .iter()
-            .find(|(pool, device, _)| *pool == result.pool && *device == result.device)
-        {
-            Some((_, _, share)) => Some(*share),
-            None => {
-                consumed_share(result).map_err(|m| err(format!("device {}: {m}", result.device)))?
-            }
-        };
+        let record = trusted.record(result);
+        let share = resolve_share(result, record, trusted.asks_gpu_share(&result.request))
+            .map_err(|m| {
+                err(format!(
+                    "device {} (request {}): {m}",
+                    result.device, result.request
+                ))
+            })?;
         devices.push(PreparedDevice {
             request: result.request.clone(),
             pool: result.pool.clone(),
@@ -88,12 +160,19 @@ pub fn prepare_on_node(
             },
             mig,
             share,
+            share_id: result.share_id.clone(),
         });
     }
     if devices.is_empty() {
         return Err(err(format!(
             "the allocation has no device of driver {driver} on node {}",
             node.name
+        )));
+    }
+    if let Some(stray) = trusted.stray(allocation, driver) {
+        return Err(err(format!(
+            "the AllocatedShares record names {stray}, which is not a result of the allocation; \
+             a record that does not match its allocation cannot be trusted"
         )));
     }
     Ok(PreparedClaim {
@@ -155,43 +234,6 @@ fn find_device<'a>(node: &'a NodeInventory, name: &str) -> Option<(&'a Gpu, Opti
     })
 }
 
-/// The shares the allocator recorded for `driver`, as (pool, device, share).
-fn recorded_shares(
-    allocation: &res::AllocationResult,
-    driver: &str,
-) -> Vec<(String, String, PerDeviceShare)> {
-    let mut shares = Vec::new();
-    for cfg in allocation
-        .devices
-        .iter()
-        .flat_map(|d| d.config.iter().flatten())
-    {
-        let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) else {
-            continue;
-        };
-        if let Ok(TesseraConfig::AllocatedShares(record)) =
-            config::decode(&opaque.parameters.0, "config")
-        {
-            for d in record.devices {
-                let memory_bytes = d
-                    .memory
-                    .as_units()
-                    .and_then(|b| u64::try_from(b).ok())
-                    .unwrap_or(0);
-                shares.push((
-                    d.pool,
-                    d.device,
-                    PerDeviceShare {
-                        memory_bytes,
-                        compute_percent: d.compute,
-                    },
-                ));
-            }
-        }
-    }
-    shares
-}
-
 /// A share from `consumedCapacity`, for allocations kube-scheduler made on its own.
 fn consumed_share(
     result: &res::DeviceRequestAllocationResult,
@@ -218,3 +260,186 @@ fn consumed_share(
         compute_percent,
     }))
 }
+
+/// A device's share, from what the allocation booked (`consumed`) and what the allocator
+/// recorded (`record`); `asks_gpu_share` says whether the request asks for a `GpuShare`.
+fn resolve_share(
+    result: &res::DeviceRequestAllocationResult,
+    record: Option<PerDeviceShare>,
+    asks_gpu_share: bool,
+) -> std::result::Result<Option<PerDeviceShare>, String> {
+    let consumed = consumed_share(result)?;
+    match (record, consumed) {
+        (Some(record), Some(booked)) => {
+            let compute_within = booked.compute_percent == 0
+                || (record.compute_percent > 0 && record.compute_percent <= booked.compute_percent);
+            if record.memory_bytes > booked.memory_bytes || !compute_within {
+                return Err(format!(
+                    "the AllocatedShares record (memory {} bytes, compute {}) disagrees with \
+                     consumedCapacity (memory {} bytes, compute {}): the record must stay \
+                     within what was booked; the allocation was changed by something other than \
+                     Tessera's allocator, so deallocate the claim (delete its pod) and let \
+                     Tessera allocate it again",
+                    record.memory_bytes,
+                    record.compute_percent,
+                    booked.memory_bytes,
+                    booked.compute_percent
+                ));
+            }
+            Ok(Some(record))
+        }
+        (Some(record), None) => Ok(Some(record)),
+        (None, booked) if asks_gpu_share => Err(format!(
+            "the request asks for a GpuShare, but the allocation has no AllocatedShares record \
+             for the device{}: it was allocated by kube-scheduler, which does not read GpuShare, \
+             so the pod was not gated by Tessera's admission webhook. Check that the webhook \
+             is installed and answering (kubectl get mutatingwebhookconfigurations), then \
+             delete the pod so that it is admitted and allocated again",
+            booked.map_or_else(String::new, |b| format!(
+                " (it booked only the request policy's defaults: memory {} bytes, compute {})",
+                b.memory_bytes, b.compute_percent
+            ))
+        )),
+        (None, booked) => Ok(booked),
+    }
+}
+
+/// The allocator's share records of one allocation, and which requests ask for a `GpuShare`;
+/// only what the claim's author could not have written.
+struct TrustedShares {
+    /// (request, pool, device) -> share.
+    records: BTreeMap<(String, String, String), PerDeviceShare>,
+    /// Requests a `GpuShare` config applies to; `None` in the set means every request.
+    gpu_share_requests: Vec<Option<Vec<String>>>,
+}
+
+impl TrustedShares {
+    fn read(
+        claim: &res::ResourceClaim,
+        allocation: &res::AllocationResult,
+        driver: &str,
+    ) -> std::result::Result<Self, String> {
+        let spec_configs = claim.spec.devices.as_ref().and_then(|d| d.config.as_ref());
+        for (i, cfg) in spec_configs.into_iter().flatten().enumerate() {
+            let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) else {
+                continue;
+            };
+            if opaque
+                .parameters
+                .0
+                .get("kind")
+                .and_then(serde_json::Value::as_str)
+                == Some(names::ALLOCATED_SHARES_KIND)
+            {
+                return Err(format!(
+                    "spec.devices.config[{i}] is an {kind}: only Tessera's allocator writes \
+                     {kind} (into status.allocation), and a claim that carries one could set \
+                     its own limits; recreate the claim without it",
+                    kind = names::ALLOCATED_SHARES_KIND
+                ));
+            }
+        }
+        let mut records = BTreeMap::new();
+        let mut gpu_share_requests = Vec::new();
+        let configs = allocation.devices.as_ref().and_then(|d| d.config.as_ref());
+        for (i, cfg) in configs.into_iter().flatten().enumerate() {
+            let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) else {
+                continue;
+            };
+            let field = format!("status.allocation.devices.config[{i}]");
+            let decoded = config::decode(&opaque.parameters.0, &field).map_err(|e| {
+                format!(
+                    "{field} does not decode ({e}); the node prepares no share it cannot read: \
+                     deallocate the claim (delete its pod) and let Tessera allocate it again"
+                )
+            })?;
+            match decoded {
+                TesseraConfig::GpuShare(_) => {
+                    gpu_share_requests.push(cfg.requests.clone().filter(|r| !r.is_empty()));
+                }
+                TesseraConfig::AllocatedShares(record) => {
+                    if cfg.source != SOURCE_CLAIM {
+                        return Err(format!(
+                            "{field} is an {} from source {}: only Tessera's allocator writes \
+                             one, as {SOURCE_CLAIM}; remove it from the DeviceClass",
+                            names::ALLOCATED_SHARES_KIND,
+                            cfg.source
+                        ));
+                    }
+                    for (j, d) in record.devices.into_iter().enumerate() {
+                        let memory_bytes = d
+                            .memory
+                            .as_units()
+                            .and_then(|b| u64::try_from(b).ok())
+                            .ok_or_else(|| {
+                                format!(
+                                    "{field}.devices[{j}].memory {} is not a whole, \
+                                     non-negative number of bytes",
+                                    d.memory
+                                )
+                            })?;
+                        if !(0..=100).contains(&d.compute) {
+                            return Err(format!(
+                                "{field}.devices[{j}].compute {} is not within 0..=100",
+                                d.compute
+                            ));
+                        }
+                        let share = PerDeviceShare {
+                            memory_bytes,
+                            compute_percent: d.compute,
+                        };
+                        let key = (d.request, d.pool, d.device);
+                        if records.insert(key.clone(), share).is_some() {
+                            return Err(format!(
+                                "{field} records device {}/{} for request {} twice",
+                                key.1, key.2, key.0
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            records,
+            gpu_share_requests,
+        })
+    }
+
+    fn record(&self, result: &res::DeviceRequestAllocationResult) -> Option<PerDeviceShare> {
+        self.records
+            .get(&(
+                result.request.clone(),
+                result.pool.clone(),
+                result.device.clone(),
+            ))
+            .copied()
+    }
+
+    /// Whether a `GpuShare` applies to `request` (`request` or `request/subrequest`; a config
+    /// naming the parent applies to its subrequests).
+    fn asks_gpu_share(&self, request: &str) -> bool {
+        let parent = request.split_once('/').map_or(request, |(p, _)| p);
+        self.gpu_share_requests.iter().any(|applies| match applies {
+            None => true,
+            Some(names) => names.iter().any(|n| n == request || n == parent),
+        })
+    }
+
+    /// A recorded (request, pool, device) that no result of `driver` matches.
+    fn stray(&self, allocation: &res::AllocationResult, driver: &str) -> Option<String> {
+        let results: Vec<_> = allocation
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten())
+            .filter(|r| r.driver == driver)
+            .map(|r| (r.request.as_str(), r.pool.as_str(), r.device.as_str()))
+            .collect();
+        self.records
+            .keys()
+            .find(|(r, p, d)| !results.contains(&(r.as_str(), p.as_str(), d.as_str())))
+            .map(|(r, p, d)| format!("device {p}/{d} for request {r}"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

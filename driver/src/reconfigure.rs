@@ -135,6 +135,7 @@ mod tests {
                     cdi_ids: Vec::new(),
                     share_memory_bytes: None,
                     share_compute_percent: None,
+                    share_id: None,
                 }],
                 host_dirs: Vec::new(),
                 mps_daemon: None,

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::cdi::Enforcement;
 use tessera_driver::inventory::Inventory;
 use tessera_kubelet_plugin::claims::{ClaimRef, FakeClaimSource};
-use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig, ClaimPreparer};
+use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 
 const DRIVER: &str = "gpu.tessera.dev";
 const INVENTORY: &str = include_str!("../../examples/inventory/demo-cluster.yaml");
@@ -67,6 +67,7 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let mut source = FakeClaimSource::new();
     source.insert(claim());
+    let object = claim();
     let preparer = CdiPreparer::new(
         CdiPreparerConfig {
             driver_name: DRIVER.to_owned(),
@@ -86,9 +87,9 @@ fn bench(c: &mut Criterion) {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                preparer.prepare(&claim).unwrap();
+                preparer.prepare_fetched(&claim, &object).unwrap();
                 total += start.elapsed();
-                preparer.unprepare(&claim).unwrap();
+                preparer.unprepare_blocking(&claim).unwrap();
             }
             total
         });
@@ -97,9 +98,9 @@ fn bench(c: &mut Criterion) {
     let mut samples: Vec<Duration> = (0..1000)
         .map(|_| {
             let start = Instant::now();
-            preparer.prepare(&claim).unwrap();
+            preparer.prepare_fetched(&claim, &object).unwrap();
             let took = start.elapsed();
-            preparer.unprepare(&claim).unwrap();
+            preparer.unprepare_blocking(&claim).unwrap();
             took
         })
         .collect();

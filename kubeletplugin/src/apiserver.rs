@@ -77,13 +77,9 @@ pub fn resource(version: ApiVersion, kind: &str, plural: &str) -> ApiResource {
 }
 
 /// Fetches claims from the API server in the served resource.k8s.io version.
-///
-/// [`ClaimSource::claim`] is blocking (the preparer calls it on a blocking worker), so each
-/// fetch runs on the async runtime given at construction and the caller waits for it.
 #[derive(Clone)]
 pub struct ApiClaimSource {
     client: kube::Client,
-    runtime: tokio::runtime::Handle,
     version: Arc<Mutex<Option<ApiVersion>>>,
     timeout: Duration,
 }
@@ -98,12 +94,10 @@ impl std::fmt::Debug for ApiClaimSource {
 }
 
 impl ApiClaimSource {
-    /// A source using `client`, running its calls on `runtime`. The served version is
-    /// discovered on first use.
-    pub fn new(client: kube::Client, runtime: tokio::runtime::Handle) -> Self {
+    /// A source using `client`. The served version is discovered on first use.
+    pub fn new(client: kube::Client) -> Self {
         Self {
             client,
-            runtime,
             version: Arc::new(Mutex::new(None)),
             timeout: Duration::from_secs(30),
         }
@@ -130,7 +124,7 @@ impl ApiClaimSource {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = version;
     }
 
-    /// Fetches and converts one claim (async form of [`ClaimSource::claim`]).
+    /// Fetches and converts one claim, without [`ClaimSource::claim`]'s time limit.
     pub async fn fetch(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
         let version = if let Some(v) = self.cached_version() {
             v
@@ -188,25 +182,18 @@ impl ApiClaimSource {
     }
 }
 
+#[tonic::async_trait]
 impl ClaimSource for ApiClaimSource {
-    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let source = self.clone();
-        let wanted = claim.clone();
-        let timeout = self.timeout;
-        self.runtime.spawn(async move {
-            let outcome = match tokio::time::timeout(timeout, source.fetch(&wanted)).await {
-                Ok(r) => r,
-                Err(_) => Err(Error::Api {
-                    action: format!("getting claim {wanted}"),
+    async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+        tokio::time::timeout(self.timeout, self.fetch(claim))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Api {
+                    action: format!("getting claim {claim}"),
                     code: None,
-                    message: format!("no answer within {timeout:?}"),
-                }),
-            };
-            let _ = tx.send(outcome);
-        });
-        rx.recv()
-            .map_err(|_| Error::Task(format!("fetching claim {claim}: the runtime stopped")))?
+                    message: format!("no answer within {:?}", self.timeout),
+                })
+            })
     }
 }
 

@@ -304,7 +304,7 @@ impl Args {
             PublisherConfig::new(self.driver_name.clone(), self.node_name.clone()),
         );
         let publishing = Arc::new(publisher).spawn(inventory);
-        let source = ApiClaimSource::new(client, tokio::runtime::Handle::current());
+        let source = ApiClaimSource::new(client);
         Ok((Arc::new(source), Some(publishing)))
     }
 

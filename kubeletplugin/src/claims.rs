@@ -57,11 +57,12 @@ impl std::fmt::Display for ClaimRef {
     }
 }
 
-/// Fetches the ResourceClaim kubelet names. Blocking: the preparer calls it off the async
-/// runtime.
+/// Fetches the ResourceClaim kubelet names, on the async runtime (the preparer then writes on
+/// a blocking worker).
+#[tonic::async_trait]
 pub trait ClaimSource: Send + Sync {
     /// The claim with its allocation; an error when it does not exist or has another UID.
-    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim>;
+    async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim>;
 }
 
 /// A fixed set of claims, for tests and for running the plugin without an API server.
@@ -113,8 +114,9 @@ impl FakeClaimSource {
     }
 }
 
-impl ClaimSource for FakeClaimSource {
-    fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+impl FakeClaimSource {
+    /// The claim kubelet names, as [`ClaimSource::claim`] answers it.
+    pub fn get(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
         let found = self
             .claims
             .get(&(claim.namespace.clone(), claim.name.clone()))
@@ -132,6 +134,13 @@ impl ClaimSource for FakeClaimSource {
             });
         }
         Ok(found.clone())
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for FakeClaimSource {
+    async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+        self.get(claim)
     }
 }
 
@@ -159,18 +168,18 @@ mod tests {
 
     #[test]
     fn claim_with_matching_uid_is_found() {
-        assert!(source().claim(&ClaimRef::new("ns", "c", "u1")).is_ok());
+        assert!(source().get(&ClaimRef::new("ns", "c", "u1")).is_ok());
     }
 
     #[test]
     fn claim_with_other_uid_is_refused() {
-        let err = source().claim(&ClaimRef::new("ns", "c", "u2")).unwrap_err();
+        let err = source().get(&ClaimRef::new("ns", "c", "u2")).unwrap_err();
         assert!(matches!(err, Error::ClaimUidMismatch { .. }), "{err}");
     }
 
     #[test]
     fn unknown_claim_is_not_found() {
-        let err = source().claim(&ClaimRef::new("ns", "d", "u1")).unwrap_err();
+        let err = source().get(&ClaimRef::new("ns", "d", "u1")).unwrap_err();
         assert!(matches!(err, Error::ClaimNotFound { .. }), "{err}");
     }
 

@@ -1,7 +1,8 @@
 //! The DRA node service, v1 and v1beta1: a thin translation onto [`ClaimPreparer`].
 //!
-//! Kubelet sends a batch of claims; each is prepared on a blocking worker, concurrently, and
-//! its outcome goes into the answer's map under its UID. A claim's failure is that claim's
+//! Kubelet sends a batch of claims; each is prepared in its own task, concurrently (the
+//! preparer fetches on the runtime and writes on a blocking worker), and its outcome goes into
+//! the answer's map under its UID. A claim's failure is that claim's
 //! `error`, never a failed call (which would make kubelet discard the whole batch).
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use tracing::warn;
 
 use crate::claims::ClaimRef;
 use crate::error::Error;
-use crate::preparer::{ClaimPreparer, PreparedDevice};
+use crate::preparer::{ClaimPreparer, KubeletDevice};
 
 /// The DRA service over a preparer; one value serves both API versions.
 #[derive(Clone)]
@@ -27,20 +28,23 @@ impl DraService {
         Self { preparer }
     }
 
-    async fn each<T, F>(&self, claims: Vec<ClaimRef>, call: F) -> Outcome<T>
+    async fn each<T, F, Fut>(&self, claims: Vec<ClaimRef>, call: F) -> Outcome<T>
     where
         T: Send + 'static,
-        F: Fn(&dyn ClaimPreparer, &ClaimRef) -> crate::Result<T> + Copy + Send + 'static,
+        F: Fn(Arc<dyn ClaimPreparer>, ClaimRef) -> Fut,
+        Fut: std::future::Future<Output = crate::Result<T>> + Send + 'static,
     {
         let mut set = JoinSet::new();
         for (i, claim) in claims.into_iter().enumerate() {
-            let preparer = Arc::clone(&self.preparer);
-            set.spawn_blocking(move || {
-                let result = call(preparer.as_ref(), &claim).map_err(|e| {
-                    warn!(%claim, error = %e, retryable = e.is_retryable(), "claim failed");
+            let uid = claim.uid.clone();
+            let label = claim.to_string();
+            let work = call(Arc::clone(&self.preparer), claim);
+            set.spawn(async move {
+                let result = work.await.map_err(|e| {
+                    warn!(claim = %label, error = %e, retryable = e.is_retryable(), "claim failed");
                     e.to_string()
                 });
-                (i, claim.uid, result)
+                (i, uid, result)
             });
         }
         let mut out = Vec::new();
@@ -55,20 +59,20 @@ impl DraService {
     }
 
     /// Prepares every claim; one outcome per claim, in request order.
-    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Outcome<Vec<PreparedDevice>> {
-        self.each(claims, |p, c| p.prepare(c)).await
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Outcome<Vec<KubeletDevice>> {
+        self.each(claims, ClaimPreparer::prepare).await
     }
 
     /// Unprepares every claim; one outcome per claim, in request order.
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Outcome<()> {
-        self.each(claims, |p, c| p.unprepare(c)).await
+        self.each(claims, ClaimPreparer::unprepare).await
     }
 }
 
 /// Implements one API version's `DRAPlugin` trait on [`DraService`]; the versions' messages
 /// are identical but distinct types.
 macro_rules! dra_version {
-    ($pb:path) => {
+    ($pb:path, $device:ident) => {
         use $pb as pb;
         #[tonic::async_trait]
         impl pb::dra_plugin_server::DraPlugin for DraService {
@@ -89,15 +93,7 @@ macro_rules! dra_version {
                     .map(|(uid, result)| {
                         let answer = match result {
                             Ok(devices) => pb::NodePrepareResourceResponse {
-                                devices: devices
-                                    .into_iter()
-                                    .map(|d| pb::Device {
-                                        request_names: d.requests,
-                                        pool_name: d.pool,
-                                        device_name: d.device,
-                                        cdi_device_ids: d.cdi_ids,
-                                    })
-                                    .collect(),
+                                devices: devices.into_iter().map($device).collect(),
                                 error: String::new(),
                             },
                             Err(error) => pb::NodePrepareResourceResponse {
@@ -141,11 +137,34 @@ macro_rules! dra_version {
 }
 
 mod v1 {
-    use super::{ClaimRef, DraService};
-    dra_version!(tessera_proto::dra::v1);
+    use super::{ClaimRef, DraService, KubeletDevice};
+
+    /// v1 answers carry the device's `shareID` (Kubernetes 1.34+).
+    fn device(d: KubeletDevice) -> pb::Device {
+        pb::Device {
+            request_names: d.requests,
+            pool_name: d.pool,
+            device_name: d.device,
+            cdi_device_ids: d.cdi_ids,
+            share_id: d.share_id,
+        }
+    }
+
+    dra_version!(tessera_proto::dra::v1, device);
 }
 
 mod v1beta1 {
-    use super::{ClaimRef, DraService};
-    dra_version!(tessera_proto::dra::v1beta1);
+    use super::{ClaimRef, DraService, KubeletDevice};
+
+    /// v1beta1 has no `shareID`.
+    fn device(d: KubeletDevice) -> pb::Device {
+        pb::Device {
+            request_names: d.requests,
+            pool_name: d.pool,
+            device_name: d.device,
+            cdi_device_ids: d.cdi_ids,
+        }
+    }
+
+    dra_version!(tessera_proto::dra::v1beta1, device);
 }

@@ -20,7 +20,7 @@ use tracing::warn;
 
 use crate::claims::ClaimRef;
 use crate::error::{Error, Result};
-use crate::preparer::{CdiPreparer, ClaimPreparer, PreparedDevice};
+use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -320,9 +320,13 @@ impl MeteredPreparer {
         }
     }
 
-    fn measure<T>(&self, operation: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    async fn measure<T>(
+        &self,
+        operation: &str,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
         let start = Instant::now();
-        let result = call();
+        let result = call.await;
         self.metrics
             .observe_call(operation, start.elapsed(), result.as_ref().err());
         self.refresh();
@@ -330,13 +334,16 @@ impl MeteredPreparer {
     }
 }
 
+#[tonic::async_trait]
 impl ClaimPreparer for MeteredPreparer {
-    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
-        self.measure("prepare", || self.inner.prepare(claim))
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
+        let inner = Arc::clone(&self.inner);
+        self.measure("prepare", inner.prepare(claim)).await
     }
 
-    fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
-        self.measure("unprepare", || self.inner.unprepare(claim))
+    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
+        let inner = Arc::clone(&self.inner);
+        self.measure("unprepare", inner.unprepare(claim)).await
     }
 }
 
@@ -367,6 +374,7 @@ mod tests {
             cdi_ids: Vec::new(),
             share_memory_bytes: share.map(|s| s.0),
             share_compute_percent: share.map(|s| s.1),
+            share_id: None,
         }
     }
 

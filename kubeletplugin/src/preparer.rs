@@ -1,6 +1,11 @@
 //! Preparing claims: the `ClaimPreparer` seam the gRPC layer calls, and `CdiPreparer`, which
 //! prepares a claim by writing its CDI spec under a crash-safe checkpoint.
 //!
+//! A prepare call answers from the checkpoint when the claim is already prepared; otherwise it
+//! fetches the claim on the async runtime, then does everything else on one blocking worker:
+//! `tessera_driver::prepare` maps the allocation onto the node, `cdi::render` decides the spec,
+//! host directories and MPS daemon at once, and the writes below follow.
+//!
 //! Order of writes for prepare: checkpoint "prepare started" (with the devices it will hold),
 //! then the CDI spec, then checkpoint "prepare completed". For unprepare: checkpoint
 //! "unprepare started", the enforcement directories and the CDI spec, then the checkpoint
@@ -12,6 +17,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_driver::cdi::{self, Enforcement};
 use tessera_driver::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::inventory::NodeInventory;
@@ -31,7 +37,7 @@ pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// One device of a prepared claim, as kubelet gets it back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedDevice {
+pub struct KubeletDevice {
     /// The claim's requests the device serves.
     pub requests: Vec<String>,
     /// The device's pool.
@@ -40,15 +46,19 @@ pub struct PreparedDevice {
     pub device: String,
     /// The CDI device ids the runtime injects.
     pub cdi_ids: Vec<String>,
+    /// The allocation's `shareID` of the device, when it allows several allocations (sent to
+    /// kubelet in v1 answers).
+    pub share_id: Option<String>,
 }
 
-/// Prepares and unprepares claims on this node. Blocking; both calls are idempotent per claim
-/// UID and safe to call concurrently for different claims.
+/// Prepares and unprepares claims on this node. Both calls are idempotent per claim UID and
+/// safe to call concurrently for different claims; blocking work runs off the async runtime.
+#[tonic::async_trait]
 pub trait ClaimPreparer: Send + Sync {
     /// Makes the claim's devices ready for containers; returns them with their CDI ids.
-    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>>;
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>>;
     /// Undoes [`ClaimPreparer::prepare`]; a claim that is not prepared is fine.
-    fn unprepare(&self, claim: &ClaimRef) -> Result<()>;
+    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()>;
 }
 
 /// Where and how [`CdiPreparer`] works.
@@ -206,7 +216,8 @@ impl CdiPreparer {
         Ok(())
     }
 
-    fn completed(&self, claim: &ClaimRef) -> Result<Option<Vec<PreparedDevice>>> {
+    /// The devices of a claim the checkpoint records as prepared (`None`: not prepared).
+    pub fn prepared(&self, claim: &ClaimRef) -> Result<Option<Vec<KubeletDevice>>> {
         let record = self.lock()?;
         match record.get(&claim.uid) {
             Some(entry) if entry.state == PrepareState::PrepareCompleted => {
@@ -232,33 +243,63 @@ fn cdi_spec_prefix() -> String {
     format!("{}-{}_", names::CDI_VENDOR, names::CDI_CLASS)
 }
 
-fn answer(devices: &[HeldDevice]) -> Vec<PreparedDevice> {
+fn answer(devices: &[HeldDevice]) -> Vec<KubeletDevice> {
     devices
         .iter()
-        .map(|d| PreparedDevice {
+        .map(|d| KubeletDevice {
             requests: vec![d.request.clone()],
             pool: d.pool.clone(),
             device: d.device.clone(),
             cdi_ids: d.cdi_ids.clone(),
+            share_id: d.share_id.clone(),
         })
         .collect()
 }
 
+#[tonic::async_trait]
 impl ClaimPreparer for CdiPreparer {
-    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
         claim.validate()?;
-        if let Some(devices) = self.completed(claim)? {
+        if let Some(devices) = self.prepared(&claim)? {
             debug!(%claim, "already prepared");
             return Ok(devices);
         }
-        let object = self.source.claim(claim)?;
+        let object = self.source.claim(&claim).await?;
+        tokio::task::spawn_blocking(move || self.prepare_fetched(&claim, &object))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
+    }
+
+    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.unprepare_blocking(&claim))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
+    }
+}
+
+impl CdiPreparer {
+    /// Prepares a claim from its fetched object (what [`ClaimPreparer::prepare`] does once the
+    /// claim is fetched). Blocking.
+    pub fn prepare_fetched(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+    ) -> Result<Vec<KubeletDevice>> {
+        claim.validate()?;
+        if let Some(devices) = self.prepared(claim)? {
+            debug!(%claim, "already prepared");
+            return Ok(devices);
+        }
         // The inventory stays read-locked until the claim is recorded, so an inventory change
         // (`reconfigure`) sees every claim prepared against the old one.
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
-        let prepared = prepare_on_node(&object, &self.config.driver_name, &node)?;
-        let spec = cdi::build_spec(&prepared, &self.config.enforcement)?.to_json()?;
-        let host_dirs = cdi::host_dirs(&prepared, &self.config.enforcement)?;
-        let daemon = cdi::mps_daemon(&prepared, &self.config.enforcement)?;
+        let prepared = prepare_on_node(object, &self.config.driver_name, &node)?;
+        let cdi::Rendered {
+            spec,
+            host_dirs,
+            mps_daemon: daemon,
+        } = cdi::render(&prepared, &self.config.enforcement)?;
+        let spec = spec.to_json()?;
         {
             let mut record = self.lock()?;
             let mut next = record.clone();
@@ -297,7 +338,8 @@ impl ClaimPreparer for CdiPreparer {
         Ok(answer(&devices))
     }
 
-    fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
+    /// Unprepares a claim (what [`ClaimPreparer::unprepare`] runs). Blocking.
+    pub fn unprepare_blocking(&self, claim: &ClaimRef) -> Result<()> {
         claim.validate()?;
         let mut record = self.lock()?;
         let Some(entry) = record.get(&claim.uid).cloned() else {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use prost::Message as _;
 use tessera_kubelet_plugin::claims::ClaimRef;
-use tessera_kubelet_plugin::preparer::{ClaimPreparer, PreparedDevice};
+use tessera_kubelet_plugin::preparer::{ClaimPreparer, KubeletDevice};
 use tessera_kubelet_plugin::server::{self, PluginConfig};
 use tessera_kubelet_plugin::{Error, Result};
 use tessera_proto::dra::v1;
@@ -26,15 +26,16 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Answers every claim with "not found": the calls themselves are what is tested.
 struct NoClaims;
 
+#[tonic::async_trait]
 impl ClaimPreparer for NoClaims {
-    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
         Err(Error::ClaimNotFound {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
         })
     }
 
-    fn unprepare(&self, _claim: &ClaimRef) -> Result<()> {
+    async fn unprepare(self: Arc<Self>, _claim: ClaimRef) -> Result<()> {
         Ok(())
     }
 }

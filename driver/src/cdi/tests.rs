@@ -1,4 +1,5 @@
 use super::*;
+use crate::prepare::{GpuNode, MigNode};
 use crate::share::GIB;
 
 const UID: &str = "0b7e2a64-1c0f-4a58-9d55-3f1f8e0c2a11";
@@ -25,6 +26,7 @@ fn device(request: &str, name: &str, gpu: GpuNode, share: Option<(u64, i64)>) ->
             memory_bytes: gib * GIB,
             compute_percent: compute,
         }),
+        share_id: None,
     }
 }
 
@@ -88,8 +90,8 @@ fn whole_gpu_gets_its_node_and_no_enforcement() {
     );
     assert!(edits.mounts.is_empty());
     assert_eq!(spec, build_spec(&c, &hami()).unwrap());
-    assert_eq!(mps_daemon(&c, &mps()).unwrap(), None);
-    assert!(host_dirs(&c, &hami()).unwrap().is_empty());
+    assert_eq!(render(&c, &mps()).unwrap().mps_daemon, None);
+    assert!(render(&c, &hami()).unwrap().host_dirs.is_empty());
 }
 
 #[test]
@@ -142,7 +144,7 @@ fn mps_share_matches_the_golden_spec() {
 #[test]
 fn mps_share_sets_client_limits_and_mounts_its_daemon() {
     let spec = build_spec(&shared_claim(), &mps()).unwrap();
-    let daemon = mps_daemon(&shared_claim(), &mps()).unwrap().unwrap();
+    let daemon = render(&shared_claim(), &mps()).unwrap().mps_daemon.unwrap();
     assert_eq!(daemon.id, mps_daemon_id([GPU0]));
     assert_eq!(daemon.devices, [GPU0]);
     assert_eq!(
@@ -194,7 +196,7 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
     let mounts = spec.container_edits.unwrap().mounts;
     assert_eq!(mounts[0].host_path, "/usr/local/lib/hami/libvgpu.so");
     assert_eq!(mounts[0].options, ["ro", "nosuid", "nodev", "bind"]);
-    let dirs = host_dirs(&shared_claim(), &hami()).unwrap();
+    let dirs = render(&shared_claim(), &hami()).unwrap().host_dirs;
     assert_eq!(
         dirs,
         [
@@ -213,7 +215,9 @@ fn none_enforcement_writes_no_limits() {
     assert_eq!(env(&spec), [format!("NVIDIA_VISIBLE_DEVICES={GPU0}")]);
     assert!(spec.container_edits.unwrap().mounts.is_empty());
     assert_eq!(
-        mps_daemon(&shared_claim(), &Enforcement::None).unwrap(),
+        render(&shared_claim(), &Enforcement::None)
+            .unwrap()
+            .mps_daemon,
         None
     );
 }
@@ -227,7 +231,7 @@ fn multi_gpu_share_uses_one_daemon_for_the_set_in_uuid_order() {
     ]);
     let spec = build_spec(&c, &mps()).unwrap();
     assert_eq!(spec.devices.len(), 2);
-    let daemon = mps_daemon(&c, &mps()).unwrap().unwrap();
+    let daemon = render(&c, &mps()).unwrap().mps_daemon.unwrap();
     assert_eq!(daemon.devices, [GPU1, GPU0]);
     assert_eq!(daemon.id, mps_daemon_id([GPU0, GPU1]));
     assert_eq!(
@@ -266,7 +270,7 @@ fn shares_of_one_gpu_in_two_requests_add_up_and_whole_gpus_join_the_daemon() {
     let ids = device_ids(&c);
     assert_eq!(ids.len(), 3);
     assert_eq!(ids[0].1, ids[1].1);
-    let daemon = mps_daemon(&c, &mps()).unwrap().unwrap();
+    let daemon = render(&c, &mps()).unwrap().mps_daemon.unwrap();
     assert_eq!(daemon.devices, [GPU1, GPU0]);
 }
 

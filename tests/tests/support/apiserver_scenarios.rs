@@ -261,7 +261,7 @@ pub(crate) async fn prepare_through_kubelet(
     dir: &Path,
 ) {
     let uid = create_allocated_claim(client, version, "whole-gpu").await;
-    let source = ApiClaimSource::new(client.clone(), tokio::runtime::Handle::current());
+    let source = ApiClaimSource::new(client.clone());
     let path = |name: &str| -> PathBuf { dir.join(name) };
     let preparer = CdiPreparer::new(
         CdiPreparerConfig {
