@@ -130,7 +130,15 @@ pub(crate) async fn start_cluster(assets: &Path) -> Cluster {
             "--service-account-signing-key-file",
             path("sa.key").to_str().unwrap(),
         ])
-        .args(["--disable-admission-plugins", "ServiceAccount"])
+        // TaintNodesByCondition gives every new Node the `node.kubernetes.io/not-ready`
+        // NoSchedule taint, which only kube-controller-manager's node lifecycle controller
+        // removes once the Node is Ready. The suite runs no controller-manager and creates its
+        // Ready Nodes itself, so with the plugin on every Node would stay tainted and nothing
+        // could be placed (the controller rightly honours the taint).
+        .args([
+            "--disable-admission-plugins",
+            "ServiceAccount,TaintNodesByCondition",
+        ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(path("kube-apiserver.log")).unwrap());
     // Before 1.34 DRA is beta: off unless asked for.
