@@ -339,6 +339,22 @@ proptest! {
         prop_assert!(rewriter.pending.len() <= bytes.len());
     }
 
+    /// Arbitrary HPACK bytes inside well-formed header frames, two blocks on one connection so
+    /// the second meets whatever table the first left: decoded and re-encoded, or an error.
+    #[test]
+    fn arbitrary_hpack_blocks_never_panic(
+        first in proptest::collection::vec(any::<u8>(), 0..512),
+        second in proptest::collection::vec(any::<u8>(), 0..512),
+    ) {
+        let mut rewriter = AuthorityRewriter::new();
+        let mut out = Vec::new();
+        let bytes = client_bytes(&[first, second]);
+        if rewriter.feed(&bytes, &mut out).is_ok() {
+            let frames = parse_frames(&out[PREFACE.len()..]);
+            prop_assert!(frames.iter().all(|f| f.payload.len() <= MAX_OUT_FRAME));
+        }
+    }
+
     /// Header blocks of arbitrary field bytes, however they are cut into chunks, reach the
     /// server decodable and with the same fields, `:authority` aside.
     #[test]
