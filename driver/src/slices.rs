@@ -6,6 +6,7 @@
 //! is checked here, and an inventory that would break one is an [`Error::Invalid`], never an
 //! object the API server would reject.
 
+pub mod drift;
 pub mod limits;
 
 use std::collections::BTreeMap;

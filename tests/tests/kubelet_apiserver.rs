@@ -265,3 +265,60 @@ async fn the_plugin_with_a_kubeconfig_publishes_its_slices() {
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
 }
+
+/// Writes to ResourceSlices, by verb.
+fn slice_writes(server: &FakeApiServer) -> Vec<Verb> {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "resourceslices" && r.code < 400)
+        .filter(|r| !matches!(r.verb, Verb::Get | Verb::List | Verb::Watch))
+        .map(|r| r.verb)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_and_edited_slices_come_back_without_a_rewrite_storm() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    let (slices, generations) = scenarios::slices_come_back(&client, ApiVersion::V1).await;
+    assert_eq!(generations, [1, 2, 3, 4]);
+    // Every write is accounted for: the plugin's first publication, the test's wipe and the
+    // re-creation, then per edit the test's update and one rewrite of every slice. A rewrite
+    // caused by the plugin's own writes would show up here.
+    let mut expected = vec![Verb::Create; slices];
+    expected.push(Verb::DeleteCollection);
+    expected.extend(vec![Verb::Create; slices]);
+    for _ in 0..2 {
+        expected.push(Verb::Update);
+        expected.extend(vec![Verb::Update; slices]);
+    }
+    assert_eq!(slice_writes(&server), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_that_lost_its_label_is_put_right_not_created_again() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::create_node(&client).await;
+    let slice_publisher = SlicePublisher::new(client.clone(), scenarios::fast_config());
+    let first = slice_publisher
+        .publish_once(&scenarios::node_inventory())
+        .await
+        .unwrap();
+    let name = &first.slices[0];
+    let api = scenarios::slices_api(&client, ApiVersion::V1);
+    let mut slice = api.get(name).await.unwrap();
+    slice.metadata.labels = None;
+    api.replace(name, &kube::api::PostParams::default(), &slice)
+        .await
+        .unwrap();
+    let again = slice_publisher
+        .publish_once(&scenarios::node_inventory())
+        .await
+        .unwrap();
+    assert!(again.changed);
+    let stored = server.get("resourceslices", None, name).unwrap();
+    assert_eq!(
+        stored["metadata"]["labels"][names::LABEL_MANAGED_BY],
+        names::KUBELET_PLUGIN_MANAGER
+    );
+}
