@@ -23,7 +23,7 @@ use serde_json::Value;
 use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
-use tessera_driver::slices::drift::{self, PendingWrite, SliceRecord};
+use tessera_driver::slices::drift::{self, PendingWrite, SliceRecord, WrittenSlice};
 use tessera_driver::slices::{self, RenderOptions};
 use tokio::sync::{Mutex, Notify, watch};
 use tokio::task::JoinHandle;
@@ -232,16 +232,10 @@ impl SlicePublisher {
         state.node_uid = None;
     }
 
-    /// One attempt at publishing `node`'s pool.
-    pub async fn publish_once(&self, node: &NodeInventory) -> Result<Published> {
-        let version = self.version().await?;
-        let owner = self.owner().await?;
-        let api: Api<DynamicObject> = Api::all_with(
-            self.client.clone(),
-            &apiserver::resource(version, "ResourceSlice", "resourceslices"),
-        );
-        // Every slice of this node and driver is this plugin's, whatever its labels say (one
-        // that lost them is put right, not created again under the same name).
+    /// The stored slices of this node and driver, as JSON by name. Every one is this
+    /// plugin's, whatever its labels say (one that lost them is put right, not created again
+    /// under the same name).
+    async fn stored(&self, api: &Api<DynamicObject>) -> Result<BTreeMap<String, Value>> {
         let selector = ListParams::default().fields(&self.field_selector());
         let listed = api
             .list(&selector)
@@ -258,6 +252,18 @@ impl SlicePublisher {
                 existing.insert(name.to_owned(), value);
             }
         }
+        Ok(existing)
+    }
+
+    /// One attempt at publishing `node`'s pool.
+    pub async fn publish_once(&self, node: &NodeInventory) -> Result<Published> {
+        let version = self.version().await?;
+        let owner = self.owner().await?;
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &apiserver::resource(version, "ResourceSlice", "resourceslices"),
+        );
+        let existing = self.stored(&api).await?;
         let seen = existing
             .values()
             .filter_map(|v| v.pointer("/spec/pool/generation").and_then(Value::as_i64))
@@ -266,17 +272,23 @@ impl SlicePublisher {
             .max(self.state.lock().await.generation);
 
         let same = self.desired(node, version, seen, &owner)?;
+        let mut state = self.state.lock().await;
         let unchanged = seen > 0
             && same.len() == existing.len()
             && same.iter().all(|(name, want)| {
                 existing
                     .get(name)
-                    .is_some_and(|have| drift::fingerprint(have) == drift::fingerprint(want))
+                    .is_some_and(|have| drift::publishes(state.record.as_ref(), want, have))
             });
         if unchanged {
-            let mut state = self.state.lock().await;
             state.generation = seen;
-            state.record = Some(SliceRecord::from_stored(existing.values()));
+            state.record = Some(SliceRecord {
+                written: same
+                    .iter()
+                    .filter_map(|(name, want)| WrittenSlice::answering(want, existing.get(name)?))
+                    .collect(),
+                pending: None,
+            });
             return Ok(Published {
                 version,
                 generation: seen,
@@ -287,15 +299,14 @@ impl SlicePublisher {
 
         let generation = seen + 1;
         let desired = self.desired(node, version, generation, &owner)?;
-        self.state
-            .lock()
-            .await
+        state
             .record
             .get_or_insert_with(SliceRecord::default)
             .pending = Some(PendingWrite {
             generation,
             keep: desired.keys().cloned().collect(),
         });
+        drop(state);
         let written = self.write(&api, &existing, &desired).await;
         let mut state = self.state.lock().await;
         let written = match written {
@@ -310,7 +321,16 @@ impl SlicePublisher {
             }
         };
         state.generation = generation;
-        state.record = Some(SliceRecord::from_stored(written.iter()));
+        state.record = Some(SliceRecord {
+            written: written
+                .iter()
+                .filter_map(|stored| {
+                    let name = str_at(stored, "/metadata/name")?;
+                    WrittenSlice::answering(desired.get(name)?, stored)
+                })
+                .collect(),
+            pending: None,
+        });
         drop(state);
         info!(
             version = %version,

@@ -30,6 +30,10 @@ pub struct WrittenSlice {
     pub generation: i64,
     /// Its [`fingerprint`].
     pub fingerprint: Value,
+    /// The fingerprint of what the plugin sent, when it differs from what was stored (the API
+    /// server may add fields, such as a taint's `timeAdded`, or drop them, such as taints
+    /// where the `DRADeviceTaints` feature is off).
+    pub sent: Option<Value>,
 }
 
 impl WrittenSlice {
@@ -43,8 +47,19 @@ impl WrittenSlice {
                 resource_version: resource_version(stored).map(str::to_owned),
                 generation: generation(stored),
                 fingerprint: fingerprint(stored),
+                sent: None,
             },
         ))
+    }
+
+    /// The record of `stored`, the API server's answer to the plugin sending `sent`.
+    pub fn answering(sent: &Value, stored: &Value) -> Option<(String, Self)> {
+        let (name, mut written) = Self::of(stored)?;
+        let sent = fingerprint(sent);
+        if sent != written.fingerprint {
+            written.sent = Some(sent);
+        }
+        Some((name, written))
     }
 }
 
@@ -75,6 +90,19 @@ impl SliceRecord {
             pending: None,
         }
     }
+}
+
+/// Whether the stored slice `have` already publishes `want`, the slice the plugin would write:
+/// the same [`fingerprint`], or `have` is exactly what the API server stored when the plugin
+/// last sent `want` (so a server that adds or drops a field is not rewritten forever).
+pub fn publishes(record: Option<&SliceRecord>, want: &Value, have: &Value) -> bool {
+    let (want, have_print) = (fingerprint(want), fingerprint(have));
+    if want == have_print {
+        return true;
+    }
+    name(have)
+        .and_then(|n| record?.written.get(n))
+        .is_some_and(|w| w.fingerprint == have_print && w.sent.as_ref() == Some(&want))
 }
 
 /// What a watch of the node's slices saw.
@@ -332,6 +360,27 @@ mod tests {
         let gone = slice("n-1", "13", 3, &["gpu-1"]);
         assert_eq!(judge(None, SliceEvent::Deleted(&gone)), Verdict::InStep);
         assert_eq!(judge(None, SliceEvent::Listed(&[])), Verdict::InStep);
+    }
+
+    #[test]
+    fn what_the_server_made_of_a_write_publishes_what_was_sent() {
+        let sent = slice("n-0", "", 3, &["gpu-0"]);
+        let mut stored = slice("n-0", "30", 3, &["gpu-0"]);
+        stored["spec"]["devices"][0]["taints"] =
+            json!([{"key": "k", "effect": "NoSchedule", "timeAdded": "2026-01-01T00:00:00Z"}]);
+        let mut sent_tainted = sent.clone();
+        sent_tainted["spec"]["devices"][0]["taints"] =
+            json!([{"key": "k", "effect": "NoSchedule"}]);
+        let record = SliceRecord {
+            written: [WrittenSlice::answering(&sent_tainted, &stored).unwrap()].into(),
+            pending: None,
+        };
+        assert!(publishes(Some(&record), &sent_tainted, &stored));
+        // Without the record (a restart) it is written once more.
+        assert!(!publishes(None, &sent_tainted, &stored));
+        // Another inventory is not published by it.
+        assert!(!publishes(Some(&record), &sent, &stored));
+        assert!(publishes(None, &sent, &slice("n-0", "31", 3, &["gpu-0"])));
     }
 
     #[test]
