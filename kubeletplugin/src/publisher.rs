@@ -302,10 +302,7 @@ impl SlicePublisher {
         state
             .record
             .get_or_insert_with(SliceRecord::default)
-            .pending = Some(PendingWrite {
-            generation,
-            keep: desired.keys().cloned().collect(),
-        });
+            .pending = Some(PendingWrite::sending(&desired));
         drop(state);
         let written = self.write(&api, &existing, &desired).await;
         let mut state = self.state.lock().await;

@@ -7,7 +7,7 @@
 //! the plugin itself last wrote, as the API server stored it:
 //!
 //! * an event about the plugin's own write (the recorded `resourceVersion`, the recorded
-//!   content, or the generation of a publication in flight) is [`Verdict::InStep`];
+//!   content, or the content a publication in flight is sending) is [`Verdict::InStep`];
 //! * the deletion of a slice the plugin does not keep (its own clean-up of surplus slices, or
 //!   a publication in flight that no longer needs it) is [`Verdict::InStep`];
 //! * everything else is [`Verdict::Drifted`]: the plugin publishes again.
@@ -63,14 +63,24 @@ impl WrittenSlice {
     }
 }
 
-/// A publication being written: the generation it writes and the slices it keeps.
+/// A publication being written: the slices it writes (every other slice of the node and
+/// driver is deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingWrite {
-    /// The pool generation being written.
-    pub generation: i64,
-    /// The names of the slices the publication writes (every other slice of the node and
-    /// driver is deleted).
-    pub keep: BTreeSet<String>,
+    /// The [`fingerprint`] of each slice being sent, by name.
+    pub keep: BTreeMap<String, Value>,
+}
+
+impl PendingWrite {
+    /// The publication sending `slices` (JSON by name).
+    pub fn sending(slices: &BTreeMap<String, Value>) -> Self {
+        Self {
+            keep: slices
+                .iter()
+                .map(|(name, slice)| (name.clone(), fingerprint(slice)))
+                .collect(),
+        }
+    }
 }
 
 /// What the plugin published last, and what it is writing now.
@@ -169,7 +179,7 @@ pub fn judge(record: Option<&SliceRecord>, event: SliceEvent<'_>) -> Verdict {
             // While a publication is in flight its slices may not all exist yet: a false
             // alarm here costs one listing after it.
             let missing = match &record.pending {
-                Some(pending) => pending.keep.iter().find(|n| !listed.contains(n.as_str())),
+                Some(pending) => pending.keep.keys().find(|n| !listed.contains(n.as_str())),
                 None => record.written.keys().find(|n| !listed.contains(n.as_str())),
             };
             if let Some(missing) = missing {
@@ -188,9 +198,11 @@ fn applied(record: &SliceRecord, slice: &Value) -> Verdict {
     let Some(name) = name(slice) else {
         return Verdict::InStep;
     };
+    // Only the content being sent: someone else's edit that keeps the generation in flight
+    // is still an edit. (A server that adds a field to what it stores makes this a false
+    // alarm, which costs one listing after the publication.)
     if let Some(pending) = &record.pending
-        && pending.generation == generation(slice)
-        && pending.keep.contains(name)
+        && pending.keep.get(name) == Some(&fingerprint(slice))
     {
         return Verdict::InStep;
     }
@@ -215,7 +227,7 @@ fn deleted(record: &SliceRecord, slice: &Value) -> Verdict {
         return Verdict::InStep;
     };
     let kept = match &record.pending {
-        Some(pending) => pending.keep.contains(name),
+        Some(pending) => pending.keep.contains_key(name),
         None => record.written.contains_key(name),
     };
     if kept {
@@ -326,16 +338,22 @@ mod tests {
     #[test]
     fn a_publication_in_flight_is_not_fought() {
         let mut r = record();
-        r.pending = Some(PendingWrite {
-            generation: 4,
-            keep: BTreeSet::from(["n-0".to_owned()]),
-        });
-        // Its own write of generation 4, seen before the answer came back.
         let newer = slice("n-0", "20", 4, &["gpu-0", "gpu-1"]);
+        r.pending = Some(PendingWrite::sending(&BTreeMap::from([(
+            "n-0".to_owned(),
+            newer.clone(),
+        )])));
+        // Its own write of generation 4, seen before the answer came back.
         assert_eq!(
             judge(Some(&r), SliceEvent::Applied(&newer)),
             Verdict::InStep
         );
+        // Someone's edit of it while the publication is still in flight.
+        let edited = slice("n-0", "24", 4, &[]);
+        assert!(matches!(
+            judge(Some(&r), SliceEvent::Applied(&edited)),
+            Verdict::Drifted(_)
+        ));
         // Its own deletion of the slice it no longer needs.
         let surplus = slice("n-1", "21", 3, &["gpu-1"]);
         assert_eq!(
