@@ -112,7 +112,9 @@ pub(crate) async fn run(publisher: Arc<SlicePublisher>, drifted: Arc<Notify>) {
             let mut stream = Box::pin(stream);
             let mut failed = None;
             while let Some(event) = stream.next().await {
-                backoff.reset();
+                if matches!(event, Ok(ref e) if !matches!(e, WatchEvent::Error(_))) {
+                    backoff.reset();
+                }
                 match event {
                     Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
                         if let Some(rv) = &o.metadata.resource_version {

@@ -307,6 +307,62 @@ async fn deleted_and_edited_slices_come_back_without_a_rewrite_storm() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slice_watch_backs_off_and_recovers_from_server_errors() {
+    use std::time::{Duration, Instant};
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::create_node(&client).await;
+    // The first lists and watches of ResourceSlices fail (the publisher's listing may take
+    // some of them; it retries too).
+    server.inject(Verb::List, "resourceslices", 500, 3);
+    server.inject(Verb::Watch, "resourceslices", 503, 3);
+    let publisher = std::sync::Arc::new(SlicePublisher::new(
+        client.clone(),
+        scenarios::fast_config(),
+    ));
+    let (_inventory, receiver) = tokio::sync::watch::channel(scenarios::node_inventory());
+    let running = std::sync::Arc::clone(&publisher).spawn(receiver);
+    let watching = || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.verb == Verb::Watch && r.resource == "resourceslices" && r.code == 200)
+    };
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while !(watching()
+        && publisher
+            .record()
+            .await
+            .is_some_and(|r| r.pending.is_none()))
+    {
+        assert!(Instant::now() < deadline, "never published and watched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let failed: Vec<u16> = server
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "resourceslices" && r.code >= 500)
+        .map(|r| r.code)
+        .collect();
+    assert_eq!(failed.len(), 6, "{failed:?}");
+    let names: Vec<String> = server
+        .objects("resourceslices")
+        .iter()
+        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    for name in &names {
+        server.delete("resourceslices", None, name).unwrap();
+    }
+    while server.objects("resourceslices").len() != names.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted slices never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slice_that_lost_its_label_is_put_right_not_created_again() {
     let (server, client, _dir) = start(&["v1"]).await;
     scenarios::create_node(&client).await;
