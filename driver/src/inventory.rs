@@ -134,6 +134,10 @@ pub struct Gpu {
     pub cuda_driver_version: String,
     /// Whether the GPU is healthy; unhealthy GPUs are published with a taint.
     pub healthy: bool,
+    /// The mode the GPU switches to once the claims holding it are gone: set while a change of
+    /// its configuration waits for them (`reconfigure`), when it is published with the
+    /// draining taint. Discovery never sets it.
+    pub draining_to: Option<GpuMode>,
 }
 
 /// One MIG instance (a GPU instance with its full compute instance).

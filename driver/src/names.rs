@@ -103,6 +103,9 @@ pub const ANNOTATION_SHARE_CLASS: &str = "gpu.tessera.dev/share-class";
 pub const ANNOTATION_ALLOCATE: &str = "gpu.tessera.dev/allocate";
 /// Device taint key the kubelet plugin puts on GPUs it finds unhealthy.
 pub const TAINT_UNHEALTHY: &str = "gpu.tessera.dev/unhealthy";
+/// Device taint key the kubelet plugin puts on a GPU (and its MIG instances) whose mode change
+/// waits for the claims holding it to go; the value is the mode it switches to.
+pub const TAINT_DRAINING: &str = "gpu.tessera.dev/draining";
 /// Device taint effect: do not allocate the device to claims that do not tolerate the taint.
 pub const TAINT_EFFECT_NO_SCHEDULE: &str = "NoSchedule";
 /// The `resource.k8s.io/v1` API version (Kubernetes 1.34+).

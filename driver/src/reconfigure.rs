@@ -4,7 +4,9 @@
 //! plugin prepares later claims against the new one. A GPU whose configuration (mode, or MIG
 //! layout) changed while prepared claims hold it keeps its old configuration: its devices are
 //! in use by running pods, so the change is refused and reported, and is taken once the
-//! claims are gone (the next discovery after that sees the same change again).
+//! claims are gone (the next discovery after that sees the same change again). Meanwhile the
+//! GPU is marked as draining (`Gpu::draining_to`), so it is published with the draining taint
+//! and no new claim lands on it.
 
 use crate::checkpoint::Checkpoint;
 use crate::inventory::{Gpu, GpuMode, NodeInventory};
@@ -56,7 +58,7 @@ fn configuration_changed(old: &Gpu, new: &Gpu) -> bool {
 /// `prepared` records (any state: a claim being prepared or unprepared holds its devices too).
 /// Everything of `new` is taken, except the configuration of GPUs that are held and whose
 /// configuration changed: those keep `old`'s mode and MIG instances (their health and other
-/// facts still come from `new`).
+/// facts still come from `new`) and are marked as draining to `new`'s mode.
 pub fn reconfigure(
     old: &NodeInventory,
     new: &NodeInventory,
@@ -87,6 +89,7 @@ pub fn reconfigure(
             requested: gpu.mode,
             holders,
         });
+        gpu.draining_to = Some(gpu.mode);
         gpu.mode = before.mode;
         gpu.mig_instances.clone_from(&before.mig_instances);
     }
@@ -94,6 +97,22 @@ pub fn reconfigure(
         inventory,
         refusals,
     }
+}
+
+/// The draining GPUs of `node` that no claim `prepared` records holds any more (by device
+/// name): the next discovery switches them.
+pub fn released(node: &NodeInventory, prepared: &Checkpoint) -> Vec<String> {
+    node.gpus
+        .iter()
+        .filter(|g| g.draining_to.is_some())
+        .filter(|g| {
+            !prepared
+                .claims
+                .values()
+                .any(|e| e.devices.iter().any(|d| d.gpu_uuid == g.uuid))
+        })
+        .map(Gpu::device_name)
+        .collect()
 }
 
 #[cfg(test)]
@@ -178,9 +197,48 @@ mod tests {
         assert_eq!(refusal.holders, vec!["u1".to_owned()]);
         assert!(refusal.to_string().contains("refused"), "{refusal}");
         assert_eq!(out.inventory.gpus[0].mode, old.gpus[0].mode);
+        assert_eq!(out.inventory.gpus[0].draining_to, Some(new.gpus[0].mode));
+        assert_eq!(out.inventory.gpus[1].draining_to, None);
         // Health is a fact, not a configuration: it is always taken.
         assert_eq!(out.inventory.gpus[0].healthy, new.gpus[0].healthy);
         assert_eq!(out.inventory.gpus[1], new.gpus[1]);
+    }
+
+    #[test]
+    fn a_draining_gpu_switches_once_its_claims_are_gone() {
+        let old = node();
+        let new = switched(&old, 0);
+        let draining = reconfigure(&old, &new, &holding("u1", &old.gpus[0])).inventory;
+        assert_eq!(draining.gpus[0].draining_to, Some(new.gpus[0].mode));
+        // Still held: still draining, nothing else changes.
+        let again = reconfigure(&draining, &new, &holding("u1", &old.gpus[0]));
+        assert_eq!(again.inventory, draining);
+        // Released: the change is taken and the mark goes.
+        let released = reconfigure(&draining, &new, &Checkpoint::new("b"));
+        assert_eq!(released.inventory, new);
+        assert!(released.refusals.is_empty());
+        // The admin changed their mind while it drained: the mark goes too.
+        let reverted = reconfigure(&draining, &old, &holding("u1", &old.gpus[0]));
+        assert_eq!(reverted.inventory, old);
+    }
+
+    #[test]
+    fn a_draining_gpu_is_released_when_no_claim_holds_it() {
+        let old = node();
+        let mut draining = reconfigure(
+            &old,
+            &switched(&switched(&old, 0), 1),
+            &holding("u1", &old.gpus[0]),
+        )
+        .inventory;
+        assert!(released(&draining, &holding("u1", &old.gpus[0])).is_empty());
+        assert_eq!(
+            released(&draining, &Checkpoint::new("b")),
+            vec![old.gpus[0].device_name()]
+        );
+        // A GPU that is not draining is never reported.
+        draining.gpus[0].draining_to = None;
+        assert!(released(&draining, &Checkpoint::new("b")).is_empty());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! is checked here, and an inventory that would break one is an [`Error::Invalid`], never an
 //! object the API server would reject.
 
+pub mod drift;
 pub mod limits;
 
 use std::collections::BTreeMap;
@@ -248,14 +249,25 @@ fn common_attributes(gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
     a
 }
 
-fn unhealthy_taints(gpu: &Gpu) -> Option<Vec<DeviceTaint>> {
-    (!gpu.healthy).then(|| {
-        vec![DeviceTaint {
+/// The taints of a GPU's devices: unhealthy, and draining (value: the mode it switches to).
+fn taints(gpu: &Gpu) -> Option<Vec<DeviceTaint>> {
+    let mut taints = Vec::new();
+    if !gpu.healthy {
+        taints.push(DeviceTaint {
             key: names::TAINT_UNHEALTHY.to_owned(),
             effect: names::TAINT_EFFECT_NO_SCHEDULE.to_owned(),
             ..DeviceTaint::default()
-        }]
-    })
+        });
+    }
+    if let Some(mode) = gpu.draining_to {
+        taints.push(DeviceTaint {
+            key: names::TAINT_DRAINING.to_owned(),
+            value: Some(mode.as_str().to_owned()),
+            effect: names::TAINT_EFFECT_NO_SCHEDULE.to_owned(),
+            ..DeviceTaint::default()
+        });
+    }
+    (!taints.is_empty()).then_some(taints)
 }
 
 fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
@@ -311,7 +323,7 @@ fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
         attributes: Some(a),
         capacity: Some(c),
         allow_multiple_allocations: consumable.then_some(true),
-        taints: unhealthy_taints(gpu),
+        taints: taints(gpu),
         ..Device::default()
     }
 }
@@ -361,7 +373,7 @@ fn mig_device(gpu: &Gpu, mig: &MigInstance) -> Device {
         name: mig.device_name(gpu.index),
         attributes: Some(a),
         capacity: Some(c),
-        taints: unhealthy_taints(gpu),
+        taints: taints(gpu),
         ..Device::default()
     }
 }

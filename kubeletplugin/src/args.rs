@@ -33,6 +33,7 @@ use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
 use crate::preparer::{CdiPreparer, CdiPreparerConfig};
 use crate::publisher::{PublisherConfig, SlicePublisher};
 use crate::server::{self, PluginConfig};
+use crate::watch::WakeOnRelease;
 
 /// Where GPUs are discovered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -362,15 +363,22 @@ impl Args {
         let (preparer, watchdog) = self.preparer(node, source, &plugin_dir)?;
         let metrics = Arc::new(Metrics::new());
         let health = HealthReporter::spawn(inventory_tx.subscribe());
+        // Wakes the inventory watcher: NVML events, mode label changes, and unprepares that
+        // free a draining GPU.
+        let wake = Arc::new(Notify::new());
         let plugin = server::start_with_health(
             PluginConfig {
                 driver_name: self.driver_name.clone(),
                 registration_dir: self.registration_dir.clone(),
                 plugin_dir: plugin_dir.clone(),
             },
-            Arc::new(MeteredPreparer::new(
+            Arc::new(WakeOnRelease::new(
+                Arc::new(MeteredPreparer::new(
+                    Arc::clone(&preparer),
+                    Arc::clone(&metrics),
+                )),
                 Arc::clone(&preparer),
-                Arc::clone(&metrics),
+                Arc::clone(&wake),
             )),
             Some(health.service(health_stream::DEFAULT_REFRESH)),
         )?;
@@ -379,7 +387,6 @@ impl Args {
             GpuBackend::Fake => self.fake_inventory.clone(),
             GpuBackend::Nvml => None,
         };
-        let wake = Arc::new(Notify::new());
         let events = match nvml {
             Some((lib, health)) => Some(NvmlHealthWatcher::start(
                 lib,

@@ -7,7 +7,8 @@
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
 //! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs.
 //! * [`claims`]: `ClaimSource`, where allocations come from.
-//! * [`apiserver`]: the API client and `ApiClaimSource`; [`publisher`]: `SlicePublisher`.
+//! * [`apiserver`]: the API client and `ApiClaimSource`; [`publisher`]: `SlicePublisher`, which
+//!   [`slice_watch`] keeps published.
 //! * [`health_stream`]: the DRA health API, following the inventory's health.
 //! * [`discovery`]: `GpuDiscovery`, which GPUs the node has; [`nvml`]: its NVML backend.
 //! * [`args`]: the command line and the process around the library.
@@ -32,6 +33,7 @@ pub mod preparer;
 pub mod publisher;
 pub mod registration;
 pub mod server;
+pub mod slice_watch;
 pub mod watch;
 
 pub use error::{Error, Result};

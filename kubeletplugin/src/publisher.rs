@@ -1,11 +1,16 @@
 //! Publishing the node's pool as ResourceSlices in the version the API server serves.
 //!
 //! One publication: find the served resource.k8s.io version and the Node's UID, list the
-//! slices this plugin published for this node and driver (label and field selectors), render
+//! slices of this node and driver (field selectors `spec.nodeName`, `spec.driver`), render
 //! the inventory; when what is stored already says the same, stop; otherwise write every
 //! slice with the pool generation one above any seen, then delete slices no longer needed.
 //! Every failure (conflict, outage, missing Node) is retried with capped exponential backoff
 //! from a fresh listing; nothing here ends the plugin.
+//!
+//! The publisher keeps a record of what it wrote (as the API server stored it), and while it
+//! runs ([`SlicePublisher::spawn`]) a watch of the same slices (`slice_watch`) judges every
+//! change against that record (`tessera_driver::slices::drift`): a slice deleted (kubelet's
+//! wipe at its start, `kubectl delete`) or changed by someone else is published again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,13 +23,15 @@ use serde_json::Value;
 use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
+use tessera_driver::slices::drift::{self, PendingWrite, SliceRecord, WrittenSlice};
 use tessera_driver::slices::{self, RenderOptions};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::apiserver;
 use crate::error::{Error, Result};
+use crate::slice_watch;
 
 /// What to publish and how hard to retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,11 +46,14 @@ pub struct PublisherConfig {
     pub max_backoff: Duration,
     /// Devices per slice, at most the API's limit (a lower value only makes more slices).
     pub max_devices_per_slice: usize,
+    /// How long to wait after the watch saw the slices drift before publishing again, so a
+    /// burst of deletions (kubelet removes every slice of the node) is answered at once.
+    pub drift_settle: Duration,
 }
 
 impl PublisherConfig {
     /// Defaults: retries from 500 ms doubling up to 30 s; as many devices per slice as the API
-    /// allows.
+    /// allows; drift answered 500 ms after it is seen.
     pub fn new(driver_name: impl Into<String>, node_name: impl Into<String>) -> Self {
         Self {
             driver_name: driver_name.into(),
@@ -51,6 +61,7 @@ impl PublisherConfig {
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             max_devices_per_slice: slices::limits::MAX_DEVICES_PER_SLICE,
+            drift_settle: Duration::from_millis(500),
         }
     }
 }
@@ -73,6 +84,8 @@ struct State {
     version: Option<ApiVersion>,
     node_uid: Option<String>,
     generation: i64,
+    /// What the last publication left stored (`None` before the first one completed).
+    record: Option<SliceRecord>,
 }
 
 /// Publishes one node's pool.
@@ -187,32 +200,43 @@ impl SlicePublisher {
         })
     }
 
+    /// The API client.
+    pub(crate) fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The resource.k8s.io version the API server serves (asked once, then remembered).
+    pub(crate) async fn served_version(&self) -> Result<ApiVersion> {
+        self.version().await
+    }
+
+    /// The field selector of this node's slices of this driver.
+    pub(crate) fn field_selector(&self) -> String {
+        format!(
+            "spec.nodeName={},spec.driver={}",
+            self.config.node_name, self.config.driver_name
+        )
+    }
+
+    /// What the publications so far left stored, and the one in flight (`None` before the
+    /// first one completed).
+    pub async fn record(&self) -> Option<SliceRecord> {
+        self.state.lock().await.record.clone()
+    }
+
     /// Forgets what discovery found, so the next attempt looks again (after a 404 the cluster
     /// may have been upgraded, or the Node re-created).
-    async fn forget(&self) {
+    pub(crate) async fn forget(&self) {
         let mut state = self.state.lock().await;
         state.version = None;
         state.node_uid = None;
     }
 
-    /// One attempt at publishing `node`'s pool.
-    pub async fn publish_once(&self, node: &NodeInventory) -> Result<Published> {
-        let version = self.version().await?;
-        let owner = self.owner().await?;
-        let api: Api<DynamicObject> = Api::all_with(
-            self.client.clone(),
-            &apiserver::resource(version, "ResourceSlice", "resourceslices"),
-        );
-        let selector = ListParams::default()
-            .labels(&format!(
-                "{}={}",
-                names::LABEL_MANAGED_BY,
-                names::KUBELET_PLUGIN_MANAGER
-            ))
-            .fields(&format!(
-                "spec.nodeName={},spec.driver={}",
-                self.config.node_name, self.config.driver_name
-            ));
+    /// The stored slices of this node and driver, as JSON by name. Every one is this
+    /// plugin's, whatever its labels say (one that lost them is put right, not created again
+    /// under the same name).
+    async fn stored(&self, api: &Api<DynamicObject>) -> Result<BTreeMap<String, Value>> {
+        let selector = ListParams::default().fields(&self.field_selector());
         let listed = api
             .list(&selector)
             .await
@@ -228,6 +252,18 @@ impl SlicePublisher {
                 existing.insert(name.to_owned(), value);
             }
         }
+        Ok(existing)
+    }
+
+    /// One attempt at publishing `node`'s pool.
+    pub async fn publish_once(&self, node: &NodeInventory) -> Result<Published> {
+        let version = self.version().await?;
+        let owner = self.owner().await?;
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &apiserver::resource(version, "ResourceSlice", "resourceslices"),
+        );
+        let existing = self.stored(&api).await?;
         let seen = existing
             .values()
             .filter_map(|v| v.pointer("/spec/pool/generation").and_then(Value::as_i64))
@@ -236,18 +272,23 @@ impl SlicePublisher {
             .max(self.state.lock().await.generation);
 
         let same = self.desired(node, version, seen, &owner)?;
+        let mut state = self.state.lock().await;
         let unchanged = seen > 0
             && same.len() == existing.len()
             && same.iter().all(|(name, want)| {
-                existing.get(name).is_some_and(|have| {
-                    have.get("spec") == want.get("spec")
-                        && have.pointer("/metadata/labels") == want.pointer("/metadata/labels")
-                        && have.pointer("/metadata/ownerReferences")
-                            == want.pointer("/metadata/ownerReferences")
-                })
+                existing
+                    .get(name)
+                    .is_some_and(|have| drift::publishes(state.record.as_ref(), want, have))
             });
         if unchanged {
-            self.state.lock().await.generation = seen;
+            state.generation = seen;
+            state.record = Some(SliceRecord {
+                written: same
+                    .iter()
+                    .filter_map(|(name, want)| WrittenSlice::answering(want, existing.get(name)?))
+                    .collect(),
+                pending: None,
+            });
             return Ok(Published {
                 version,
                 generation: seen,
@@ -258,33 +299,36 @@ impl SlicePublisher {
 
         let generation = seen + 1;
         let desired = self.desired(node, version, generation, &owner)?;
-        for (name, mut value) in desired.clone() {
-            if let Some(have) = existing.get(&name) {
-                if let (Some(rv), Some(meta)) = (
-                    str_at(have, "/metadata/resourceVersion"),
-                    value.get_mut("metadata").and_then(Value::as_object_mut),
-                ) {
-                    // The precondition: a slice changed since the listing fails with 409 and
-                    // the whole publication starts again from a fresh listing.
-                    meta.insert("resourceVersion".to_owned(), rv.into());
+        state
+            .record
+            .get_or_insert_with(SliceRecord::default)
+            .pending = Some(PendingWrite::sending(&desired));
+        drop(state);
+        let written = self.write(&api, &existing, &desired).await;
+        let mut state = self.state.lock().await;
+        let written = match written {
+            Ok(written) => written,
+            Err(e) => {
+                // Partly written: the watch judges by the last complete record again (a
+                // false alarm costs a listing, never a write).
+                if let Some(record) = state.record.as_mut() {
+                    record.pending = None;
                 }
-                api.replace(&name, &PostParams::default(), &to_dynamic(value, &name)?)
-                    .await
-                    .map_err(|e| Error::api(format!("updating ResourceSlice {name}"), &e))?;
-            } else {
-                api.create(&PostParams::default(), &to_dynamic(value, &name)?)
-                    .await
-                    .map_err(|e| Error::api(format!("creating ResourceSlice {name}"), &e))?;
+                return Err(e);
             }
-        }
-        for name in existing.keys().filter(|n| !desired.contains_key(*n)) {
-            match api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(Error::api(format!("deleting ResourceSlice {name}"), &e)),
-            }
-        }
-        self.state.lock().await.generation = generation;
+        };
+        state.generation = generation;
+        state.record = Some(SliceRecord {
+            written: written
+                .iter()
+                .filter_map(|stored| {
+                    let name = str_at(stored, "/metadata/name")?;
+                    WrittenSlice::answering(desired.get(name)?, stored)
+                })
+                .collect(),
+            pending: None,
+        });
+        drop(state);
         info!(
             version = %version,
             generation,
@@ -298,6 +342,56 @@ impl SlicePublisher {
             slices: desired.into_keys().collect(),
             changed: true,
         })
+    }
+
+    /// Writes every slice of `desired` (an update with the listed `resourceVersion` where
+    /// `existing` has it, else a create), then deletes the `existing` slices not desired;
+    /// returns the written slices as the API server stored them.
+    async fn write(
+        &self,
+        api: &Api<DynamicObject>,
+        existing: &BTreeMap<String, Value>,
+        desired: &BTreeMap<String, Value>,
+    ) -> Result<Vec<Value>> {
+        let stored = |object: &DynamicObject, name: &str| {
+            serde_json::to_value(object).map_err(|e| Error::Api {
+                action: format!("writing ResourceSlice {name}"),
+                code: None,
+                message: format!("cannot re-encode the answer: {e}"),
+            })
+        };
+        let mut written = Vec::with_capacity(desired.len());
+        for (name, mut value) in desired.clone() {
+            if let Some(have) = existing.get(&name) {
+                if let (Some(rv), Some(meta)) = (
+                    str_at(have, "/metadata/resourceVersion"),
+                    value.get_mut("metadata").and_then(Value::as_object_mut),
+                ) {
+                    // The precondition: a slice changed since the listing fails with 409 and
+                    // the whole publication starts again from a fresh listing.
+                    meta.insert("resourceVersion".to_owned(), rv.into());
+                }
+                let answer = api
+                    .replace(&name, &PostParams::default(), &to_dynamic(value, &name)?)
+                    .await
+                    .map_err(|e| Error::api(format!("updating ResourceSlice {name}"), &e))?;
+                written.push(stored(&answer, &name)?);
+            } else {
+                let answer = api
+                    .create(&PostParams::default(), &to_dynamic(value, &name)?)
+                    .await
+                    .map_err(|e| Error::api(format!("creating ResourceSlice {name}"), &e))?;
+                written.push(stored(&answer, &name)?);
+            }
+        }
+        for name in existing.keys().filter(|n| !desired.contains_key(*n)) {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::api(format!("deleting ResourceSlice {name}"), &e)),
+            }
+        }
+        Ok(written)
     }
 
     /// Publishes `node`'s pool, retrying every failure with capped exponential backoff until
@@ -322,24 +416,43 @@ impl SlicePublisher {
     }
 
     /// Publishes every inventory `inventory` holds, the current one first; a newer inventory
-    /// arriving while a publication is retrying replaces it. Ends when the sender is dropped.
-    pub fn spawn(self: Arc<Self>, mut inventory: watch::Receiver<NodeInventory>) -> JoinHandle<()> {
+    /// arriving while a publication is retrying replaces it. Meanwhile it watches the node's
+    /// slices and publishes again when someone else deleted or changed them. Ends when the
+    /// sender is dropped.
+    pub fn spawn(self: Arc<Self>, inventory: watch::Receiver<NodeInventory>) -> JoinHandle<()> {
         tokio::spawn(async move {
-            loop {
-                let node = inventory.borrow_and_update().clone();
-                let published = tokio::select! {
-                    _ = self.publish(&node) => true,
-                    changed = inventory.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        false
-                    }
-                };
-                if published && inventory.changed().await.is_err() {
-                    return;
-                }
+            let drifted = Arc::new(Notify::new());
+            tokio::select! {
+                () = slice_watch::run(Arc::clone(&self), Arc::clone(&drifted)) => {}
+                () = self.follow(inventory, &drifted) => {}
             }
         })
+    }
+
+    /// Publishes what `inventory` holds whenever it changes or `drifted` is notified.
+    async fn follow(&self, mut inventory: watch::Receiver<NodeInventory>, drifted: &Notify) {
+        loop {
+            let node = inventory.borrow_and_update().clone();
+            tokio::select! {
+                _ = self.publish(&node) => {}
+                changed = inventory.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+            tokio::select! {
+                changed = inventory.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                () = drifted.notified() => {
+                    // Let the rest of a burst of deletions arrive: one publication answers all.
+                    tokio::time::sleep(self.config.drift_settle).await;
+                }
+            }
+        }
     }
 }

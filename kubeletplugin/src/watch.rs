@@ -1,8 +1,9 @@
 //! Following the node's inventory: re-discovered at every poll (the fake backend only when its
 //! file's content changed; the file is polled, no file-notification dependency), and at once
 //! when woken (an NVML health event, a changed mode label); every change is handed to the
-//! preparer, which refuses mode changes of GPUs that prepared claims hold, and on to the slice
-//! publisher and the health stream.
+//! preparer, which refuses mode changes of GPUs that prepared claims hold (they drain: published
+//! with the draining taint), and on to the slice publisher and the health stream. An unprepare
+//! that frees a draining GPU wakes the watcher ([`WakeOnRelease`]), so the GPU switches at once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +14,11 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::claims::ClaimRef;
 use crate::discovery::GpuDiscovery;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::preparer::CdiPreparer;
+use crate::preparer::{CdiPreparer, ClaimPreparer, PreparedDevice};
 
 /// A running watcher.
 #[derive(Debug)]
@@ -159,6 +161,41 @@ impl InventoryPoller {
     }
 }
 
+/// A preparer that wakes the inventory watcher after an unprepare that leaves a draining GPU
+/// without claims, so its mode change is taken now rather than at the next poll.
+pub struct WakeOnRelease {
+    inner: Arc<dyn ClaimPreparer>,
+    state: Arc<CdiPreparer>,
+    wake: Arc<Notify>,
+}
+
+impl WakeOnRelease {
+    /// Calls go to `inner`; `state` holds the inventory and the checkpoint; `wake` is the
+    /// watcher's.
+    pub fn new(inner: Arc<dyn ClaimPreparer>, state: Arc<CdiPreparer>, wake: Arc<Notify>) -> Self {
+        Self { inner, state, wake }
+    }
+}
+
+impl ClaimPreparer for WakeOnRelease {
+    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
+        self.inner.prepare(claim)
+    }
+
+    fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
+        self.inner.unprepare(claim)?;
+        let node = self.state.inventory()?;
+        if node.gpus.iter().any(|g| g.draining_to.is_some()) {
+            let released = tessera_driver::reconfigure::released(&node, &self.state.record()?);
+            if !released.is_empty() {
+                info!(gpus = ?released, claim = %claim.uid, "draining GPUs released; switching them now");
+                self.wake.notify_one();
+            }
+        }
+        Ok(())
+    }
+}
+
 impl InventoryWatcher {
     /// Polls every `interval` on a blocking worker, and at once (discovering even if nothing
     /// it watches changed) whenever `wake` is notified, until [`InventoryWatcher::shutdown`].
@@ -269,5 +306,85 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         assert!(matches!(poller.poll(), Poll::Failed(_)));
         assert_eq!(preparer.inventory().unwrap().gpus[0].mode, GpuMode::Shared);
+    }
+
+    const WHOLE_GPU_0: &str = "apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c, namespace: ns, uid: u1}
+spec:
+  devices:
+    requests: [{name: gpu, exactly: {deviceClassName: gpu.tessera.dev}}]
+status:
+  allocation:
+    devices:
+      results: [{request: gpu, driver: gpu.tessera.dev, pool: n, device: gpu-0}]
+    nodeSelector:
+      nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: In, values: [n]}]}]
+";
+
+    #[test]
+    fn an_unprepare_that_frees_a_draining_gpu_wakes_the_watcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("inventory.yaml");
+        std::fs::write(&file, ONE).unwrap();
+        let discovery = FakeDiscovery::new(&file, "n");
+        let preparer = Arc::new(
+            CdiPreparer::new(
+                CdiPreparerConfig {
+                    driver_name: "gpu.tessera.dev".to_owned(),
+                    cdi_dir: dir.path().join("cdi"),
+                    state_dir: dir.path().join("state"),
+                    enforcement: Enforcement::None,
+                    boot_id: "b".to_owned(),
+                },
+                discovery.discover().unwrap(),
+                Arc::new(FakeClaimSource::from_yaml(WHOLE_GPU_0, "claims").unwrap()),
+            )
+            .unwrap(),
+        );
+        let mut poller = InventoryPoller::new(
+            Some(file.clone()),
+            Box::new(discovery),
+            Arc::clone(&preparer),
+            Arc::new(Metrics::new()),
+        );
+        let wake = Arc::new(Notify::new());
+        let plugin = WakeOnRelease::new(
+            Arc::clone(&preparer) as Arc<dyn ClaimPreparer>,
+            Arc::clone(&preparer),
+            Arc::clone(&wake),
+        );
+        let woken = || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            // A stored wake-up completes at the first poll, before any time passes.
+            rt.block_on(async {
+                tokio::time::timeout(Duration::ZERO, wake.notified())
+                    .await
+                    .is_ok()
+            })
+        };
+        let claim = ClaimRef::new("ns", "c", "u1");
+
+        plugin.prepare(&claim).unwrap();
+        std::fs::write(&file, SHARED).unwrap();
+        assert_eq!(poller.poll(), Poll::Reloaded { refused: 1 });
+        let gpu = &preparer.inventory().unwrap().gpus[0];
+        assert_eq!(
+            (gpu.mode, gpu.draining_to),
+            (GpuMode::Exclusive, Some(GpuMode::Shared))
+        );
+
+        plugin.unprepare(&claim).unwrap();
+        assert!(woken());
+        assert_eq!(poller.poll(), Poll::Reloaded { refused: 0 });
+        let gpu = &preparer.inventory().unwrap().gpus[0];
+        assert_eq!((gpu.mode, gpu.draining_to), (GpuMode::Shared, None));
+
+        // Nothing draining: an unprepare wakes nobody.
+        plugin.unprepare(&claim).unwrap();
+        assert!(!woken());
     }
 }

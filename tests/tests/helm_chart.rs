@@ -1,7 +1,9 @@
 //! The Helm chart's static parts, without a helm binary: the chart's DeviceClasses are the
 //! repository's, every template is YAML once its actions are filled in from values.yaml, every
 //! value a template names exists, the plugin's arguments parse with the plugin's own command
-//! line, and the webhook registration matches the hooks the controller serves.
+//! line, the webhook registration matches the hooks the controller serves, and the admission
+//! policy that keeps each node's plugin to its own ResourceSlices decides example requests as
+//! the API server would (its CEL evaluated with the `cel` crate).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::collections::BTreeMap;
@@ -457,6 +459,197 @@ fn the_image_builds_every_binary_the_chart_runs() {
             dockerfile.contains(&format!("--bin {command}"))
                 && dockerfile.contains(&format!("target/release/{command}")),
             "deploy/Dockerfile does not build {command}"
+        );
+    }
+}
+
+/// The plugin's service account, as the API server names its user.
+fn plugin_user() -> String {
+    format!("system:serviceaccount:{NAMESPACE}:{RELEASE}-kubelet-plugin")
+}
+
+/// What the policy's CEL sees of one admission request: `request`, `object`, `oldObject`.
+struct Admission {
+    request: serde_json::Value,
+    object: serde_json::Value,
+    old: serde_json::Value,
+}
+
+fn slice(node: &str, driver: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-slice")},
+        "spec": {"driver": driver, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+    })
+}
+
+/// A request of `user` (with a token bound to a pod on `node`, if any) doing `operation` on a
+/// ResourceSlice, new `object` and stored `old`.
+fn request(
+    user: &str,
+    node: Option<&str>,
+    operation: &str,
+    object: Option<serde_json::Value>,
+    old: Option<serde_json::Value>,
+) -> Admission {
+    let mut user_info = serde_json::json!({"username": user, "groups": ["system:authenticated"]});
+    if let Some(node) = node {
+        user_info["extra"] = serde_json::json!({
+            "authentication.kubernetes.io/node-name": [node],
+            "authentication.kubernetes.io/pod-name": ["tessera-kubelet-plugin-x7k2p"],
+        });
+    }
+    Admission {
+        request: serde_json::json!({"operation": operation, "userInfo": user_info}),
+        object: object.unwrap_or(serde_json::Value::Null),
+        old: old.unwrap_or(serde_json::Value::Null),
+    }
+}
+
+fn evaluate_cel(
+    expression: &str,
+    r: &Admission,
+    variables: &std::collections::HashMap<String, cel::Value>,
+) -> cel::Value {
+    let program = cel::Program::compile(expression)
+        .unwrap_or_else(|e| panic!("{expression}: does not compile: {e}"));
+    let mut context = cel::Context::default();
+    context.add_variable("request", &r.request).unwrap();
+    context.add_variable("object", &r.object).unwrap();
+    context.add_variable("oldObject", &r.old).unwrap();
+    context.add_variable_from_value("variables", variables.clone());
+    program
+        .execute(&context)
+        .unwrap_or_else(|e| panic!("{expression}: {e}"))
+}
+
+/// What the policy answers: `None` when it does not apply (the match condition is false),
+/// else `Ok` or `Err(message)` of the first failed validation.
+fn admit(policy: &Value, r: &Admission) -> Option<Result<(), String>> {
+    let spec = &policy["spec"];
+    let mut variables = std::collections::HashMap::new();
+    for condition in spec["matchConditions"].as_sequence().unwrap() {
+        let expression = condition["expression"].as_str().unwrap();
+        if evaluate_cel(expression, r, &variables) != cel::Value::Bool(true) {
+            return None;
+        }
+    }
+    for variable in spec["variables"].as_sequence().unwrap() {
+        let value = evaluate_cel(variable["expression"].as_str().unwrap(), r, &variables);
+        variables.insert(variable["name"].as_str().unwrap().to_owned(), value);
+    }
+    for validation in spec["validations"].as_sequence().unwrap() {
+        let expression = validation["expression"].as_str().unwrap();
+        if evaluate_cel(expression, r, &variables) != cel::Value::Bool(true) {
+            let message = match validation["messageExpression"].as_str() {
+                Some(m) => match evaluate_cel(m, r, &variables) {
+                    cel::Value::String(s) => s.to_string(),
+                    other => panic!("{m}: not a string: {other:?}"),
+                },
+                None => validation["message"].as_str().unwrap().to_owned(),
+            };
+            return Some(Err(message));
+        }
+    }
+    Some(Ok(()))
+}
+
+#[test]
+fn each_nodes_plugin_may_write_only_its_own_nodes_resourceslices() {
+    let docs = documents();
+    let name = "tessera-kubelet-plugin-own-node-slices";
+    let policy = find(&docs, "ValidatingAdmissionPolicy", name);
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding", name);
+    assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(strings(&rule["apiGroups"]), ["resource.k8s.io"]);
+    assert_eq!(strings(&rule["resources"]), ["resourceslices"]);
+    assert_eq!(strings(&rule["operations"]), ["CREATE", "UPDATE", "DELETE"]);
+    assert_eq!(binding["spec"]["policyName"], name);
+    assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+    // The user the policy binds is the plugin DaemonSet's service account.
+    let ds = find(&docs, "DaemonSet", "tessera-kubelet-plugin");
+    let account = ds["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        plugin_user(),
+        format!("system:serviceaccount:{NAMESPACE}:{account}")
+    );
+
+    let ours = names::DEFAULT_DRIVER_NAME;
+    let me = plugin_user();
+    let own = || Some(slice("node-a", ours));
+    let allowed = |r: Admission| assert_eq!(admit(policy, &r), Some(Ok(())));
+    let denied = |r: Admission, why: &str| match admit(policy, &r) {
+        Some(Err(message)) => assert!(message.contains(why), "{message}"),
+        other => panic!("not denied: {other:?}"),
+    };
+    // Its own node's slices of this driver: create, update, delete.
+    allowed(request(&me, Some("node-a"), "CREATE", own(), None));
+    allowed(request(&me, Some("node-a"), "UPDATE", own(), own()));
+    allowed(request(&me, Some("node-a"), "DELETE", None, own()));
+    // Another node's, in any way.
+    let other = || Some(slice("node-b", ours));
+    let expected = "spec.nodeName node-a";
+    denied(
+        request(&me, Some("node-a"), "CREATE", other(), None),
+        expected,
+    );
+    denied(
+        request(&me, Some("node-a"), "UPDATE", other(), other()),
+        expected,
+    );
+    denied(
+        request(&me, Some("node-a"), "UPDATE", own(), other()),
+        expected,
+    );
+    denied(
+        request(&me, Some("node-a"), "UPDATE", other(), own()),
+        expected,
+    );
+    denied(
+        request(&me, Some("node-a"), "DELETE", None, other()),
+        expected,
+    );
+    // Another driver's slice on its own node.
+    let foreign = || Some(slice("node-a", "other.example.com"));
+    denied(
+        request(&me, Some("node-a"), "CREATE", foreign(), None),
+        ours,
+    );
+    denied(
+        request(&me, Some("node-a"), "DELETE", None, foreign()),
+        ours,
+    );
+    // A slice without a node (a network-attached pool).
+    let mut pool = slice("node-a", ours);
+    pool["spec"].as_object_mut().unwrap().remove("nodeName");
+    denied(
+        request(&me, Some("node-a"), "CREATE", Some(pool), None),
+        expected,
+    );
+    // A token that names no node (not bound to a pod) may do nothing.
+    denied(request(&me, None, "CREATE", own(), None), "names no node");
+    // Everyone else is left alone: kubelet wiping its node, an admin, another driver.
+    for user in [
+        "system:node:node-a",
+        "kubernetes-admin",
+        "system:serviceaccount:other:plugin",
+    ] {
+        assert_eq!(
+            admit(policy, &request(user, None, "DELETE", None, other())),
+            None
+        );
+        assert_eq!(
+            admit(
+                policy,
+                &request(user, Some("node-a"), "CREATE", other(), None)
+            ),
+            None
         );
     }
 }

@@ -6,6 +6,8 @@
 #[path = "support/apiserver_scenarios.rs"]
 mod scenarios;
 
+use std::collections::BTreeMap;
+
 use scenarios::{DRIVER, NODE};
 use serde_json::json;
 use tessera_driver::apiversion::ApiVersion;
@@ -260,4 +262,126 @@ async fn the_plugin_with_a_kubeconfig_publishes_its_slices() {
     assert_eq!(slices[0]["spec"]["nodeName"], NODE);
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
+}
+
+/// Writes to ResourceSlices, by verb.
+fn slice_writes(server: &FakeApiServer) -> BTreeMap<String, usize> {
+    let mut writes = BTreeMap::new();
+    for r in server.requests() {
+        if r.resource == "resourceslices"
+            && r.code < 400
+            && !matches!(r.verb, Verb::Get | Verb::List | Verb::Watch)
+        {
+            *writes.entry(format!("{:?}", r.verb)).or_default() += 1;
+        }
+    }
+    writes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_and_edited_slices_come_back_without_a_rewrite_storm() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    let (slices, generations) = scenarios::slices_come_back(&client, ApiVersion::V1).await;
+    assert_eq!(generations, [1, 2, 3, 4]);
+    // Every write is accounted for: the plugin's first publication, the test's wipe and the
+    // re-creation, then per edit the test's update and one rewrite of every slice. A rewrite
+    // caused by the plugin's own writes would show up here. (The server logs a request just
+    // after carrying it out, so the last entries may lag the state the test saw.)
+    let expected = BTreeMap::from([
+        ("Create".to_owned(), 2 * slices),
+        ("DeleteCollection".to_owned(), 1),
+        ("Update".to_owned(), 2 * (1 + slices)),
+    ]);
+    let total: usize = expected.values().sum();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while slice_writes(&server).values().sum::<usize>() < total
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(slice_writes(&server), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slice_watch_backs_off_and_recovers_from_server_errors() {
+    use std::time::{Duration, Instant};
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::create_node(&client).await;
+    // The first lists and watches of ResourceSlices fail (the publisher's listing may take
+    // some of them; it retries too).
+    server.inject(Verb::List, "resourceslices", 500, 3);
+    server.inject(Verb::Watch, "resourceslices", 503, 3);
+    let publisher = std::sync::Arc::new(SlicePublisher::new(
+        client.clone(),
+        scenarios::fast_config(),
+    ));
+    let (_inventory, receiver) = tokio::sync::watch::channel(scenarios::node_inventory());
+    let running = std::sync::Arc::clone(&publisher).spawn(receiver);
+    let watching = || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.verb == Verb::Watch && r.resource == "resourceslices" && r.code == 200)
+    };
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while !(watching()
+        && publisher
+            .record()
+            .await
+            .is_some_and(|r| r.pending.is_none()))
+    {
+        assert!(Instant::now() < deadline, "never published and watched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let failed: Vec<u16> = server
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "resourceslices" && r.code >= 500)
+        .map(|r| r.code)
+        .collect();
+    assert_eq!(failed.len(), 6, "{failed:?}");
+    let names: Vec<String> = server
+        .objects("resourceslices")
+        .iter()
+        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    for name in &names {
+        server.delete("resourceslices", None, name).unwrap();
+    }
+    while server.objects("resourceslices").len() != names.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted slices never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_that_lost_its_label_is_put_right_not_created_again() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::create_node(&client).await;
+    let slice_publisher = SlicePublisher::new(client.clone(), scenarios::fast_config());
+    let first = slice_publisher
+        .publish_once(&scenarios::node_inventory())
+        .await
+        .unwrap();
+    let name = &first.slices[0];
+    let api = scenarios::slices_api(&client, ApiVersion::V1);
+    let mut slice = api.get(name).await.unwrap();
+    slice.metadata.labels = None;
+    api.replace(name, &kube::api::PostParams::default(), &slice)
+        .await
+        .unwrap();
+    let again = slice_publisher
+        .publish_once(&scenarios::node_inventory())
+        .await
+        .unwrap();
+    assert!(again.changed);
+    let stored = server.get("resourceslices", None, name).unwrap();
+    assert_eq!(
+        stored["metadata"]["labels"][names::LABEL_MANAGED_BY],
+        names::KUBELET_PLUGIN_MANAGER
+    );
 }

@@ -30,6 +30,7 @@ async fn publish_and_prepare_against_a_real_api_server() {
     let version = apiserver::served_resource_version(&client).await.unwrap();
     scenarios::publish_and_check_shape(&client, version).await;
     scenarios::republish_after_inventory_change(&client, version).await;
+    scenarios::slices_come_back(&client, version).await;
     let work = tempfile::tempdir().unwrap();
     scenarios::prepare_through_kubelet(&client, version, work.path()).await;
 }

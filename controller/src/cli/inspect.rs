@@ -234,7 +234,10 @@ fn write_cluster_table(view: &ClusterView, out: &mut String) {
                 } else {
                     gpu.model.clone()
                 },
-                gpu.mode.clone(),
+                match &gpu.draining_to {
+                    Some(next) => format!("{} (draining to {next})", gpu.mode),
+                    None => gpu.mode.clone(),
+                },
                 format!("{}/{}", gpu.memory_allocated, gpu.memory_total),
                 gpu.memory_free.to_string(),
                 format!("{}%", gpu.compute_allocated),

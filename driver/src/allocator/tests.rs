@@ -363,6 +363,47 @@ fn tainted_devices_need_a_toleration() {
 }
 
 #[test]
+fn a_draining_gpu_takes_no_new_shares_unless_tolerated() {
+    let mut draining = gpu("gpu-0", "shared", "x", false);
+    draining.taints = Some(vec![res::DeviceTaint {
+        key: crate::names::TAINT_DRAINING.into(),
+        value: Some("exclusive".into()),
+        effect: crate::names::TAINT_EFFECT_NO_SCHEDULE.into(),
+        time_added: None,
+    }]);
+    let slices = vec![slice(
+        "a-0",
+        "a",
+        vec![draining, gpu("gpu-1", "shared", "x", false)],
+    )];
+    let mut snap = Snapshot::new(&slices, &classes(), &[]).unwrap();
+    let a = alloc(Policy::FirstFit);
+    let share = |n: &str, request: res::DeviceRequest| {
+        with_config(claim(n, vec![request]), share_config("40Gi", Some(50)))
+    };
+    let plain = || exact("gpu", "shared.gpu.tessera.dev", 1);
+    // First fit would take gpu-0; its taint sends both shares to gpu-1.
+    for name in ["s1", "s2"] {
+        let p = place(&mut snap, &a, &share(name, plain()), &[node("a")]).unwrap();
+        assert_eq!(devices_of(&p.allocations[0]), ["a/gpu-1"]);
+    }
+    let err = a
+        .allocate(&snap, &[&share("s3", plain())], &[node("a")])
+        .unwrap_err();
+    assert!(err.to_string().contains("1 too full, 1 tainted"), "{err}");
+    // As with kube-scheduler, a toleration of the key (any value) lets a claim in.
+    let mut tolerant = plain();
+    tolerant.exactly.as_mut().unwrap().tolerations = Some(vec![res::DeviceToleration {
+        key: Some(crate::names::TAINT_DRAINING.into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }]);
+    let p = place(&mut snap, &a, &share("s4", tolerant), &[node("a")]).unwrap();
+    assert_eq!(devices_of(&p.allocations[0]), ["a/gpu-0"]);
+}
+
+#[test]
 fn first_available_falls_back_and_names_the_subrequest() {
     let snap = Snapshot::new(&exclusive_cluster(), &classes(), &[]).unwrap();
     let sub = |name: &str, class: &str, count| res::DeviceSubRequest {

@@ -33,6 +33,10 @@ pub struct GpuRow {
     pub model: String,
     /// `exclusive`, `shared` or `mig`.
     pub mode: String,
+    /// The mode it switches to once the claims holding it are gone, while it drains (its
+    /// devices carry the draining taint and take no new claims).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draining_to: Option<String>,
     /// The memory it declares.
     pub memory_total: Quantity,
     /// Memory allocated: all of it when held whole, else the sum of its shares.
@@ -90,6 +94,16 @@ fn mode(device: &res::Device, driver: &str) -> String {
         _ if device.allow_multiple_allocations == Some(true) => names::SHARING_SHARED.to_owned(),
         _ => names::SHARING_EXCLUSIVE.to_owned(),
     }
+}
+
+/// The mode a draining device switches to: the value of its draining taint (`?` without one).
+fn draining_to(device: &res::Device) -> Option<String> {
+    device
+        .taints
+        .iter()
+        .flatten()
+        .find(|t| t.key == names::TAINT_DRAINING)
+        .map(|t| t.value.clone().unwrap_or_else(|| "?".to_owned()))
 }
 
 /// The pods using `claim`: its `reservedFor` pods, else the pods of its namespace naming it.
@@ -201,6 +215,7 @@ pub fn cluster_view(
         nodes.entry(node).or_default().push(GpuRow {
             model: attribute(device, driver, names::ATTR_MODEL).unwrap_or_default(),
             mode: mode(device, driver),
+            draining_to: draining_to(device),
             memory_total: total,
             memory_allocated: usage.memory_used,
             memory_free: free,
@@ -321,6 +336,31 @@ mod tests {
             mig.iter()
                 .all(|g| g.claims.is_empty() && g.compute_allocated == 0)
         );
+    }
+
+    #[test]
+    fn a_draining_gpu_shows_the_mode_it_switches_to() {
+        let mut inventory = Inventory::from_yaml(
+            "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n",
+        )
+        .unwrap();
+        inventory.nodes[0].gpus[0].draining_to = Some(crate::inventory::GpuMode::Exclusive);
+        let slices = render(
+            &inventory.nodes[0],
+            &RenderOptions {
+                consumable_capacity: true,
+                ..RenderOptions::default()
+            },
+        )
+        .unwrap();
+        let view = cluster_view(names::DEFAULT_DRIVER_NAME, &slices, &[], &[], &[]).unwrap();
+        let gpus = &view.nodes[0].gpus;
+        assert_eq!(gpus[0].mode, "shared");
+        assert_eq!(gpus[0].draining_to.as_deref(), Some("exclusive"));
+        assert_eq!(gpus[1].draining_to, None);
+        let json = serde_json::to_value(gpus).unwrap();
+        assert_eq!(json[0]["drainingTo"], "exclusive");
+        assert!(json[1].get("drainingTo").is_none());
     }
 
     #[test]

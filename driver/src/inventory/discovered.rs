@@ -325,6 +325,7 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
             driver_version: node.driver_version.clone(),
             cuda_driver_version: cuda_version(node.cuda_driver_version),
             healthy: true,
+            draining_to: None,
         });
     }
     gpus.sort_by_key(|g| g.index);

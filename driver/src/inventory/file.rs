@@ -281,6 +281,7 @@ fn resolve_group(
             driver_version: driver_version.clone(),
             cuda_driver_version: cuda_driver_version.clone(),
             healthy: group.healthy.unwrap_or(true),
+            draining_to: None,
         });
     }
     Ok(out)

@@ -148,6 +148,43 @@ fn unhealthy_gpu_is_tainted() {
 }
 
 #[test]
+fn a_draining_gpu_is_tainted_with_the_mode_it_switches_to() {
+    let mut n = node(
+        "nodes:\n- name: n1\n  gpus:\n  - model: t4\n    count: 100\n  - model: a100-40g\n    healthy: false\n    mig:\n    - profile: 3g.20gb\n      count: 2\n",
+    );
+    n.gpus[0].draining_to = Some(GpuMode::Shared);
+    n.gpus[100].draining_to = Some(GpuMode::Exclusive);
+    let slices = render(&n, &RenderOptions::default()).expect("render");
+    // Tainted devices: 64 per slice at most.
+    assert_eq!(slices[0].spec.devices.as_ref().map(Vec::len), Some(64));
+    let d = devices(&slices);
+    let draining = &d[0].taints.as_ref().expect("taints")[0];
+    assert_eq!(draining.key, names::TAINT_DRAINING);
+    assert_eq!(draining.value.as_deref(), Some("shared"));
+    assert_eq!(draining.effect, names::TAINT_EFFECT_NO_SCHEDULE);
+    // Its attributes still say what it is until it switches.
+    assert_eq!(
+        d[0].attributes.as_ref().expect("attributes")[names::ATTR_SHARING]
+            .string
+            .as_deref(),
+        Some("exclusive")
+    );
+    assert!(d[1].taints.is_none());
+    // Every MIG instance of a draining GPU carries it, beside the unhealthy taint.
+    let mig: Vec<_> = d.iter().filter(|d| d.name.contains("-mig-")).collect();
+    assert_eq!(mig.len(), 2);
+    for device in mig {
+        let keys: Vec<&str> = device
+            .taints
+            .iter()
+            .flatten()
+            .map(|t| t.key.as_str())
+            .collect();
+        assert_eq!(keys, [names::TAINT_UNHEALTHY, names::TAINT_DRAINING]);
+    }
+}
+
+#[test]
 fn two_hundred_gpus_split_over_two_slices() {
     let n = node("nodes:\n- name: big\n  gpus:\n  - model: t4\n    count: 200\n");
     let slices = render(&n, &RenderOptions::default()).expect("render");

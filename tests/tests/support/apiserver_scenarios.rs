@@ -317,3 +317,124 @@ pub(crate) async fn prepare_through_kubelet(
     assert!(missing.contains("not found"), "{missing}");
     plugin.shutdown().await.unwrap();
 }
+
+/// The pool generation of the node's stored slices when they are exactly the slices
+/// `expected` names, each with its devices, all of one generation above `above`.
+async fn restored(
+    client: &kube::Client,
+    version: ApiVersion,
+    expected: &BTreeMap<String, usize>,
+    above: i64,
+) -> Option<i64> {
+    let stored = stored_slices(client, version).await;
+    let names: Vec<&String> = stored.keys().collect();
+    if names != expected.keys().collect::<Vec<_>>() {
+        return None;
+    }
+    let mut generations = std::collections::BTreeSet::new();
+    for (name, slice) in &stored {
+        let devices = slice["spec"]["devices"].as_array().map_or(0, Vec::len);
+        if devices != expected[name] {
+            return None;
+        }
+        generations.insert(slice["spec"]["pool"]["generation"].as_i64()?);
+    }
+    let generation = *generations.first()?;
+    (generations.len() == 1 && generation > above).then_some(generation)
+}
+
+/// Removes every device of the stored slice `name` (someone else's edit).
+pub(crate) async fn strip_devices(client: &kube::Client, version: ApiVersion, name: &str) {
+    let api = slices_api(client, version);
+    let mut slice = api.get(name).await.unwrap();
+    slice.data["spec"]["devices"] = json!([]);
+    api.replace(name, &PostParams::default(), &slice)
+        .await
+        .unwrap();
+}
+
+/// The running plugin keeps its slices true: after kubelet's wipe (a delete-collection of
+/// every slice of the node) and after edits they come back, after each edit exactly one
+/// generation up, so its own writes never start another publication. Returns the number of
+/// slices and the generations seen: first publication, after the wipe, after each of two
+/// edits.
+pub(crate) async fn slices_come_back(
+    client: &kube::Client,
+    version: ApiVersion,
+) -> (usize, [i64; 4]) {
+    use kube::api::DeleteParams;
+    create_node(client).await;
+    let config = PublisherConfig {
+        max_devices_per_slice: 2,
+        drift_settle: Duration::from_millis(10),
+        ..fast_config()
+    };
+    let publisher = Arc::new(SlicePublisher::new(client.clone(), config));
+    let node = node_inventory();
+    let (_inventory, receiver) = tokio::sync::watch::channel(node.clone());
+    let running = Arc::clone(&publisher).spawn(receiver);
+    let rendered = tessera_driver::slices::render(
+        &node,
+        &tessera_driver::slices::RenderOptions {
+            max_devices_per_slice: 2,
+            consumable_capacity: version == ApiVersion::V1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let expected: BTreeMap<String, usize> = rendered
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.name.clone().unwrap(),
+                s.spec.devices.as_ref().map_or(0, Vec::len),
+            )
+        })
+        .collect();
+    assert!(expected.len() >= 2, "the demo node fills several slices");
+
+    let mut generations = [0; 4];
+    let mut above = 0;
+    for (step, generation) in generations.iter_mut().enumerate() {
+        match step {
+            0 => {}
+            // What kubelet does at its start: every slice of the node goes, whatever driver.
+            1 => {
+                slices_api(client, version)
+                    .delete_collection(
+                        &DeleteParams::default(),
+                        &ListParams::default().fields(&format!("spec.nodeName={NODE}")),
+                    )
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                let name = expected.keys().nth(step - 2).unwrap();
+                strip_devices(client, version, name).await;
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_mins(1);
+        *generation = loop {
+            if let Some(g) = restored(client, version, &expected, above).await {
+                break g;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out: the slices are not restored (step {step})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        above = *generation;
+    }
+    running.abort();
+    // A real API server deletes a collection one object at a time, so the plugin may recreate
+    // a slice that the same wipe then deletes (kubelet's wipe does the same): that costs one
+    // more generation. An edit is one write: exactly one publication answers it.
+    assert!(generations[1] > generations[0], "{generations:?}");
+    assert_eq!(
+        generations[2..],
+        [generations[1] + 1, generations[1] + 2],
+        "one publication per edit, none for the plugin's own writes"
+    );
+    (expected.len(), generations)
+}
