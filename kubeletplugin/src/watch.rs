@@ -18,7 +18,7 @@ use crate::claims::ClaimRef;
 use crate::discovery::GpuDiscovery;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::preparer::{CdiPreparer, ClaimPreparer, PreparedDevice};
+use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// A running watcher.
 #[derive(Debug)]
@@ -177,13 +177,14 @@ impl WakeOnRelease {
     }
 }
 
+#[tonic::async_trait]
 impl ClaimPreparer for WakeOnRelease {
-    fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
-        self.inner.prepare(claim)
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
+        Arc::clone(&self.inner).prepare(claim).await
     }
 
-    fn unprepare(&self, claim: &ClaimRef) -> Result<()> {
-        self.inner.unprepare(claim)?;
+    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
+        Arc::clone(&self.inner).unprepare(claim.clone()).await?;
         let node = self.state.inventory()?;
         if node.gpus.iter().any(|g| g.draining_to.is_some()) {
             let released = tessera_driver::reconfigure::released(&node, &self.state.record()?);
@@ -349,11 +350,15 @@ status:
             Arc::new(Metrics::new()),
         );
         let wake = Arc::new(Notify::new());
-        let plugin = WakeOnRelease::new(
+        let plugin = Arc::new(WakeOnRelease::new(
             Arc::clone(&preparer) as Arc<dyn ClaimPreparer>,
             Arc::clone(&preparer),
             Arc::clone(&wake),
-        );
+        ));
+        let calls = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
         let woken = || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
@@ -368,7 +373,9 @@ status:
         };
         let claim = ClaimRef::new("ns", "c", "u1");
 
-        plugin.prepare(&claim).unwrap();
+        calls
+            .block_on(Arc::clone(&plugin).prepare(claim.clone()))
+            .unwrap();
         std::fs::write(&file, SHARED).unwrap();
         assert_eq!(poller.poll(), Poll::Reloaded { refused: 1 });
         let gpu = &preparer.inventory().unwrap().gpus[0];
@@ -377,14 +384,18 @@ status:
             (GpuMode::Exclusive, Some(GpuMode::Shared))
         );
 
-        plugin.unprepare(&claim).unwrap();
+        calls
+            .block_on(Arc::clone(&plugin).unprepare(claim.clone()))
+            .unwrap();
         assert!(woken());
         assert_eq!(poller.poll(), Poll::Reloaded { refused: 0 });
         let gpu = &preparer.inventory().unwrap().gpus[0];
         assert_eq!((gpu.mode, gpu.draining_to), (GpuMode::Shared, None));
 
         // Nothing draining: an unprepare wakes nobody.
-        plugin.unprepare(&claim).unwrap();
+        calls
+            .block_on(Arc::clone(&plugin).unprepare(claim.clone()))
+            .unwrap();
         assert!(!woken());
     }
 }
