@@ -263,6 +263,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
         resync: Duration::from_secs(2),
         leader,
         metrics_addr: None,
+        shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
     }
 }
 

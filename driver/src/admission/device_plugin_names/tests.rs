@@ -421,3 +421,47 @@ fn a_template_carries_the_spec_the_labels_and_the_forms() {
     );
     assert_eq!(t.spec.spec, m.claims[0].spec);
 }
+
+#[test]
+fn the_controller_maps_the_recorded_request_to_the_templates_the_pod_refers_to() {
+    let p = pod(&json!({"nvidia.com/gpu": "1", "nvidia.com/gpu.shared": "1"}));
+    let PodRewrite::Rewritten {
+        request, mapping, ..
+    } = rewrite_pod(&p, &Options::default(), POD).unwrap()
+    else {
+        panic!("not rewritten");
+    };
+    let (rewritten, _) = rewrite_offline(&p, &request, &mapping, POD).unwrap();
+    // rewrite_offline names claims directly; the webhook's pod names the template.
+    let mut admitted = rewritten.clone();
+    for entry in admitted
+        .spec
+        .as_mut()
+        .unwrap()
+        .resource_claims
+        .as_mut()
+        .unwrap()
+    {
+        entry.resource_claim_name = None;
+        entry.resource_claim_template_name = Some(mapping.claims[0].template.clone());
+    }
+    let templates = templates_for_pod(&admitted, &Options::default()).unwrap();
+    assert_eq!(templates.len(), 1);
+    assert_eq!(templates[0].spec.spec, mapping.claims[0].spec);
+    assert_eq!(templates[0].metadata.namespace.as_deref(), Some("ns"));
+    assert!(
+        templates_for_pod(&p, &Options::default())
+            .unwrap()
+            .is_empty()
+    );
+
+    let v1beta1 = template_document(&templates[0], crate::apiversion::ApiVersion::V1beta1).unwrap();
+    let request = &v1beta1["spec"]["spec"]["devices"]["requests"][0];
+    assert_eq!(request["deviceClassName"], names::CLASS_GPU);
+    assert!(request.get("exactly").is_none());
+    let decoded = crate::apiversion::decode_document(v1beta1, "t").unwrap();
+    let crate::apiversion::Object::ResourceClaimTemplate(back) = decoded else {
+        panic!("not a template");
+    };
+    assert_eq!(back.spec.spec, templates[0].spec.spec);
+}
