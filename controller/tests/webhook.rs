@@ -636,7 +636,8 @@ async fn every_row_of_the_device_plugin_table_is_rewritten_into_claims_and_gated
             for list in ["limits", "requests"] {
                 let pointer = format!("/spec/containers/0/resources/{list}/{token}");
                 assert!(
-                    ops.iter().any(|o| o["op"] == "remove" && o["path"] == pointer),
+                    ops.iter()
+                        .any(|o| o["op"] == "remove" && o["path"] == pointer),
                     "{limits}: no removal of {pointer} in {patch}"
                 );
             }

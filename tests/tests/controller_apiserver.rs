@@ -660,3 +660,15 @@ async fn a_negative_capacity_request_is_refused_and_frees_nothing() {
     ));
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_pods_get_the_templates_they_refer_to_and_lose_them_with_the_last_pod() {
+    let (_server, client, _dir) = start(&["v1"]).await;
+    device_plugin_pods_get_their_templates(&client, ApiVersion::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_templates_are_written_in_v1beta1_on_a_v1beta1_server() {
+    let (_server, client, _dir) = start(&["v1beta1"]).await;
+    device_plugin_pods_get_their_templates(&client, ApiVersion::V1beta1).await;
+}

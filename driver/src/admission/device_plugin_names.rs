@@ -1142,6 +1142,20 @@ pub fn rewrite_pod(pod: &core::Pod, options: &Options, object: &str) -> Result<P
     })
 }
 
+/// The pod as the API server stores it after the webhook's patch ([`pod_patch`]): what
+/// `tessera allocate` and tests start from.
+pub fn apply_pod_patch(pod: &core::Pod, patch: &[PatchOp], object: &str) -> Result<core::Pod> {
+    let mut value = serde_json::to_value(pod).map_err(|e| Error::Decode {
+        context: object.to_owned(),
+        message: e.to_string(),
+    })?;
+    apply_patch(&mut value, patch, object)?;
+    serde_json::from_value(value).map_err(|e| Error::Decode {
+        context: object.to_owned(),
+        message: e.to_string(),
+    })
+}
+
 /// Applies the patches [`pod_patch`] writes (`add` and `remove`) to a JSON object.
 fn apply_patch(target: &mut Value, ops: &[PatchOp], object: &str) -> Result<()> {
     let fail = |path: &str| Error::Decode {
@@ -1176,15 +1190,7 @@ pub fn rewrite_offline(
     object: &str,
 ) -> Result<(core::Pod, Vec<res::ResourceClaim>)> {
     let patch = pod_patch(pod, request, mapping, object)?;
-    let mut value = serde_json::to_value(pod).map_err(|e| Error::Decode {
-        context: object.to_owned(),
-        message: e.to_string(),
-    })?;
-    apply_patch(&mut value, &patch, object)?;
-    let mut rewritten: core::Pod = serde_json::from_value(value).map_err(|e| Error::Decode {
-        context: object.to_owned(),
-        message: e.to_string(),
-    })?;
+    let mut rewritten = apply_pod_patch(pod, &patch, object)?;
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let namespace = pod
         .metadata
