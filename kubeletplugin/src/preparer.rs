@@ -256,7 +256,9 @@ impl ClaimPreparer for CdiPreparer {
         // (`reconfigure`) sees every claim prepared against the old one.
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
         let prepared = prepare_on_node(&object, &self.config.driver_name, &node)?;
-        let spec = cdi::build_spec(&prepared, &self.config.enforcement)?.to_json()?;
+        let mut spec = cdi::build_spec(&prepared, &self.config.enforcement)?;
+        cdi::device_plugin_env::add_device_plugin_env(&mut spec, &object, &prepared, &node);
+        let spec = spec.to_json()?;
         let host_dirs = cdi::host_dirs(&prepared, &self.config.enforcement)?;
         let daemon = cdi::mps_daemon(&prepared, &self.config.enforcement)?;
         {
