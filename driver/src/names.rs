@@ -159,3 +159,6 @@ pub const LABEL_DEVICE_PLUGIN_TEMPLATE: &str = "gpu.tessera.dev/device-plugin-te
 pub const ANNOTATION_DEVICE_PLUGIN_FORMS: &str = "gpu.tessera.dev/device-plugin-forms";
 /// Value of [`LABEL_MANAGED_BY`] on the objects the controller creates.
 pub const CONTROLLER_MANAGER: &str = "tessera-controller";
+/// Pod label that keeps a pod's device-plugin resource names as they are (value `true`): the
+/// webhook leaves the pod to a device plugin still running on some nodes during a migration.
+pub const LABEL_KEEP_DEVICE_PLUGIN_NAMES: &str = "gpu.tessera.dev/keep-device-plugin-names";

@@ -1108,8 +1108,18 @@ pub enum PodRewrite {
 /// Decides the pod webhook's rewrite of `pod` ([`PodRewrite`]), or the error that refuses it.
 ///
 /// A pod with `spec.nodeName` set bypasses scheduling, so it cannot wait for an allocation: it
-/// is left as it is (a device plugin still running on that node may serve it).
+/// is left as it is (a device plugin still running on that node may serve it). So is a pod
+/// labelled [`names::LABEL_KEEP_DEVICE_PLUGIN_NAMES`]` = "true"`, silently.
 pub fn rewrite_pod(pod: &core::Pod, options: &Options, object: &str) -> Result<PodRewrite> {
+    let keep = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::LABEL_KEEP_DEVICE_PLUGIN_NAMES))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    if keep {
+        return Ok(PodRewrite::Untouched);
+    }
     let Some(request) = DevicePluginRequest::from_pod(pod, object)? else {
         return Ok(PodRewrite::Untouched);
     };

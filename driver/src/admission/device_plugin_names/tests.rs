@@ -465,3 +465,15 @@ fn the_controller_maps_the_recorded_request_to_the_templates_the_pod_refers_to()
     };
     assert_eq!(back.spec.spec, templates[0].spec.spec);
 }
+
+#[test]
+fn a_pod_labelled_to_keep_its_names_is_untouched() {
+    let p = pod_with(
+        &json!([{"name": "main", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        Some(&json!({names::LABEL_KEEP_DEVICE_PLUGIN_NAMES: "true"})),
+    );
+    assert_eq!(
+        rewrite_pod(&p, &Options::default(), POD).unwrap(),
+        PodRewrite::Untouched
+    );
+}
