@@ -132,6 +132,7 @@ async fn sample(inventory: &Inventory) -> Duration {
         resync: Duration::from_mins(1),
         leader: None,
         metrics_addr: None,
+        shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
     };
     let task = tokio::spawn(service::run_with(
         client,

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::leader::LeaderConfig;
 use crate::service::{self, ControllerConfig};
 use crate::webhook::{self, ApiAdmissionLookup, WebhookConfig};
+use tessera_driver::admission::device_plugin_names;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -89,6 +90,11 @@ pub struct Args {
     /// Seconds between full retries of pods that could not be placed.
     #[arg(long, env = "TESSERA_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
+    /// Time-sliced replicas per GPU: a pod's `nvidia.com/gpu.shared: N` becomes N shares of
+    /// 1/R of a card each (1..=100; as the device plugin's time-slicing `replicas`).
+    #[arg(long, env = "TESSERA_SHARED_GPU_REPLICAS", default_value_t = device_plugin_names::DEFAULT_SHARED_REPLICAS,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub shared_gpu_replicas: u32,
     /// Log line format.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "plain")]
     pub log_format: LogFormat,
@@ -165,6 +171,7 @@ impl Args {
             resync: Duration::from_secs(self.resync_seconds.max(1)),
             leader,
             metrics_addr: Some(self.metrics_addr),
+            shared_replicas: self.shared_gpu_replicas,
         }
     }
 
@@ -179,6 +186,7 @@ impl Args {
             (Some(addr), Some(cert_dir)) => {
                 let mut webhook_config = WebhookConfig::new(addr, cert_dir);
                 webhook_config.driver_name.clone_from(&config.driver_name);
+                webhook_config.shared_replicas = config.shared_replicas;
                 let lookup = Arc::new(ApiAdmissionLookup::new(client.clone()).await?);
                 Some(webhook::bind(webhook_config, lookup).await?)
             }

@@ -3,6 +3,7 @@
 
 pub mod allocate;
 pub mod demo;
+pub mod device_plugin;
 pub mod input;
 pub mod inspect;
 pub mod output;
@@ -29,6 +30,13 @@ pub struct Cli {
     /// The DRA driver name Tessera runs under.
     #[arg(long, global = true, env = "TESSERA_DRIVER_NAME", default_value = names::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
+
+    /// Time-sliced replicas per GPU: a pod's `nvidia.com/gpu.shared: N` is N shares of 1/R of
+    /// a card each (as the controller's flag of the same name).
+    #[arg(long, global = true, env = "TESSERA_SHARED_GPU_REPLICAS",
+          default_value_t = tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub shared_gpu_replicas: u32,
 
     /// What to do.
     #[command(subcommand)]
@@ -167,6 +175,14 @@ impl Cli {
         }
     }
 
+    /// How device-plugin names are mapped, from the global flags.
+    pub fn device_plugin_options(&self) -> tessera_driver::admission::device_plugin_names::Options {
+        tessera_driver::admission::device_plugin_names::Options {
+            driver: self.driver_name.clone(),
+            shared_replicas: self.shared_gpu_replicas,
+        }
+    }
+
     /// Runs the command, appending what it prints to `out`.
     pub fn run(&self, out: &mut String) -> Result<()> {
         match &self.command {
@@ -177,7 +193,11 @@ impl Cli {
                 policy,
                 output,
             } => {
-                let objects = input::Objects::load(files)?;
+                let mut objects = input::Objects::load(files)?;
+                for warning in device_plugin::rewrite(&mut objects, &self.device_plugin_options())?
+                {
+                    let _ = writeln!(std::io::stderr(), "warning: {warning}");
+                }
                 let outcomes =
                     allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
                 output::write(&outcomes, *output, out)

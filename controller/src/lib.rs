@@ -6,6 +6,7 @@ pub mod apiserver;
 pub mod args;
 pub mod cli;
 pub mod cluster;
+pub mod device_plugin_templates;
 pub mod error;
 pub mod health_http;
 pub mod leader;

@@ -11,13 +11,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::ApiResource;
+use tessera_driver::admission::device_plugin_names;
 use tessera_driver::allocator::Policy;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::apiserver;
 use crate::cluster::{ClusterView, Resource, reflector};
+use crate::device_plugin_templates::{SyncReport, TemplateKeeper};
 use crate::error::Result;
 use crate::health_http::OpsServer;
 use crate::leader::{self, LeaderConfig};
@@ -43,6 +45,8 @@ pub struct ControllerConfig {
     pub leader: Option<LeaderConfig>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz`, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// Time-sliced replicas per GPU (`nvidia.com/gpu.shared`), as the webhook maps them.
+    pub shared_replicas: u32,
 }
 
 /// What a running service shares with its caller.
@@ -107,9 +111,18 @@ pub async fn run_with(
             policy: config.policy,
             unbound_after: config.unbound_after,
         },
-        Writer::new(client, version),
+        Writer::new(client.clone(), version),
         Arc::clone(&metrics),
         leading.clone(),
+    );
+    let mut templates = TemplateKeeper::new(
+        client,
+        version,
+        device_plugin_names::Options {
+            driver: config.driver_name.clone(),
+            shared_replicas: config.shared_replicas,
+        },
+        config.resync,
     );
     let mut resync = tokio::time::interval(config.resync);
     resync.tick().await;
@@ -153,7 +166,8 @@ pub async fn run_with(
                     "reconciled"
                 );
             }
-            if report.retry_soon && !retry_armed {
+            let retry_soon = !keep_templates(&mut templates, &view).await || report.retry_soon;
+            if retry_soon && !retry_armed {
                 retry
                     .as_mut()
                     .reset(tokio::time::Instant::now() + RETRY_SOON);
@@ -163,4 +177,24 @@ pub async fn run_with(
     }
     tasks.abort_all();
     Ok(())
+}
+
+/// One sync of the device-plugin claim templates; `false` when it failed (retry soon).
+async fn keep_templates(templates: &mut TemplateKeeper, view: &ClusterView) -> bool {
+    match templates.sync(view.pods()).await {
+        Ok(done) => {
+            if done != SyncReport::default() {
+                info!(
+                    created = done.created,
+                    deleted = done.deleted,
+                    "device-plugin claim templates"
+                );
+            }
+            true
+        }
+        Err(e) => {
+            warn!(error = %e, "keeping the device-plugin claim templates failed; retrying");
+            false
+        }
+    }
 }

@@ -5,8 +5,8 @@
 //! webhook::serve(WebhookConfig::new(addr, cert_dir), lookup, shutdown_signal).await?;
 //! ```
 //!
-//! Three hooks (see [`hooks`]): `/mutate-pods` (the scheduling gate; the chart registers it
-//! with `failurePolicy: Ignore`), `/mutate-claims` (canonical opaque parameters; `Ignore`) and
+//! Three hooks (see [`hooks`]): `/mutate-pods` (device-plugin names rewritten into claims, and
+//! the scheduling gate; the chart registers it with `failurePolicy: Ignore`), `/mutate-claims` (canonical opaque parameters; `Ignore`) and
 //! `/validate-claims` (share rules; `failurePolicy: Fail`). `/healthz` answers `ok`. The
 //! decisions are the pure functions of `tessera_driver::admission`.
 
@@ -45,6 +45,8 @@ pub struct WebhookConfig {
     pub driver_name: String,
     /// How long all cluster lookups of one review may take together.
     pub lookup_timeout: Duration,
+    /// Time-sliced replicas per GPU: one `nvidia.com/gpu.shared` is 1/R of a card.
+    pub shared_replicas: u32,
 }
 
 impl WebhookConfig {
@@ -55,6 +57,8 @@ impl WebhookConfig {
             cert_dir: cert_dir.into(),
             driver_name: names::DEFAULT_DRIVER_NAME.to_owned(),
             lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            shared_replicas:
+                tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
         }
     }
 }
@@ -74,7 +78,8 @@ pub async fn bind(config: WebhookConfig, lookup: Arc<dyn AdmissionLookup>) -> Re
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| Error::Config(format!("webhook address {}: {e}", config.addr)))?;
-    let admission = Admission::new(lookup, &config.driver_name, config.lookup_timeout);
+    let admission = Admission::new(lookup, &config.driver_name, config.lookup_timeout)
+        .with_shared_replicas(config.shared_replicas);
     Ok(BoundWebhook::new(listener, certs, Arc::new(tls), admission))
 }
 

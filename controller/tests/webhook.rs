@@ -560,3 +560,260 @@ async fn missing_certificate_files_are_a_clear_configuration_error() {
         .unwrap_err();
     assert!(err.to_string().contains("tls.crt"), "{err}");
 }
+
+// --- Pods written for the device-plugin world (design §7)
+
+fn device_plugin_pod(limits: &Value, labels: &Value, dry_run: bool) -> Value {
+    json!({
+        "uid": "dp-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a",
+        "operation": "CREATE",
+        "dryRun": dry_run,
+        "object": {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "legacy", "namespace": "team-a", "labels": labels},
+            "spec": {"containers": [{"name": "main", "image": "cuda",
+                "resources": {"limits": limits, "requests": limits}}]}},
+    })
+}
+
+/// The templates the pure mapping names for the pod of `request`, with `replicas`.
+fn mapped_templates(request: &Value, replicas: u32) -> Vec<String> {
+    use tessera_driver::admission::device_plugin_names::{
+        DevicePluginRequest, Options, map_request,
+    };
+    let pod: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(request["object"].clone()).unwrap();
+    let asked = DevicePluginRequest::from_pod(&pod, "Pod team-a/legacy")
+        .unwrap()
+        .unwrap();
+    let options = Options {
+        shared_replicas: replicas,
+        ..Options::default()
+    };
+    map_request(&asked, &options, "Pod team-a/legacy")
+        .unwrap()
+        .claims
+        .into_iter()
+        .map(|c| c.template)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_of_the_device_plugin_table_is_rewritten_into_claims_and_gated() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let rows = [
+        (json!({"nvidia.com/gpu": "2"}), json!({})),
+        (json!({"nvidia.com/mig-1g.10gb": "1"}), json!({})),
+        (json!({"nvidia.com/gpu.shared": "1"}), json!({})),
+        (json!({"baidu.com/v100_32g_cgpu": "1"}), json!({})),
+        (
+            json!({"baidu.com/a10_24g_cgpu": "2", "baidu.com/a10_24g_cgpu_memory": "10", "baidu.com/a10_24g_cgpu_core": "50"}),
+            json!({}),
+        ),
+        (
+            json!({"baidu.com/l20_cgpu": "1", "baidu.com/l20_cgpu_memory_percent": "25"}),
+            json!({}),
+        ),
+        (
+            json!({"aliyun.com/gpu-mem": "8"}),
+            json!({"aliyun.com/gpu-count": "2"}),
+        ),
+        (
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
+            json!({}),
+        ),
+    ];
+    for (limits, labels) in rows {
+        let request = device_plugin_pod(&limits, &labels, false);
+        let response = hook.review("/mutate-pods", request.clone()).await;
+        assert_eq!(response["allowed"], true, "{limits}: {response}");
+        let patch = decoded_patch(&response);
+        let ops = patch.as_array().unwrap();
+        for name in limits.as_object().unwrap().keys() {
+            let token = name.replace('/', "~1");
+            for list in ["limits", "requests"] {
+                let pointer = format!("/spec/containers/0/resources/{list}/{token}");
+                assert!(
+                    ops.iter()
+                        .any(|o| o["op"] == "remove" && o["path"] == pointer),
+                    "{limits}: no removal of {pointer} in {patch}"
+                );
+            }
+        }
+        let entries = ops
+            .iter()
+            .find(|o| o["path"] == "/spec/resourceClaims")
+            .unwrap_or_else(|| panic!("{limits}: no resourceClaims in {patch}"));
+        let templates: Vec<String> = entries["value"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["resourceClaimTemplateName"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(templates, mapped_templates(&request, 4), "{limits}");
+        let claims = ops
+            .iter()
+            .find(|o| o["path"] == "/spec/containers/0/resources/claims")
+            .unwrap();
+        assert_eq!(claims["value"][0]["name"], entries["value"][0]["name"]);
+        let annotations = ops
+            .iter()
+            .find(|o| o["path"] == "/metadata/annotations")
+            .unwrap();
+        let recorded = annotations["value"][names::ANNOTATION_DEVICE_PLUGIN_REQUEST]
+            .as_str()
+            .unwrap();
+        for name in limits.as_object().unwrap().keys() {
+            assert!(recorded.contains(name.as_str()), "{recorded}");
+        }
+        assert!(ops.iter().any(|o| o["path"] == "/spec/schedulingGates"
+            && o["value"] == json!([{"name": names::SCHEDULING_GATE}])));
+        // Dry run: the same answer, since the hook has no side effect to skip.
+        let dry = hook
+            .review("/mutate-pods", device_plugin_pod(&limits, &labels, true))
+            .await;
+        assert_eq!(dry, response, "{limits}");
+    }
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hami_rounding_and_time_slicing_replicas_follow_the_options_and_warn() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = issue_certificate(dir.path());
+    let mut config = WebhookConfig::new("127.0.0.1:0".parse().unwrap(), dir.path());
+    config.shared_replicas = 2;
+    let lookup: Arc<dyn AdmissionLookup> = Arc::new(FakeAdmissionLookup::new());
+    let bound = webhook::bind(config, lookup).await.unwrap();
+    let hook = Running {
+        addr: bound.local_addr().unwrap(),
+        ca,
+        dir,
+        stop: None,
+        task: tokio::spawn(async move {
+            bound.run(std::future::pending()).await.unwrap();
+        }),
+    };
+    let request = device_plugin_pod(&json!({"nvidia.com/gpu.shared": "1"}), &json!({}), false);
+    let response = hook.review("/mutate-pods", request.clone()).await;
+    let patch = decoded_patch(&response);
+    let entries = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["path"] == "/spec/resourceClaims")
+        .unwrap();
+    assert_eq!(
+        entries["value"][0]["resourceClaimTemplateName"],
+        mapped_templates(&request, 2)[0]
+    );
+    assert_ne!(mapped_templates(&request, 2), mapped_templates(&request, 4));
+
+    let request = device_plugin_pod(
+        &json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+        &json!({}),
+        false,
+    );
+    let response = hook.review("/mutate-pods", request).await;
+    assert_eq!(response["allowed"], true);
+    let warnings = response["warnings"].to_string();
+    assert!(warnings.contains("rounded up to 3Gi"), "{warnings}");
+    hook.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_ask_that_breaks_a_rule_is_denied_naming_container_resource_and_rule() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let cases = [
+        (
+            json!({"baidu.com/v100_32g_cgpu": "1", "baidu.com/v100_32g_cgpu_core": "50"}),
+            json!({}),
+            "compute needs memory",
+        ),
+        (
+            json!({"baidu.com/p4_8g_cgpu": "1"}),
+            json!({}),
+            "unknown GPU model",
+        ),
+        (
+            json!({"aliyun.com/gpu-mem": "3"}),
+            json!({"aliyun.com/gpu-count": "2"}),
+            "not a whole number of GiB per card",
+        ),
+    ];
+    for (limits, labels, rule) in cases {
+        let response = hook
+            .review("/mutate-pods", device_plugin_pod(&limits, &labels, false))
+            .await;
+        assert_eq!(response["allowed"], false, "{limits}");
+        assert_eq!(response["status"]["code"], 422);
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(message.contains("Pod team-a/legacy"), "{message}");
+        assert!(
+            message.contains("spec.containers[0].resources.limits["),
+            "{message}"
+        );
+        assert!(message.contains(rule), "{message}");
+    }
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_sidecars_and_own_claims_are_kept_and_a_node_name_is_left_alone() {
+    let hook = Running::start(FakeAdmissionLookup::new().with_claim(claim(
+        "team-a",
+        "mine",
+        names::CLASS_GPU,
+    )))
+    .await;
+    let mut request = device_plugin_pod(&json!({"nvidia.com/gpu": "1"}), &json!({}), false);
+    request["object"]["spec"]["initContainers"] = json!([{"name": "side", "image": "x", "restartPolicy": "Always",
+        "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]);
+    request["object"]["spec"]["resourceClaims"] =
+        json!([{"name": "own", "resourceClaimName": "mine"}]);
+    request["object"]["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "own"}]);
+    let response = hook.review("/mutate-pods", request.clone()).await;
+    assert_eq!(response["allowed"], true);
+    let patch = decoded_patch(&response);
+    let ops: Vec<(String, String)> = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["op"] == "add")
+        .map(|o| {
+            (
+                o["path"].as_str().unwrap().to_owned(),
+                o["value"].to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        ops.contains(&(
+            "/spec/initContainers/0/resources/claims".to_owned(),
+            json!([{"name": "tessera-side"}]).to_string()
+        )),
+        "{ops:?}"
+    );
+    assert!(
+        ops.contains(&(
+            "/spec/containers/0/resources/claims/-".to_owned(),
+            json!({"name": "tessera-main"}).to_string()
+        )),
+        "{ops:?}"
+    );
+    assert_eq!(
+        ops.iter()
+            .filter(|(p, _)| p == "/spec/resourceClaims/-")
+            .count(),
+        2
+    );
+
+    request["object"]["spec"]["nodeName"] = json!("node-a");
+    let response = hook.review("/mutate-pods", request).await;
+    assert_eq!(response["allowed"], true);
+    assert!(response.get("patch").is_none(), "{response}");
+    assert!(response["warnings"].to_string().contains("spec.nodeName"));
+    hook.stop().await;
+}

@@ -1,6 +1,8 @@
 //! The admission webhook's decisions, as pure functions of the objects under review.
 //!
 //! * [`gate`]: which pods get Tessera's scheduling gate at creation (the mutating hook).
+//! * [`device_plugin_names`]: pods that ask with device-plugin resource names
+//!   (`nvidia.com/gpu`, Baidu's and Aliyun's shares, HAMi's) rewritten into claims.
 //! * [`claim`]: what a ResourceClaim or ResourceClaimTemplate must obey (the validating hook),
 //!   and the JSON patch that rewrites its opaque parameters canonically (the mutating hook).
 //!
@@ -8,6 +10,7 @@
 //! `AdmissionReview` responses; nothing here knows about HTTP or the API server.
 
 pub mod claim;
+pub mod device_plugin_names;
 pub mod gate;
 
 use serde::Serialize;
@@ -18,10 +21,11 @@ pub use gate::{ClaimSource, GateDecision, PodClaim, class_is_gated, decide_gate,
 /// One operation of an RFC 6902 JSON patch, as the API server applies it to a mutated object.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PatchOp {
-    /// `add` or `replace`.
+    /// `add`, `replace` or `remove`.
     pub op: &'static str,
     /// The JSON pointer of the target, e.g. `/spec/schedulingGates/-`.
     pub path: String,
-    /// The value to put there.
+    /// The value to put there (none for `remove`).
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
     pub value: serde_json::Value,
 }

@@ -18,6 +18,7 @@
 //! `docs/cdi.md` explains what each backend injects and why.
 
 mod check;
+pub mod device_plugin_env;
 mod enforcement;
 mod spec;
 

@@ -150,3 +150,18 @@ pub const CONTROLLER_COMPONENT: &str = "tessera-controller";
 pub const CONDITION_ALLOCATED: &str = "gpu.tessera.dev/Allocated";
 /// Name of the Lease the controller replicas elect their leader on.
 pub const LEADER_LEASE: &str = "tessera-controller";
+/// Annotation the pod webhook puts on a pod it rewrote from device-plugin resource names: the
+/// original request (JSON), from which the controller makes the claim templates the pod needs.
+pub const ANNOTATION_DEVICE_PLUGIN_REQUEST: &str = "gpu.tessera.dev/device-plugin-request";
+/// Label on the ResourceClaimTemplates the controller makes for rewritten pods (value `true`);
+/// the controller deletes such a template when no pod uses it.
+pub const LABEL_DEVICE_PLUGIN_TEMPLATE: &str = "gpu.tessera.dev/device-plugin-template";
+/// Annotation on the claims made from those templates: the device-plugin forms the claim stands
+/// for (comma-separated: `nvidia`, `mig`, `time-slicing`, `baidu`, `aliyun`, `hami`), read by
+/// the node to give the container the environment those products set.
+pub const ANNOTATION_DEVICE_PLUGIN_FORMS: &str = "gpu.tessera.dev/device-plugin-forms";
+/// Value of [`LABEL_MANAGED_BY`] on the objects the controller creates.
+pub const CONTROLLER_MANAGER: &str = "tessera-controller";
+/// Pod label that keeps a pod's device-plugin resource names as they are (value `true`): the
+/// webhook leaves the pod to a device plugin still running on some nodes during a migration.
+pub const LABEL_KEEP_DEVICE_PLUGIN_NAMES: &str = "gpu.tessera.dev/keep-device-plugin-names";

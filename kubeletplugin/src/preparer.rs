@@ -295,10 +295,11 @@ impl CdiPreparer {
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
         let prepared = prepare_on_node(object, &self.config.driver_name, &node)?;
         let cdi::Rendered {
-            spec,
+            mut spec,
             host_dirs,
             mps_daemon: daemon,
         } = cdi::render(&prepared, &self.config.enforcement)?;
+        cdi::device_plugin_env::add_device_plugin_env(&mut spec, object, &prepared, &node);
         let spec = spec.to_json()?;
         {
             let mut record = self.lock()?;

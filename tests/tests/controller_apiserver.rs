@@ -660,3 +660,74 @@ async fn a_negative_capacity_request_is_refused_and_frees_nothing() {
     ));
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_pods_get_the_templates_they_refer_to_and_lose_them_with_the_last_pod() {
+    let (_server, client, _dir) = start(&["v1"]).await;
+    device_plugin_pods_get_their_templates(&client, ApiVersion::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_templates_are_written_in_v1beta1_on_a_v1beta1_server() {
+    let (_server, client, _dir) = start(&["v1beta1"]).await;
+    device_plugin_pods_get_their_templates(&client, ApiVersion::V1beta1).await;
+}
+
+/// kube-scheduler serving an extended resource name natively (1.35+, `extendedResourceName` on
+/// the whole-GPU class) writes a claim of its own for the pod; the controller counts its
+/// devices as used like any other allocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_kube_scheduler_gave_for_an_extended_resource_count_as_used() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams};
+    let (_server, client, _dir) = start(&["v1"]).await;
+    seed(&client, ApiVersion::V1, &inventory(1, 2, false), "8").await;
+    let node = node_name(0);
+    let mut scheduler_claim = whole_gpu_claim("ext-pod-extended-resources-abcde", 2);
+    scheduler_claim["metadata"]["annotations"] =
+        serde_json::json!({"resource.kubernetes.io/extended-resource-claim": "true"});
+    create_claim(&client, ApiVersion::V1, scheduler_claim).await;
+    let status = serde_json::json!({"status": {"allocation": {
+        "devices": {"results": [
+            {"request": "gpu", "driver": names::DEFAULT_DRIVER_NAME, "pool": node, "device": "gpu-0"},
+            {"request": "gpu", "driver": names::DEFAULT_DRIVER_NAME, "pool": node, "device": "gpu-1"},
+        ]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "allocationTimestamp": "2026-01-01T00:00:00Z",
+    }}});
+    claims_api(&client, ApiVersion::V1)
+        .patch_status(
+            "ext-pod-extended-resources-abcde",
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    let running = start_controller(&client, config(Policy::FirstFit, None));
+    create_claim(&client, ApiVersion::V1, whole_gpu_claim("mine", 1)).await;
+    create_pod(&client, &gated_pod("p", &["mine"], &[], "1")).await;
+    eventually(WAIT, "the pod is reported as not placed", || async {
+        let pod: Pod = Api::namespaced(client.clone(), NS).get("p").await.unwrap();
+        pod.status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == names::CONDITION_ALLOCATED && c.status == "False")
+    })
+    .await;
+    assert!(!is_ungated(&client, "p").await);
+    claims_api(&client, ApiVersion::V1)
+        .delete(
+            "ext-pod-extended-resources-abcde",
+            &kube::api::DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    eventually(WAIT, "the pod is placed once the GPUs are free", || {
+        is_ungated(&client, "p")
+    })
+    .await;
+    check_invariants(&client, ApiVersion::V1).await;
+    running.stop().await;
+}

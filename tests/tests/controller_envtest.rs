@@ -71,3 +71,21 @@ async fn the_gate_protocol_against_a_real_api_server() {
     check_invariants(&client, version).await;
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_templates_against_a_real_api_server() {
+    let assets = match envtest::assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED device_plugin_templates_against_a_real_api_server: {why}; point \
+                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
+            );
+            return;
+        }
+    };
+    let cluster = envtest::start_cluster(&assets).await;
+    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = apiserver::served_resource_version(&client).await.unwrap();
+    device_plugin_pods_get_their_templates(&client, version).await;
+}

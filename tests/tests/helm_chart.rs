@@ -346,6 +346,9 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
         ("resource.k8s.io", "resourceslices", "watch"),
         ("resource.k8s.io", "deviceclasses", "get"),
         ("resource.k8s.io", "resourceclaimtemplates", "get"),
+        ("resource.k8s.io", "resourceclaimtemplates", "list"),
+        ("resource.k8s.io", "resourceclaimtemplates", "create"),
+        ("resource.k8s.io", "resourceclaimtemplates", "delete"),
         ("", "pods", "patch"),
         ("", "pods/status", "patch"),
         ("", "nodes", "list"),
@@ -375,6 +378,13 @@ fn the_controller_runs_two_replicas_with_the_webhook_certificate_mounted() {
         .find_map(|a| a.strip_prefix("--webhook-cert-dir="))
         .expect("--webhook-cert-dir");
     assert!(args.iter().any(|a| a.starts_with("--webhook-addr=")));
+    let command_line = std::iter::once("tessera-controller".to_owned()).chain(args.iter().cloned());
+    let parsed = <tessera_controller::args::Args as clap::Parser>::try_parse_from(command_line)
+        .unwrap_or_else(|e| panic!("the chart's controller arguments do not parse: {e}\n{args:?}"));
+    assert_eq!(
+        parsed.shared_gpu_replicas,
+        tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS
+    );
     let mount = container["volumeMounts"]
         .as_sequence()
         .unwrap()
@@ -652,4 +662,21 @@ fn each_nodes_plugin_may_write_only_its_own_nodes_resourceslices() {
             None
         );
     }
+}
+
+#[test]
+fn the_whole_gpu_class_carries_an_extended_resource_name_only_when_asked_and_only_on_v1() {
+    let values = values();
+    assert_eq!(
+        lookup(&values, "deviceClasses.extendedResourceName").and_then(Value::as_str),
+        Some(""),
+        "off by default"
+    );
+    let template = std::fs::read_to_string(chart().join("templates/deviceclasses.yaml")).unwrap();
+    assert!(template.contains("if eq $version \"resource.k8s.io/v1\""));
+    assert!(template.contains("(eq (base $path) \"gpu.yaml\")"));
+    assert!(template.contains("extendedResourceName: %s"));
+    // The replacement finds its anchor in the class it edits.
+    let class = std::fs::read_to_string(chart().join("deviceclasses/gpu.yaml")).unwrap();
+    assert_eq!(class.matches("\nspec:\n").count(), 1);
 }

@@ -826,3 +826,79 @@ async fn a_hami_core_share_gets_the_library_and_the_limits_its_allocation_record
     assert!(!cache.join(&share.2).exists());
     plugin.shutdown().await.unwrap();
 }
+
+/// A claim made for an Aliyun-style pod (the template's forms annotation, copied onto the
+/// claim) gives the container gpushare's variables, from its allocation and the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_for_an_aliyun_pod_gets_gpushares_environment() {
+    let mut h = Harness::new();
+    let (name, node) = h
+        .claims
+        .iter()
+        .find(|(name, (_, node))| name.contains("share") && node != NODE)
+        .map(|(name, (_, node))| (name.clone(), node.clone()))
+        .unwrap();
+    let claim = &mut h.claims.get_mut(&name).unwrap().0;
+    claim.metadata.annotations = Some(BTreeMap::from([(
+        names::ANNOTATION_DEVICE_PLUGIN_FORMS.to_owned(),
+        "aliyun".to_owned(),
+    )]));
+    let text =
+        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
+    let inventory = Inventory::from_yaml(&text)
+        .unwrap()
+        .node(&node)
+        .cloned()
+        .unwrap();
+    let recorded =
+        tessera_driver::prepare::prepare_on_node(&h.claims[&name].0, DRIVER, &inventory).unwrap();
+    let device = &recorded.devices[0];
+    let card = inventory
+        .gpus
+        .iter()
+        .find(|g| g.index == device.gpu.index)
+        .unwrap()
+        .memory_bytes
+        >> 30;
+    let share = device.share.expect("a share").memory_bytes >> 30;
+    let preparer = CdiPreparer::new(
+        CdiPreparerConfig {
+            driver_name: DRIVER.to_owned(),
+            cdi_dir: h.path("cdi"),
+            state_dir: h.path("state"),
+            enforcement: Enforcement::None,
+            boot_id: "boot-1".to_owned(),
+        },
+        inventory,
+        Arc::new(h.source()),
+    )
+    .unwrap();
+    let plugin = h.start_with(preparer);
+    let reference = h.claim_ref(&name);
+    assert_eq!(
+        prepare_v1(&plugin, std::slice::from_ref(&reference)).await[&reference.2].error,
+        ""
+    );
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(h.path("cdi").join(cdi::spec_file_name(&reference.2))).unwrap(),
+    )
+    .unwrap();
+    let env: Vec<&str> = spec["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for expected in [
+        format!("ALIYUN_COM_GPU_MEM_IDX={}", device.gpu.index),
+        format!("ALIYUN_COM_GPU_MEM_DEV={card}"),
+        format!("ALIYUN_COM_GPU_MEM_CONTAINER={share}"),
+        format!("ALIYUN_COM_GPU_MEM_POD={share}"),
+    ] {
+        assert!(
+            env.contains(&expected.as_str()),
+            "{expected} not in {env:?}"
+        );
+    }
+    plugin.shutdown().await.unwrap();
+}

@@ -1,6 +1,7 @@
 //! `tessera demo`: the whole flow on a built-in example cluster.
 //!
 //! Fake nodes publish their GPUs as ResourceSlices, the example claims of `examples/claims/`
+//! and the pods written for device plugins of `examples/pods/` (rewritten as the webhook would)
 //! are allocated against the DeviceClasses of `deviceclasses/`, and the report shows each
 //! claim's devices or the reason it was not placed, what every GPU has in use, and the CDI spec
 //! a node would write for one share. Everything is compiled in, so the demo runs anywhere.
@@ -8,6 +9,7 @@
 use std::fmt::Write as _;
 
 use k8s_openapi::api::resource::v1 as res;
+use tessera_driver::admission::device_plugin_names;
 use tessera_driver::allocator::{Policy, Snapshot};
 use tessera_driver::batch::{BatchOptions, ClaimOutcome, allocate_batch};
 use tessera_driver::cdi::{self, Enforcement};
@@ -15,6 +17,7 @@ use tessera_driver::inventory::Inventory;
 use tessera_driver::prepare;
 use tessera_driver::slices::{self, RenderOptions};
 
+use crate::cli::device_plugin;
 use crate::cli::input::Objects;
 use crate::cli::output::device_lines;
 use crate::error::{Error, Result};
@@ -94,6 +97,18 @@ const CLAIMS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Pods written for device plugins (Baidu's cGPU, Aliyun's gpushare), placed unchanged.
+const PODS: &[(&str, &str)] = &[
+    (
+        "examples/pods/baidu-share.yaml",
+        include_str!("../../../examples/pods/baidu-share.yaml"),
+    ),
+    (
+        "examples/pods/aliyun-share.yaml",
+        include_str!("../../../examples/pods/aliyun-share.yaml"),
+    ),
+];
+
 /// What an example asks for: the first comment line of its file.
 fn description(text: &str) -> String {
     text.lines()
@@ -115,9 +130,19 @@ pub fn run(driver: &str, policy: Policy, out: &mut String) -> Result<()> {
     for node in &inventory.nodes {
         objects.slices.extend(slices::render(node, &render)?);
     }
-    for (name, text) in CLASSES.iter().chain(CLAIMS) {
+    for (name, text) in CLASSES.iter().chain(CLAIMS).chain(PODS) {
         objects.load_text(name, text)?;
     }
+    let mapping = device_plugin_names::Options {
+        driver: driver.to_owned(),
+        ..device_plugin_names::Options::default()
+    };
+    let example_claims = objects.claims.len();
+    device_plugin::rewrite(&mut objects, &mapping)?;
+    let pod_claims: Vec<String> = objects.claims[example_claims..]
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
     let input = objects.batch_input();
     let options = BatchOptions {
         driver_name: driver.to_owned(),
@@ -132,7 +157,12 @@ pub fn run(driver: &str, policy: Policy, out: &mut String) -> Result<()> {
         inventory.nodes.len()
     );
     cluster_section(&inventory, &objects.slices, out);
-    claims_section(&outcomes, out);
+    let (pod_outcomes, claim_outcomes): (Vec<ClaimOutcome>, Vec<ClaimOutcome>) = outcomes
+        .into_iter()
+        .partition(|o| pod_claims.contains(&o.name));
+    claims_section(&claim_outcomes, out);
+    pods_section(&pod_outcomes, out);
+    let outcomes: Vec<ClaimOutcome> = claim_outcomes.into_iter().chain(pod_outcomes).collect();
     let allocated: Vec<res::ResourceClaim> = allocated_claims(&objects.claims, &outcomes);
     usage_section(driver, &objects, &allocated, out)?;
     cdi_section(driver, &inventory, &allocated, out)?;
@@ -182,22 +212,48 @@ fn claims_section(outcomes: &[ClaimOutcome], out: &mut String) {
             .map(|(_, t)| description(t))
             .unwrap_or_default();
         let _ = writeln!(out, "  {}: {text}", outcome.name);
-        match &outcome.allocation {
-            Some(allocation) => {
-                for line in device_lines(allocation) {
-                    let _ = writeln!(out, "      allocated  {line}");
-                }
-            }
-            None => {
-                let _ = writeln!(
-                    out,
-                    "      NOT ALLOCATED  {}",
-                    outcome.reason.as_deref().unwrap_or("no reason given")
-                );
-            }
+        outcome_lines(outcome, out);
+    }
+    let _ = writeln!(out);
+}
+
+fn pods_section(outcomes: &[ClaimOutcome], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "Pods written for device plugins (examples/pods/, unchanged; see docs/migration.md)"
+    );
+    for (file, text) in PODS {
+        let _ = writeln!(out, "  {file}: {}", description(text));
+        let pod = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name: "))
+            .unwrap_or_default();
+        for outcome in outcomes
+            .iter()
+            .filter(|o| o.name.starts_with(&format!("{pod}-")))
+        {
+            let _ = writeln!(out, "    claim {}", outcome.name);
+            outcome_lines(outcome, out);
         }
     }
     let _ = writeln!(out);
+}
+
+fn outcome_lines(outcome: &ClaimOutcome, out: &mut String) {
+    match &outcome.allocation {
+        Some(allocation) => {
+            for line in device_lines(allocation) {
+                let _ = writeln!(out, "      allocated  {line}");
+            }
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "      NOT ALLOCATED  {}",
+                outcome.reason.as_deref().unwrap_or("no reason given")
+            );
+        }
+    }
 }
 
 fn allocated_claims(

@@ -1,4 +1,5 @@
-//! `tessera validate`: static checks of DeviceClasses, claims and claim templates.
+//! `tessera validate`: static checks of DeviceClasses, claims and claim templates, and of pods
+//! that ask with device-plugin resource names.
 
 use std::fmt::Write as _;
 
@@ -62,7 +63,10 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             other => other,
         }));
     }
-    let checked = objects.classes.len() + objects.claims.len() + objects.templates.len();
+    // Pods asking with device-plugin names: what the pod webhook would refuse.
+    let (pods, refused) = crate::cli::device_plugin::problems(objects, driver);
+    problems.extend(refused);
+    let checked = objects.classes.len() + objects.claims.len() + objects.templates.len() + pods;
     for problem in &problems {
         let _ = writeln!(report, "error: {problem}");
     }

@@ -1,7 +1,10 @@
 //! The three admission hooks: from an `AdmissionReview` to its answer.
 //!
-//! * `/mutate-pods` adds the scheduling gate to pods whose claims use classes marked for
-//!   Tessera allocation. It never denies: anything it cannot decide is "no gate" plus a warning.
+//! * `/mutate-pods` rewrites pods that ask with device-plugin resource names into claims
+//!   (`tessera_driver::admission::device_plugin_names`; a bad ask is denied with the container,
+//!   resource and rule), and adds the scheduling gate to pods whose claims use classes marked
+//!   for Tessera allocation. The gate itself is never a denial: anything it cannot decide is
+//!   "no gate" plus a warning.
 //! * `/mutate-claims` rewrites the opaque parameters of ResourceClaims and
 //!   ResourceClaimTemplates canonically.
 //! * `/validate-claims` checks every Tessera opaque config and share rule of ResourceClaims and
@@ -12,6 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::resource::v1 as res;
+use tessera_driver::admission::device_plugin_names::{self, PodRewrite};
 use tessera_driver::admission::{self, ClaimSource, PodClaim};
 use tessera_driver::apiversion::{self, Object};
 use tessera_driver::cel::CelCache;
@@ -58,6 +62,7 @@ pub struct Admission {
     driver: String,
     lookup_timeout: Duration,
     cel: Arc<CelCache>,
+    device_plugin: device_plugin_names::Options,
 }
 
 impl std::fmt::Debug for Admission {
@@ -97,7 +102,18 @@ impl Admission {
             driver: driver.to_owned(),
             lookup_timeout,
             cel: Arc::new(CelCache::new()),
+            device_plugin: device_plugin_names::Options {
+                driver: driver.to_owned(),
+                ..device_plugin_names::Options::default()
+            },
         }
+    }
+
+    /// Sets how many time-sliced replicas one GPU stands for (`nvidia.com/gpu.shared`).
+    #[must_use]
+    pub fn with_shared_replicas(mut self, replicas: u32) -> Self {
+        self.device_plugin.shared_replicas = replicas;
+        self
     }
 
     /// Answers one `AdmissionReview` body; `Err` is a body that is not a review (HTTP 400).
@@ -163,6 +179,14 @@ impl Admission {
                 )]);
             }
         };
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_else(|| "default".to_owned());
+        if let Some(response) = self.rewrite_device_plugin_names(request, &pod, &namespace) {
+            return response;
+        }
         if pod
             .spec
             .as_ref()
@@ -170,11 +194,6 @@ impl Admission {
         {
             return allow;
         }
-        let namespace = request
-            .namespace
-            .clone()
-            .or_else(|| pod.metadata.namespace.clone())
-            .unwrap_or_else(|| "default".to_owned());
         let Ok(decision) =
             tokio::time::timeout(self.lookup_timeout, self.decide_gate(&pod, &namespace)).await
         else {
@@ -208,6 +227,59 @@ impl Admission {
         allow
             .with_patch(&decision.patch)
             .with_warnings(decision.warnings)
+    }
+
+    /// The rewrite of a pod that asks with device-plugin names (design §7): the answer (the
+    /// patch, the pod left alone with a warning, or the refusal naming the container, resource
+    /// and rule), or `None` for a pod without such names. Pure: nothing is
+    /// created here (the controller makes the templates the patch refers to), so dry-run
+    /// requests get the same answer with no side effect.
+    fn rewrite_device_plugin_names(
+        &self,
+        request: &AdmissionRequest,
+        pod: &core::Pod,
+        namespace: &str,
+    ) -> Option<AdmissionResponse> {
+        let object = format!("Pod {namespace}/{}", pod_name(pod));
+        let allow = AdmissionResponse::allow(&request.uid);
+        match device_plugin_names::rewrite_pod(pod, &self.device_plugin, &object) {
+            Ok(PodRewrite::Untouched) => None,
+            Ok(PodRewrite::Skipped(warning)) => {
+                tracing::warn!(
+                    namespace,
+                    pod = pod_name(pod),
+                    warning,
+                    "device-plugin names left alone"
+                );
+                Some(allow.with_warnings(vec![warning]))
+            }
+            Ok(PodRewrite::Rewritten { mapping, patch, .. }) => {
+                tracing::info!(
+                    namespace,
+                    pod = pod_name(pod),
+                    claims = mapping.claims.len(),
+                    templates = mapping
+                        .claims
+                        .iter()
+                        .map(|c| c.template.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    dry_run = request.dry_run.unwrap_or(false),
+                    "device-plugin names rewritten into claims"
+                );
+                Some(allow.with_patch(&patch).with_warnings(mapping.warnings))
+            }
+            Err(e) => {
+                let message = e.to_string();
+                tracing::info!(object, message, "denied");
+                Some(AdmissionResponse::deny(
+                    &request.uid,
+                    422,
+                    "Invalid",
+                    message,
+                ))
+            }
+        }
     }
 
     async fn decide_gate(&self, pod: &core::Pod, namespace: &str) -> admission::GateDecision {

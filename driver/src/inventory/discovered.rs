@@ -84,11 +84,15 @@ fn err(field: String, message: String) -> Error {
     Error::Inventory { field, message }
 }
 
-/// The model short name of a product: the table's id when the product is known, else the
-/// product name without vendor words and form factors, lower case, dash-separated, with the
-/// memory in whole GiB rounded up (`NVIDIA L40S` with 45 GiB becomes `l40s-45g`).
+/// The model short name of a product: the table's id when the product is known and its memory
+/// is the table's (within a tenth: one product name can come in two memory sizes, as the H20
+/// does), else the product name without vendor words and form factors, lower case,
+/// dash-separated, with the memory in whole GiB rounded up (`NVIDIA L40S` with 45 GiB becomes
+/// `l40s-45g`).
 pub fn model_id(product_name: &str, memory_bytes: u64) -> String {
-    if let Some(model) = models::lookup(product_name) {
+    if let Some(model) = models::lookup(product_name)
+        && model.memory_bytes.abs_diff(memory_bytes) <= model.memory_bytes / 10
+    {
         return model.id.to_owned();
     }
     let lower = product_name.to_ascii_lowercase();
@@ -365,6 +369,8 @@ mod tests {
         assert_eq!(model_id("NVIDIA H200 NVL", 143_771 * MIB), "h200-nvl-141g");
         assert_eq!(model_id("NVIDIA A800-SXM4-80GB", 81920 * MIB), "a800-80g");
         assert_eq!(model_id("NVIDIA", GIB), "gpu-1g");
+        assert_eq!(model_id("NVIDIA H20", 97871 * MIB), "h20-96g");
+        assert_eq!(model_id("NVIDIA H20", 143_771 * MIB), "h20-141g");
     }
 
     #[test]

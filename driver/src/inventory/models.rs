@@ -166,6 +166,11 @@ const fn model(
 
 /// Every model Tessera knows, in a stable order.
 ///
+/// The H20 variants and the A800/H800 carry the figures of their better-known siblings where
+/// NVIDIA publishes none per product: A800 as A100 80 GB, H800 as H100 80 GB (MIG profiles
+/// included); the MIG profiles of the H20 family are not modelled. On a real node the plugin
+/// publishes what NVML reports, whatever this table says.
+///
 /// The Alibaba GPU trace's undisclosed codes `G1`, `G2` and `G3` are aliases of stand-in
 /// products (A10, A100 40 GB and A100 80 GB): the trace only needs them distinct and
 /// plausibly sized; see docs/inventory.md.
@@ -259,6 +264,17 @@ pub static MODELS: &[GpuModel] = &[
         A100_80G_MIG,
     ),
     model(
+        "a800-80g",
+        &["a800", "a800-80gb", "NVIDIA A800 80GB PCIe"],
+        "NVIDIA A800-SXM4-80GB",
+        "NVIDIA",
+        "Ampere",
+        "8.0",
+        81920,
+        108,
+        A100_80G_MIG,
+    ),
+    model(
         "h100-80g",
         &["h100", "h100-80gb"],
         "NVIDIA H100 80GB HBM3",
@@ -268,6 +284,50 @@ pub static MODELS: &[GpuModel] = &[
         81559,
         132,
         H100_80G_MIG,
+    ),
+    model(
+        "h800-80g",
+        &["h800", "h800-80gb", "NVIDIA H800 PCIe"],
+        "NVIDIA H800",
+        "NVIDIA",
+        "Hopper",
+        "9.0",
+        81559,
+        132,
+        H100_80G_MIG,
+    ),
+    model(
+        "h20-96g",
+        &["h20", "h20-96gb"],
+        "NVIDIA H20",
+        "NVIDIA",
+        "Hopper",
+        "9.0",
+        97871,
+        78,
+        &[],
+    ),
+    model(
+        "h20-141g",
+        &["h20-141gb"],
+        "NVIDIA H20 141GB HBM3e",
+        "NVIDIA",
+        "Hopper",
+        "9.0",
+        143_771,
+        78,
+        &[],
+    ),
+    model(
+        "h20z-141g",
+        &["h20z", "h20z-141gb"],
+        "NVIDIA H20Z",
+        "NVIDIA",
+        "Hopper",
+        "9.0",
+        143_771,
+        78,
+        &[],
     ),
     model(
         "h200-141g",
@@ -289,6 +349,17 @@ pub static MODELS: &[GpuModel] = &[
         "8.9",
         46068,
         92,
+        &[],
+    ),
+    model(
+        "rtx-3090",
+        &["3090", "rtx3090", "rtx-3090-24g"],
+        "NVIDIA GeForce RTX 3090",
+        "GeForce",
+        "Ampere",
+        "8.6",
+        24576,
+        82,
         &[],
     ),
     model(

@@ -263,6 +263,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
         resync: Duration::from_secs(2),
         leader,
         metrics_addr: None,
+        shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
     }
 }
 
@@ -555,5 +556,114 @@ pub(crate) async fn place_several_pods(client: &kube::Client, version: ApiVersio
         2,
         "{per_node:?}"
     );
+    running.stop().await;
+}
+
+/// A pod written for the device-plugin world, as the webhook admits it: rewritten into claims
+/// from shape-named templates, the request recorded, gated.
+pub(crate) fn device_plugin_pod(
+    name: &str,
+    limits: &Value,
+) -> (Pod, tessera_driver::admission::device_plugin_names::Mapping) {
+    use tessera_driver::admission::device_plugin_names::{self as dp, PodRewrite};
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": limits, "requests": {"cpu": "1", "memory": "1Gi"}}}]},
+    }))
+    .unwrap();
+    let object = format!("Pod {NS}/{name}");
+    let PodRewrite::Rewritten { mapping, patch, .. } =
+        dp::rewrite_pod(&pod, &dp::Options::default(), &object).unwrap()
+    else {
+        panic!("{object} is not rewritten");
+    };
+    (dp::apply_pod_patch(&pod, &patch, &object).unwrap(), mapping)
+}
+
+/// The ResourceClaimTemplates in `NS`, by name, decoded to v1.
+pub(crate) async fn templates(
+    client: &kube::Client,
+    version: ApiVersion,
+) -> BTreeMap<String, res::ResourceClaimTemplate> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NS,
+        &apiserver::resource(version, "ResourceClaimTemplate", "resourceclaimtemplates"),
+    );
+    let mut found = BTreeMap::new();
+    for item in api.list(&ListParams::default()).await.unwrap().items {
+        let mut value = serde_json::to_value(&item).unwrap();
+        value["apiVersion"] = json!(version.as_str());
+        value["kind"] = json!("ResourceClaimTemplate");
+        if let Object::ResourceClaimTemplate(t) = apiversion::decode_document(value, "t").unwrap() {
+            found.insert(t.metadata.name.clone().unwrap(), t);
+        }
+    }
+    found
+}
+
+/// Pods asking with device-plugin names: the controller makes the templates their claims come
+/// from, the pods are placed once (playing kube-controller-manager) their claims exist, and a
+/// template goes when the last pod using it goes.
+pub(crate) async fn device_plugin_pods_get_their_templates(
+    client: &kube::Client,
+    version: ApiVersion,
+) {
+    let wait = Duration::from_secs(30);
+    seed(client, version, &inventory(1, 4, true), "8").await;
+    let running = start_controller(client, config(Policy::FirstFit, None));
+    let (pod_a, mapping) = device_plugin_pod("legacy-a", &json!({"aliyun.com/gpu-mem": "8"}));
+    let (pod_b, _) = device_plugin_pod("legacy-b", &json!({"aliyun.com/gpu-mem": "8"}));
+    let (pod_c, other) = device_plugin_pod(
+        "legacy-c",
+        &json!({"baidu.com/a100_80g_cgpu": "1", "baidu.com/a100_80g_cgpu_memory": "4"}),
+    );
+    let created_a = create_pod(client, &pod_a).await;
+    create_pod(client, &pod_b).await;
+    create_pod(client, &pod_c).await;
+    let shape = mapping.claims[0].template.clone();
+    let baidu = other.claims[0].template.clone();
+    eventually(
+        wait,
+        "the controller makes one template per shape",
+        || async {
+            let found = templates(client, version).await;
+            found.len() == 2 && found.contains_key(&shape) && found.contains_key(&baidu)
+        },
+    )
+    .await;
+    let found = templates(client, version).await;
+    assert_eq!(found[&shape].spec.spec, mapping.claims[0].spec);
+    assert_eq!(
+        found[&shape].metadata.labels.as_ref().unwrap()[names::LABEL_DEVICE_PLUGIN_TEMPLATE],
+        "true"
+    );
+    // kube-controller-manager's part: the claim from the template, named in the pod's status.
+    let body = json!({"metadata": {"namespace": NS}, "spec": serde_json::to_value(&found[&shape].spec.spec).unwrap()});
+    generate_template_claim(client, version, &created_a, &mapping.claims[0].entry, body).await;
+    eventually(wait, "the rewritten pod is placed", || {
+        is_ungated(client, "legacy-a")
+    })
+    .await;
+    check_invariants(client, version).await;
+
+    // Pod events arrive in order: once legacy-c's template is gone, legacy-b's deletion was
+    // seen too, and the shape legacy-a still uses must be there.
+    delete_pod(client, "legacy-b").await;
+    delete_pod(client, "legacy-c").await;
+    eventually(wait, "a template no pod uses is deleted", || async {
+        !templates(client, version).await.contains_key(&baidu)
+    })
+    .await;
+    assert!(
+        templates(client, version).await.contains_key(&shape),
+        "the template is kept while legacy-a uses it"
+    );
+    delete_pod(client, "legacy-a").await;
+    eventually(wait, "the last template goes with the last pod", || async {
+        templates(client, version).await.is_empty()
+    })
+    .await;
     running.stop().await;
 }
