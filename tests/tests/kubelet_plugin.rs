@@ -343,7 +343,10 @@ async fn kubelet_registers_the_plugin_then_prepares_and_unprepares_through_v1() 
             assert_eq!(device.device_name, result.device);
             assert_eq!(device.request_names, vec![result.request.clone()]);
             assert_eq!(device.cdi_device_ids, expected_ids(uid, &result.device));
-            assert_eq!(device.share_id, result.share_id, "{name}: v1 answers carry shareID");
+            assert_eq!(
+                device.share_id, result.share_id,
+                "{name}: v1 answers carry shareID"
+            );
         }
         let spec_path = h.path("cdi").join(cdi::spec_file_name(uid));
         let spec: serde_json::Value =
@@ -654,7 +657,10 @@ async fn a_share_claim_gets_its_mps_daemon_until_it_is_unprepared() {
     let answer = prepare_v1(&plugin, std::slice::from_ref(&share)).await;
     assert_eq!(answer[&share.2].error, "");
     assert!(
-        answer[&share.2].devices.iter().all(|d| d.share_id.is_some()),
+        answer[&share.2]
+            .devices
+            .iter()
+            .all(|d| d.share_id.is_some()),
         "a share's devices come back with their shareID: {:?}",
         answer[&share.2]
     );
