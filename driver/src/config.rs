@@ -239,4 +239,59 @@ mod tests {
                 .contains("apiVersion")
         );
     }
+
+    #[test]
+    fn a_share_and_a_class_policy_carry_a_tier() {
+        let cfg = decode(
+            &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": "10Gi", "tier": "batch"}),
+            "spec",
+        )
+        .unwrap();
+        let TesseraConfig::GpuShare(share) = cfg else {
+            panic!("not a share")
+        };
+        assert_eq!(share.tier, Some(Tier::Batch));
+        let cfg = decode(
+            &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "tier": "batch", "allowOnline": false}),
+            "spec",
+        )
+        .unwrap();
+        let TesseraConfig::TierPolicy(policy) = cfg else {
+            panic!("not a policy")
+        };
+        assert_eq!(policy.tier, Some(Tier::Batch));
+        assert_eq!(policy.allow_online, Some(false));
+        let bad = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": "1Gi", "tier": "Batch"});
+        assert!(
+            decode(&bad, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("Batch")
+        );
+        let typo = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "allowonline": false});
+        assert!(
+            decode(&typo, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("allowonline")
+        );
+    }
+
+    #[test]
+    fn a_record_without_a_tier_is_online_and_an_online_record_stays_as_before() {
+        let old = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "AllocatedShares",
+            "devices": [{"request": "gpu", "pool": "n", "device": "gpu-0", "memory": "1Gi", "compute": 0}]});
+        let TesseraConfig::AllocatedShares(record) = decode(&old, "status").unwrap() else {
+            panic!("not a record")
+        };
+        assert_eq!(record.devices[0].tier, Tier::Online);
+        // Online records serialize as they did before tiers; batch ones name their tier.
+        assert_eq!(serde_json::to_value(&record).unwrap(), old);
+        let mut batch = record;
+        batch.devices[0].tier = Tier::Batch;
+        assert_eq!(
+            serde_json::to_value(&batch).unwrap()["devices"][0]["tier"],
+            json!("batch")
+        );
+    }
 }
