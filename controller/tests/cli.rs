@@ -201,7 +201,7 @@ spec:
 
 #[test]
 fn validate_refuses_a_claim_that_raises_itself_above_its_class_tier() {
-    let online = r#"
+    let online = r"
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: pushy, namespace: default}
@@ -215,7 +215,7 @@ spec:
       opaque:
         driver: gpu.tessera.dev
         parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuShare, memory: 4Gi, tier: online}
-"#;
+";
     let file = write_temp("pushy.yaml", online);
     let out = tessera(&[
         "validate",

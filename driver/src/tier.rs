@@ -242,7 +242,7 @@ mod tests {
         assert!(check_policy(&policy_of(policy(Some("online"), None)), "f").is_ok());
     }
 
-    fn batch_class(policy_params: serde_json::Value) -> res::DeviceClass {
+    fn batch_class(policy_params: &serde_json::Value) -> res::DeviceClass {
         serde_json::from_value(json!({
             "metadata": {"name": "batch"},
             "spec": {"config": [{"opaque": {"driver": DRIVER, "parameters": policy_params}}]}
@@ -250,7 +250,7 @@ mod tests {
         .unwrap()
     }
 
-    fn claim_errors(class: &res::DeviceClass, share_params: serde_json::Value) -> Vec<String> {
+    fn claim_errors(class: &res::DeviceClass, share_params: &serde_json::Value) -> Vec<String> {
         let spec: res::ResourceClaimSpec = serde_json::from_value(json!({"devices": {
             "requests": [{"name": "gpu", "exactly": {"deviceClassName": "batch"}}],
             "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": share_params}}]
@@ -272,14 +272,14 @@ mod tests {
 
     #[test]
     fn validation_refuses_what_the_class_forbids_and_accepts_the_rest() {
-        let class = batch_class(policy(Some("batch"), Some(false)));
-        let errors = claim_errors(&class, share(Some("online")));
+        let class = batch_class(&policy(Some("batch"), Some(false)));
+        let errors = claim_errors(&class, &share(Some("online")));
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].contains("ResourceClaim ns/c"), "{errors:?}");
         assert!(errors[0].contains("allowOnline: false"), "{errors:?}");
-        assert!(claim_errors(&class, share(Some("batch"))).is_empty());
-        assert!(claim_errors(&class, share(None)).is_empty());
-        let errors = claim_errors(&class, policy(Some("batch"), None));
+        assert!(claim_errors(&class, &share(Some("batch"))).is_empty());
+        assert!(claim_errors(&class, &share(None)).is_empty());
+        let errors = claim_errors(&class, &policy(Some("batch"), None));
         assert!(
             errors.iter().any(|e| e.contains("DeviceClass setting")),
             "{errors:?}"
@@ -289,17 +289,17 @@ mod tests {
     #[test]
     fn class_validation_checks_the_tier_policy() {
         let cel = crate::cel::CelCache::new();
-        let bad = batch_class(policy(None, Some(false)));
+        let bad = batch_class(&policy(None, Some(false)));
         let errors = crate::validation::validate_device_class(&bad, DRIVER, &cel);
         assert_eq!(errors.len(), 1, "{errors:?}");
         let text = errors[0].to_string();
         assert!(text.contains("DeviceClass batch"), "{text}");
         assert!(text.contains("spec.config[0].opaque.parameters"), "{text}");
         assert!(text.contains("allowOnline"), "{text}");
-        let good = batch_class(policy(Some("batch"), Some(false)));
+        let good = batch_class(&policy(Some("batch"), Some(false)));
         assert!(crate::validation::validate_device_class(&good, DRIVER, &cel).is_empty());
         let typo = batch_class(
-            json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "tier": "gold"}),
+            &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "tier": "gold"}),
         );
         assert_eq!(
             crate::validation::validate_device_class(&typo, DRIVER, &cel).len(),
