@@ -200,6 +200,41 @@ spec:
 }
 
 #[test]
+fn validate_refuses_a_claim_that_raises_itself_above_its_class_tier() {
+    let online = r"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: pushy, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: batch.gpu.tessera.dev}
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.tessera.dev
+        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuShare, memory: 4Gi, tier: online}
+";
+    let file = write_temp("pushy.yaml", online);
+    let out = tessera(&[
+        "validate",
+        "-f",
+        "deviceclasses",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ResourceClaim default/pushy"), "{text}");
+    assert!(
+        text.contains("spec.devices.config[0].opaque.parameters.tier"),
+        "{text}"
+    );
+    assert!(text.contains("allowOnline: false"), "{text}");
+}
+
+#[test]
 fn demo_reports_every_example_claim() {
     let out = tessera(&["demo"]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -424,6 +424,7 @@ impl Allocator {
                     device: entry.device.name.clone(),
                     memory: Quantity::from_bytes(per.memory_bytes),
                     compute: per.compute_percent,
+                    tier: req.tier,
                 });
                 if !share_requests.contains(&req.full) {
                     share_requests.push(req.full.clone());

@@ -15,6 +15,10 @@
 //!   `NVIDIA_VISIBLE_DEVICES`, the control device nodes, and the enforcement backend's
 //!   settings, so a container given all the claim's devices sees one consistent environment.
 //!
+//! The backend's settings include the claim's kernel priority, from the tiers of its shares:
+//! the higher one only when every share of the claim is online (one process has one priority,
+//! so a claim that holds any batch share runs all its work at the lower one).
+//!
 //! `docs/cdi.md` explains what each backend injects and why.
 
 mod check;
@@ -24,6 +28,7 @@ mod spec;
 
 use std::collections::BTreeMap;
 
+use crate::config::Tier;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::prepare::{PreparedClaim, PreparedDevice};
@@ -32,7 +37,7 @@ use crate::share::PerDeviceShare;
 pub use enforcement::{
     Enforcement, HAMI_CACHE_DIR_IN_CONTAINER, HAMI_CACHE_FILE_IN_CONTAINER,
     HAMI_LIBRARY_IN_CONTAINER, HAMI_LOCK_DIR_IN_CONTAINER, MPS_PIPE_DIR_IN_CONTAINER,
-    MPS_SHM_IN_CONTAINER, MpsDaemon, mps_daemon_id,
+    MPS_SHM_IN_CONTAINER, MpsDaemon, hami_task_priority, mps_client_priority, mps_daemon_id,
 };
 pub use spec::{CDI_VERSION, CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, Mount};
 
@@ -64,6 +69,8 @@ struct Plan<'a> {
     devices: Vec<&'a PreparedDevice>,
     /// CUDA devices in ordinal order (sorted by UUID).
     cuda: Vec<CudaDevice>,
+    /// The claim's tier: batch when any of its shares is batch, else online.
+    tier: Tier,
 }
 
 impl PreparedClaim {
@@ -159,9 +166,13 @@ impl<'a> Plan<'a> {
         let mut owner_of_uuid: BTreeMap<&str, &str> = BTreeMap::new();
         let mut uuid_of_minor: BTreeMap<u32, &str> = BTreeMap::new();
         let mut cuda: BTreeMap<&str, Option<PerDeviceShare>> = BTreeMap::new();
+        let mut tier = Tier::Online;
         for (i, d) in claim.devices.iter().enumerate() {
             let field = format!("devices[{i}]");
             check_device(&who, &field, d)?;
+            if d.share.is_some() {
+                tier = tier.max(d.tier);
+            }
             if let Some(first) = by_name.get(d.device.as_str()) {
                 if first.pool != d.pool || first.gpu != d.gpu || first.mig != d.mig {
                     return Err(check::err(
@@ -219,7 +230,11 @@ impl<'a> Plan<'a> {
                 share,
             })
             .collect();
-        Ok(Self { devices, cuda })
+        Ok(Self {
+            devices,
+            cuda,
+            tier,
+        })
     }
 
     fn has_shares(&self) -> bool {
@@ -321,7 +336,7 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
                 log_dir_root,
             } => {
                 let daemon = enforcement::mps_daemon(pipe_dir_root, log_dir_root, &plan.cuda);
-                let edits = enforcement::mps_edits(&daemon, &plan.cuda);
+                let edits = enforcement::mps_edits(&daemon, &plan.cuda, plan.tier);
                 mps_daemon = Some(daemon);
                 edits
             }
@@ -333,7 +348,7 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
                     enforcement::hami_claim_dir(cache_dir, &claim.uid),
                     enforcement::hami_lock_dir(cache_dir, &claim.uid),
                 ];
-                enforcement::hami_edits(library_path, cache_dir, &claim.uid, &plan.cuda)
+                enforcement::hami_edits(library_path, cache_dir, &claim.uid, &plan.cuda, plan.tier)
             }
             Enforcement::None => ContainerEdits::default(),
         };

@@ -359,6 +359,7 @@ mod tests {
                 memory_bytes: gib << 30,
                 compute_percent: 25,
             }),
+            tier: crate::config::Tier::Online,
             share_id: None,
         }
     }

@@ -2,9 +2,11 @@
 //!
 //! Two kinds travel in `opaque.parameters` of claims, classes and allocations:
 //! * [`GpuShare`], written by users or admins: "this request is a share of a GPU".
+//! * [`TierPolicy`], written by admins into a DeviceClass: the [`Tier`] of the class's shares
+//!   and whether a claim may raise itself to online.
 //! * [`AllocatedShares`], written by the allocator into an allocation's config: the resolved
-//!   share of every device, after percent conversion and the split over several cards. The node
-//!   prepares from this record alone.
+//!   share of every device (and its tier), after percent conversion and the split over several
+//!   cards. The node prepares from this record alone.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +35,62 @@ pub struct GpuShare {
     /// Absent means compute is not isolated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute: Option<i64>,
+    /// The share's tier; absent means the class's tier (online when the class sets none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<Tier>,
+}
+
+/// How a share's work ranks against other shares of the same GPU (shared/DESIGN.md §8).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Latency-sensitive work: the higher kernel priority. The default.
+    #[default]
+    Online,
+    /// Best-effort work: the lower kernel priority.
+    Batch,
+}
+
+impl Tier {
+    /// Whether this is the default tier (records leave it out).
+    #[allow(clippy::trivially_copy_pass_by_ref)] // Reason: serde's skip_serializing_if passes a reference.
+    pub fn is_online(&self) -> bool {
+        *self == Self::Online
+    }
+
+    /// The tier's name as written in configs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Online => "online",
+            Self::Batch => "batch",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A DeviceClass's tier setting: the tier of the class's shares, and whether a claim's
+/// `GpuShare` may raise itself to online. Only a class may carry one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TierPolicy {
+    /// Always `gpu.tessera.dev/v1alpha1`.
+    pub api_version: String,
+    /// Always `TierPolicy`.
+    pub kind: String,
+    /// The tier of the class's shares when the claim sets none; absent means online.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<Tier>,
+    /// Whether a claim may ask for `tier: online`; absent means yes. `false` needs
+    /// `tier: batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_online: Option<bool>,
 }
 
 /// The resolved share of one device in an allocation.
@@ -49,6 +107,10 @@ pub struct DeviceShare {
     pub memory: Quantity,
     /// Compute limit in percent of the GPU; 0 means not isolated.
     pub compute: i64,
+    /// The share's tier as the allocator resolved it; absent (records written before tiers)
+    /// means online.
+    #[serde(default, skip_serializing_if = "Tier::is_online")]
+    pub tier: Tier,
 }
 
 /// The allocator's record of the resolved shares in one allocation.
@@ -81,6 +143,8 @@ pub enum TesseraConfig {
     GpuShare(GpuShare),
     /// An allocation record.
     AllocatedShares(AllocatedShares),
+    /// A class's tier setting.
+    TierPolicy(TierPolicy),
 }
 
 /// Decodes the `opaque.parameters` of a config for this driver.
@@ -115,12 +179,16 @@ pub fn decode(parameters: &serde_json::Value, context: &str) -> Result<TesseraCo
         Some(names::ALLOCATED_SHARES_KIND) => Ok(TesseraConfig::AllocatedShares(
             serde_json::from_value(parameters.clone()).map_err(decode_err)?,
         )),
+        Some(names::TIER_POLICY_KIND) => Ok(TesseraConfig::TierPolicy(
+            serde_json::from_value(parameters.clone()).map_err(decode_err)?,
+        )),
         other => Err(Error::Share {
             field: field("kind"),
             message: format!(
-                "is {}, must be {} or {}",
+                "is {}, must be {}, {} or {}",
                 other.map_or_else(|| "missing".to_owned(), |v| format!("{v:?}")),
                 names::GPU_SHARE_KIND,
+                names::TIER_POLICY_KIND,
                 names::ALLOCATED_SHARES_KIND
             ),
         }),
@@ -169,6 +237,61 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("apiVersion")
+        );
+    }
+
+    #[test]
+    fn a_share_and_a_class_policy_carry_a_tier() {
+        let cfg = decode(
+            &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": "10Gi", "tier": "batch"}),
+            "spec",
+        )
+        .unwrap();
+        let TesseraConfig::GpuShare(share) = cfg else {
+            panic!("not a share")
+        };
+        assert_eq!(share.tier, Some(Tier::Batch));
+        let cfg = decode(
+            &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "tier": "batch", "allowOnline": false}),
+            "spec",
+        )
+        .unwrap();
+        let TesseraConfig::TierPolicy(policy) = cfg else {
+            panic!("not a policy")
+        };
+        assert_eq!(policy.tier, Some(Tier::Batch));
+        assert_eq!(policy.allow_online, Some(false));
+        let bad = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": "1Gi", "tier": "Batch"});
+        assert!(
+            decode(&bad, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("Batch")
+        );
+        let typo = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "allowonline": false});
+        assert!(
+            decode(&typo, "spec")
+                .unwrap_err()
+                .to_string()
+                .contains("allowonline")
+        );
+    }
+
+    #[test]
+    fn a_record_without_a_tier_is_online_and_an_online_record_stays_as_before() {
+        let old = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "AllocatedShares",
+            "devices": [{"request": "gpu", "pool": "n", "device": "gpu-0", "memory": "1Gi", "compute": 0}]});
+        let TesseraConfig::AllocatedShares(record) = decode(&old, "status").unwrap() else {
+            panic!("not a record")
+        };
+        assert_eq!(record.devices[0].tier, Tier::Online);
+        // Online records serialize as they did before tiers; batch ones name their tier.
+        assert_eq!(serde_json::to_value(&record).unwrap(), old);
+        let mut batch = record;
+        batch.devices[0].tier = Tier::Batch;
+        assert_eq!(
+            serde_json::to_value(&batch).unwrap()["devices"][0]["tier"],
+            json!("batch")
         );
     }
 }

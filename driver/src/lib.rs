@@ -48,6 +48,7 @@ pub mod reconfigure;
 pub mod share;
 pub mod simulate;
 pub mod slices;
+pub mod tier;
 pub mod validation;
 
 pub use error::{Error, Result};

@@ -12,6 +12,8 @@ pub const CONFIG_API_VERSION: &str = "gpu.tessera.dev/v1alpha1";
 pub const GPU_SHARE_KIND: &str = "GpuShare";
 /// Kind of the opaque config the allocator writes into an allocation: the resolved per-device share.
 pub const ALLOCATED_SHARES_KIND: &str = "AllocatedShares";
+/// `kind` of a DeviceClass's tier setting (online or batch, and whether claims may raise it).
+pub const TIER_POLICY_KIND: &str = "TierPolicy";
 
 /// `DeviceClass` for whole GPUs.
 pub const CLASS_GPU: &str = "gpu.tessera.dev";

@@ -11,7 +11,14 @@
 //! * a record or config of this driver in the allocation that does not decode;
 //! * a record larger than the `consumedCapacity` booked for the same device;
 //! * a request that asks for a `GpuShare` whose device has no record: kube-scheduler placed it
-//!   with the request policy's defaults because Tessera's admission did not gate the pod.
+//!   with the request policy's defaults because Tessera's admission did not gate the pod;
+//! * a record that says `online` for a request whose class's `TierPolicy` (copied into the
+//!   allocation as `FromClass`) says `allowOnline: false`.
+//!
+//! A share's tier comes from the record alone; where kube-scheduler booked a share without a
+//! record, the class's `TierPolicy` (from the allocation's `FromClass` configs) decides, and
+//! online only where no such policy says batch. A record's tier that does not decode makes
+//! the record undecodable, and the claim is refused.
 //!
 //! Each allocated device of this driver and this node's pool is then mapped to the GPU or MIG
 //! instance of the node's inventory. The result feeds the CDI builder.
@@ -20,7 +27,7 @@ use k8s_openapi::api::resource::v1 as res;
 
 use std::collections::BTreeMap;
 
-use crate::config::{self, TesseraConfig};
+use crate::config::{self, TesseraConfig, Tier};
 use crate::error::{Error, Result};
 use crate::inventory::{Gpu, Inventory, NodeInventory};
 use crate::names;
@@ -34,6 +41,8 @@ const CAPS_PER_GI: u32 = 9;
 const CAPS_PER_GPU: u32 = 15 * CAPS_PER_GI;
 /// The `source` of an allocation config the allocator wrote for the claim.
 const SOURCE_CLAIM: &str = "FromClaim";
+/// The `source` of an allocation config copied from the request's DeviceClass.
+const SOURCE_CLASS: &str = "FromClass";
 
 fn claim_label(claim: &res::ResourceClaim) -> String {
     format!(
@@ -71,6 +80,8 @@ pub struct PreparedDevice {
     pub mig: Option<MigNode>,
     /// The resolved share, when the device is a share of a GPU; `None` for a whole device.
     pub share: Option<PerDeviceShare>,
+    /// The share's tier as the allocator recorded it; online for a whole device.
+    pub tier: Tier,
     /// The allocation result's `shareID`, for a device that allows several allocations;
     /// returned to kubelet with the device.
     pub share_id: Option<String>,
@@ -142,13 +153,24 @@ pub fn prepare_on_node(
             ))
         })?;
         let record = trusted.record(result);
-        let share = resolve_share(result, record, trusted.asks_gpu_share(&result.request))
-            .map_err(|m| {
-                err(format!(
-                    "device {} (request {}): {m}",
-                    result.device, result.request
-                ))
-            })?;
+        let device_err = |m: String| {
+            err(format!(
+                "device {} (request {}): {m}",
+                result.device, result.request
+            ))
+        };
+        let share = resolve_share(
+            result,
+            record.map(|(share, _)| share),
+            trusted.asks_gpu_share(&result.request),
+        )
+        .map_err(device_err)?;
+        let tier = match share {
+            None => Tier::Online,
+            Some(_) => trusted
+                .tier(&result.request, record.map(|(_, tier)| tier))
+                .map_err(device_err)?,
+        };
         devices.push(PreparedDevice {
             request: result.request.clone(),
             pool: result.pool.clone(),
@@ -160,6 +182,7 @@ pub fn prepare_on_node(
             },
             mig,
             share,
+            tier,
             share_id: result.share_id.clone(),
         });
     }
@@ -307,10 +330,19 @@ fn resolve_share(
 /// The allocator's share records of one allocation, and which requests ask for a `GpuShare`;
 /// only what the claim's author could not have written.
 struct TrustedShares {
-    /// (request, pool, device) -> share.
-    records: BTreeMap<(String, String, String), PerDeviceShare>,
+    /// (request, pool, device) -> share and tier.
+    records: BTreeMap<(String, String, String), (PerDeviceShare, Tier)>,
     /// Requests a `GpuShare` config applies to; `None` in the set means every request.
     gpu_share_requests: Vec<Option<Vec<String>>>,
+    /// The classes' `TierPolicy` configs (source `FromClass`) and the requests they apply to.
+    class_policies: Vec<(Option<Vec<String>>, config::TierPolicy)>,
+}
+
+/// Whether a config naming `names` (`None`: every request) applies to `request` (`request`
+/// or `request/subrequest`; a config naming the parent applies to its subrequests).
+fn applies(names: Option<&Vec<String>>, request: &str) -> bool {
+    let parent = request.split_once('/').map_or(request, |(p, _)| p);
+    names.is_none_or(|names| names.iter().any(|n| n == request || n == parent))
 }
 
 impl TrustedShares {
@@ -341,6 +373,7 @@ impl TrustedShares {
         }
         let mut records = BTreeMap::new();
         let mut gpu_share_requests = Vec::new();
+        let mut class_policies = Vec::new();
         let configs = allocation.devices.as_ref().and_then(|d| d.config.as_ref());
         for (i, cfg) in configs.into_iter().flatten().enumerate() {
             let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver) else {
@@ -356,6 +389,13 @@ impl TrustedShares {
             match decoded {
                 TesseraConfig::GpuShare(_) => {
                     gpu_share_requests.push(cfg.requests.clone().filter(|r| !r.is_empty()));
+                }
+                // A claim's own TierPolicy (admission refuses it) never changes a tier.
+                TesseraConfig::TierPolicy(policy) => {
+                    if cfg.source == SOURCE_CLASS {
+                        class_policies
+                            .push((cfg.requests.clone().filter(|r| !r.is_empty()), policy));
+                    }
                 }
                 TesseraConfig::AllocatedShares(record) => {
                     if cfg.source != SOURCE_CLAIM {
@@ -389,7 +429,7 @@ impl TrustedShares {
                             compute_percent: d.compute,
                         };
                         let key = (d.request, d.pool, d.device);
-                        if records.insert(key.clone(), share).is_some() {
+                        if records.insert(key.clone(), (share, d.tier)).is_some() {
                             return Err(format!(
                                 "{field} records device {}/{} for request {} twice",
                                 key.1, key.2, key.0
@@ -402,10 +442,40 @@ impl TrustedShares {
         Ok(Self {
             records,
             gpu_share_requests,
+            class_policies,
         })
     }
 
-    fn record(&self, result: &res::DeviceRequestAllocationResult) -> Option<PerDeviceShare> {
+    /// The tier of a share of `request`: the record's (`recorded`) where there is one, else
+    /// batch where a class policy says so, else online. A recorded online tier that a class
+    /// policy forbids is refused.
+    fn tier(&self, request: &str, recorded: Option<Tier>) -> std::result::Result<Tier, String> {
+        let policies = || {
+            self.class_policies
+                .iter()
+                .filter(|(names, _)| applies(names.as_ref(), request))
+                .map(|(_, p)| p)
+        };
+        let Some(tier) = recorded else {
+            let batch = policies().any(|p| p.tier == Some(Tier::Batch));
+            return Ok(if batch { Tier::Batch } else { Tier::Online });
+        };
+        if tier == Tier::Online && policies().any(|p| p.allow_online == Some(false)) {
+            return Err(format!(
+                "the AllocatedShares record gives the share the online tier, but its class's \
+                 {} says allowOnline: false; the allocation was not made by Tessera's \
+                 allocator as the class requires, so deallocate the claim (delete its pod) and \
+                 let Tessera allocate it again",
+                names::TIER_POLICY_KIND
+            ));
+        }
+        Ok(tier)
+    }
+
+    fn record(
+        &self,
+        result: &res::DeviceRequestAllocationResult,
+    ) -> Option<(PerDeviceShare, Tier)> {
         self.records
             .get(&(
                 result.request.clone(),
@@ -418,11 +488,9 @@ impl TrustedShares {
     /// Whether a `GpuShare` applies to `request` (`request` or `request/subrequest`; a config
     /// naming the parent applies to its subrequests).
     fn asks_gpu_share(&self, request: &str) -> bool {
-        let parent = request.split_once('/').map_or(request, |(p, _)| p);
-        self.gpu_share_requests.iter().any(|applies| match applies {
-            None => true,
-            Some(names) => names.iter().any(|n| n == request || n == parent),
-        })
+        self.gpu_share_requests
+            .iter()
+            .any(|names| applies(names.as_ref(), request))
     }
 
     /// A recorded (request, pool, device) that no result of `driver` matches.

@@ -298,6 +298,7 @@ mod tests {
             memory: memory.map(|m| Quantity::parse(m).unwrap()),
             memory_percent: pct,
             compute,
+            tier: None,
         }
     }
 

@@ -167,6 +167,8 @@ pub fn request_share(
         let context = format!("{}.opaque.parameters", cfg.field);
         match config::decode(&cfg.opaque.parameters.0, &context)? {
             TesseraConfig::GpuShare(share) => gpu_share = Some((share, context)),
+            // The tier is decided by `crate::tier::request_tier`.
+            TesseraConfig::TierPolicy(_) => {}
             TesseraConfig::AllocatedShares(_) => {
                 return Err(Error::Share {
                     field: format!("{context}.kind"),
@@ -255,6 +257,11 @@ pub fn validate_device_class(class: &res::DeviceClass, driver: &str, cel: &CelCa
             match config::decode(&opaque.parameters.0, &field) {
                 Ok(TesseraConfig::GpuShare(share)) => {
                     if let Err(e) = ShareRequest::from_gpu_share(&share, 1, &field) {
+                        errors.push(Error::invalid(&object, field, e.to_string()));
+                    }
+                }
+                Ok(TesseraConfig::TierPolicy(policy)) => {
+                    if let Err(e) = crate::tier::check_policy(&policy, &field) {
                         errors.push(Error::invalid(&object, field, e.to_string()));
                     }
                 }
@@ -356,7 +363,9 @@ pub fn validate_claim_spec(
                 CapacityShares::InClasses(share_classes),
             )
             .and_then(RequestShare::into_result)
-            {
+            .and_then(|_| {
+                crate::tier::request_tier(driver, &name, class_name, &class_configs, &claim_configs)
+            }) {
                 errors.push(Error::invalid(object, field.clone(), e.to_string()));
             }
         };

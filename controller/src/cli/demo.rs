@@ -40,6 +40,10 @@ const CLASSES: &[(&str, &str)] = &[
         include_str!("../../../deviceclasses/mig.yaml"),
     ),
     (
+        "deviceclasses/batch-gpu.yaml",
+        include_str!("../../../deviceclasses/batch-gpu.yaml"),
+    ),
+    (
         "deviceclasses/model-a100-80g.yaml",
         include_str!("../../../deviceclasses/model-a100-80g.yaml"),
     ),
@@ -94,6 +98,10 @@ const CLAIMS: &[(&str, &str)] = &[
     (
         "examples/claims/10-any-a100-or-h100.yaml",
         include_str!("../../../examples/claims/10-any-a100-or-h100.yaml"),
+    ),
+    (
+        "examples/claims/11-share-batch.yaml",
+        include_str!("../../../examples/claims/11-share-batch.yaml"),
     ),
 ];
 

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1 as res;
 
 use super::snapshot::{SelectorCache, Snapshot, claim_name};
+use crate::config::Tier;
 use crate::error::{Error, Result};
 use crate::quantity::Quantity;
 use crate::share::ShareRequest;
+use crate::tier;
 use crate::validation::{self, CapacityShares, RequestShare, ShareInput, request_share};
 
 /// Most devices one claim's allocation may hold (the API's limit on results).
@@ -35,6 +37,8 @@ pub(crate) struct ReqSpec {
     pub(crate) share: Option<ShareRequest>,
     /// A share from `capacity.requests`, applied on Tessera devices; `Err` holds the broken rule.
     pub(crate) capacity_share: Option<std::result::Result<ShareRequest, Error>>,
+    /// The tier of the request's shares, as [`crate::tier::request_tier`] resolves it.
+    pub(crate) tier: Tier,
 }
 
 impl ReqSpec {
@@ -105,7 +109,7 @@ fn share_of(
     full: &str,
     raw: &RawRequest<'_>,
     field: &str,
-) -> Result<RequestShare> {
+) -> Result<(RequestShare, Tier)> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let class_fields = validation::class_config_fields(&class_name, Some(class));
     let claim_fields = validation::claim_config_fields(claim);
@@ -118,14 +122,16 @@ fn share_of(
         capacity: raw.capacity,
         field,
     };
-    request_share(
+    let share = request_share(
         driver,
         &input,
         &class_name,
         &class_configs,
         &claim_configs,
         CapacityShares::OnTesseraDevices,
-    )
+    )?;
+    let tier = tier::request_tier(driver, full, &class_name, &class_configs, &claim_configs)?;
+    Ok((share, tier))
 }
 
 struct RawRequest<'a> {
@@ -207,11 +213,11 @@ fn prepare_request(
             Some(out)
         }
     };
-    let (share, capacity_share) = match share_of(driver, class, claim, &full, raw, field) {
+    let (share, capacity_share, tier) = match share_of(driver, class, claim, &full, raw, field) {
         Err(err) => return Err(e(err.to_string())),
-        Ok(RequestShare::Plain) => (None, None),
-        Ok(RequestShare::Config(s)) => (Some(s), None),
-        Ok(RequestShare::Capacity(r)) => (None, Some(r)),
+        Ok((RequestShare::Plain, tier)) => (None, None, tier),
+        Ok((RequestShare::Config(s), tier)) => (Some(s), None, tier),
+        Ok((RequestShare::Capacity(r), tier)) => (None, Some(r), tier),
     };
     Ok(ReqSpec {
         base: base.to_owned(),
@@ -227,6 +233,7 @@ fn prepare_request(
         capacity,
         share,
         capacity_share,
+        tier,
     })
 }
 

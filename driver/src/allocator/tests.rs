@@ -973,3 +973,86 @@ fn validation_and_allocation_apply_the_same_share_rule() {
         "{err}"
     );
 }
+
+/// The `AllocatedShares` record of an allocation: its devices' JSON.
+fn recorded_devices(a: &res::AllocationResult) -> Vec<serde_json::Value> {
+    let configs = a.devices.as_ref().unwrap().config.as_ref().unwrap();
+    let record = configs
+        .iter()
+        .find(|c| c.opaque.as_ref().unwrap().parameters.0["kind"] == "AllocatedShares")
+        .unwrap();
+    record.opaque.as_ref().unwrap().parameters.0["devices"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn the_record_carries_the_tier_from_the_claim_or_the_class() {
+    let slices = vec![slice(
+        "a-0",
+        "a",
+        vec![
+            gpu("gpu-0", "shared", "x", false),
+            gpu("gpu-1", "shared", "x", true),
+        ],
+    )];
+    let mut batch_class = class(
+        "batch.gpu.tessera.dev",
+        r#"device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].sharing == "shared""#,
+    );
+    batch_class.spec.config = Some(vec![res::DeviceClassConfiguration {
+        opaque: Some(res::OpaqueDeviceConfiguration {
+            driver: D.into(),
+            parameters: RawExtension(json!({
+                "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy",
+                "tier": "batch", "allowOnline": false
+            })),
+        }),
+    }]);
+    let mut all = classes();
+    all.push(batch_class);
+    let snap = Snapshot::new(&slices, &all, &[]).unwrap();
+    let a = alloc(Policy::FirstFit);
+    let tiered = |class: &str, tier: Option<&str>| {
+        let mut cfg = share_config("4Gi", Some(10));
+        if let Some(t) = tier {
+            cfg.opaque.as_mut().unwrap().parameters.0["tier"] = json!(t);
+        }
+        with_config(claim("c", vec![exact("gpu", class, 1)]), cfg)
+    };
+    let tier_of = |c: &res::ResourceClaim| {
+        let p = a.allocate(&snap, &[c], &[node("a")]).unwrap();
+        recorded_devices(&p.allocations[0])[0].get("tier").cloned()
+    };
+    // Online is the default and is left out of the record, as before tiers.
+    assert_eq!(tier_of(&tiered("shared.gpu.tessera.dev", None)), None);
+    assert_eq!(
+        tier_of(&tiered("shared.gpu.tessera.dev", Some("batch"))),
+        Some(json!("batch"))
+    );
+    assert_eq!(
+        tier_of(&tiered("batch.gpu.tessera.dev", None)),
+        Some(json!("batch"))
+    );
+    // The class forbids online: the claim cannot raise itself.
+    let err = a
+        .allocate(
+            &snap,
+            &[&tiered("batch.gpu.tessera.dev", Some("online"))],
+            &[node("a")],
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("allowOnline: false"), "{err}");
+    // A capacity.requests share of the batch class is batch too.
+    let mut req = exact("gpu", "batch.gpu.tessera.dev", 1);
+    req.exactly.as_mut().unwrap().capacity = Some(res::CapacityRequirements {
+        requests: Some([("memory".to_owned(), q("4Gi"))].into()),
+    });
+    let p = a
+        .allocate(&snap, &[&claim("cap", vec![req])], &[node("a")])
+        .unwrap();
+    let rec = recorded_devices(&p.allocations[0]);
+    assert_eq!(rec[0]["tier"], "batch");
+}

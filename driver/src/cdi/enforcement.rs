@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::config::Tier;
 use crate::error::Result;
 
 use super::spec::{ContainerEdits, Mount};
@@ -22,6 +23,23 @@ pub const HAMI_CACHE_FILE_IN_CONTAINER: &str = "/run/tessera/hami/vgpu.cache";
 pub const HAMI_LOCK_DIR_IN_CONTAINER: &str = "/tmp/vgpulock";
 
 const MIB: u64 = 1 << 20;
+
+/// `CUDA_MPS_CLIENT_PRIORITY` of a tier: 0 is MPS's normal priority, 1 its below-normal one.
+pub const fn mps_client_priority(tier: Tier) -> u8 {
+    match tier {
+        Tier::Online => 0,
+        Tier::Batch => 1,
+    }
+}
+
+/// HAMi-core's `CUDA_TASK_PRIORITY` of a tier: 0 is its high priority, 1 its low one (and
+/// the library's default when the variable is unset).
+pub const fn hami_task_priority(tier: Tier) -> u8 {
+    match tier {
+        Tier::Online => 0,
+        Tier::Batch => 1,
+    }
+}
 
 /// How a node enforces shares inside containers; chosen by the admin per node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,10 +154,11 @@ fn per_ordinal(devices: &[CudaDevice], mut each: impl FnMut(usize, u64)) {
     }
 }
 
-pub(super) fn mps_edits(daemon: &MpsDaemon, devices: &[CudaDevice]) -> ContainerEdits {
-    let mut env = vec![format!(
-        "CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR_IN_CONTAINER}"
-    )];
+pub(super) fn mps_edits(daemon: &MpsDaemon, devices: &[CudaDevice], tier: Tier) -> ContainerEdits {
+    let mut env = vec![
+        format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR_IN_CONTAINER}"),
+        format!("CUDA_MPS_CLIENT_PRIORITY={}", mps_client_priority(tier)),
+    ];
     if let Some(pct) = thread_percent(devices) {
         env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}"));
     }
@@ -178,12 +197,14 @@ pub(super) fn hami_edits(
     cache_dir: &str,
     uid: &str,
     devices: &[CudaDevice],
+    tier: Tier,
 ) -> ContainerEdits {
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
     let mut env = vec![
         format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")),
         format!("LD_PRELOAD={HAMI_LIBRARY_IN_CONTAINER}"),
         format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={HAMI_CACHE_FILE_IN_CONTAINER}"),
+        format!("CUDA_TASK_PRIORITY={}", hami_task_priority(tier)),
     ];
     per_ordinal(devices, |ordinal, mib| {
         env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{ordinal}={mib}m"));

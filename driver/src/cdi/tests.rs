@@ -26,6 +26,7 @@ fn device(request: &str, name: &str, gpu: GpuNode, share: Option<(u64, i64)>) ->
             memory_bytes: gib * GIB,
             compute_percent: compute,
         }),
+        tier: Tier::Online,
         share_id: None,
     }
 }
@@ -160,6 +161,7 @@ fn mps_share_sets_client_limits_and_mounts_its_daemon() {
         [
             format!("NVIDIA_VISIBLE_DEVICES={GPU0}"),
             "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps".to_owned(),
+            "CUDA_MPS_CLIENT_PRIORITY=0".to_owned(),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_owned(),
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned(),
         ]
@@ -189,6 +191,7 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
             format!("CUDA_VISIBLE_DEVICES={GPU0}"),
             "LD_PRELOAD=/usr/local/tessera/hami/libvgpu.so".to_owned(),
             "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/tessera/hami/vgpu.cache".to_owned(),
+            "CUDA_TASK_PRIORITY=0".to_owned(),
             "CUDA_DEVICE_MEMORY_LIMIT_0=10240m".to_owned(),
             "CUDA_DEVICE_SM_LIMIT=50".to_owned(),
         ]
@@ -239,6 +242,7 @@ fn multi_gpu_share_uses_one_daemon_for_the_set_in_uuid_order() {
         [
             format!("NVIDIA_VISIBLE_DEVICES={GPU1},{GPU0}"),
             "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps".to_owned(),
+            "CUDA_MPS_CLIENT_PRIORITY=0".to_owned(),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_owned(),
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M,1=8192M".to_owned(),
         ]
@@ -412,4 +416,94 @@ fn inconsistent_devices_are_refused() {
         device("b", "gpu-0", gpu(0, GPU0), Some((1, 0))),
     ]);
     assert!(err(&c, &mps()).contains("both whole and as a share"));
+}
+
+fn batch(mut d: PreparedDevice) -> PreparedDevice {
+    d.tier = Tier::Batch;
+    d
+}
+
+fn priority_env(spec: &CdiSpec) -> Vec<String> {
+    env(spec)
+        .into_iter()
+        .filter(|e| {
+            e.starts_with("CUDA_MPS_CLIENT_PRIORITY=") || e.starts_with("CUDA_TASK_PRIORITY=")
+        })
+        .collect()
+}
+
+#[test]
+fn an_online_share_gets_the_higher_priority_of_each_backend() {
+    let c = shared_claim();
+    assert_eq!(
+        priority_env(&build_spec(&c, &mps()).unwrap()),
+        ["CUDA_MPS_CLIENT_PRIORITY=0"]
+    );
+    assert_eq!(
+        priority_env(&build_spec(&c, &hami()).unwrap()),
+        ["CUDA_TASK_PRIORITY=0"]
+    );
+}
+
+#[test]
+fn a_batch_share_gets_the_lower_priority_of_each_backend() {
+    let c = claim(vec![batch(device(
+        "gpu",
+        "gpu-0",
+        gpu(0, GPU0),
+        Some((10, 50)),
+    ))]);
+    assert_eq!(
+        priority_env(&build_spec(&c, &mps()).unwrap()),
+        ["CUDA_MPS_CLIENT_PRIORITY=1"]
+    );
+    assert_eq!(
+        priority_env(&build_spec(&c, &hami()).unwrap()),
+        ["CUDA_TASK_PRIORITY=1"]
+    );
+}
+
+#[test]
+fn none_enforcement_sets_no_priority_for_either_tier() {
+    let online = shared_claim();
+    let batch_claim = claim(vec![batch(device(
+        "gpu",
+        "gpu-0",
+        gpu(0, GPU0),
+        Some((10, 50)),
+    ))]);
+    for c in [online, batch_claim] {
+        assert!(priority_env(&build_spec(&c, &Enforcement::None).unwrap()).is_empty());
+    }
+}
+
+#[test]
+fn a_claim_with_any_batch_share_runs_at_the_lower_priority() {
+    // Two requests on one GPU, one online and one batch: one process has one priority.
+    let same_gpu = claim(vec![
+        device("a", "gpu-0", gpu(0, GPU0), Some((4, 20))),
+        batch(device("b", "gpu-0", gpu(0, GPU0), Some((4, 20)))),
+    ]);
+    // The same over two GPUs.
+    let two_gpus = claim(vec![
+        device("a", "gpu-0", gpu(0, GPU0), Some((4, 20))),
+        batch(device("b", "gpu-1", gpu(1, GPU1), Some((4, 20)))),
+    ]);
+    for c in [same_gpu, two_gpus] {
+        assert_eq!(
+            priority_env(&build_spec(&c, &mps()).unwrap()),
+            ["CUDA_MPS_CLIENT_PRIORITY=1"]
+        );
+        assert_eq!(
+            priority_env(&build_spec(&c, &hami()).unwrap()),
+            ["CUDA_TASK_PRIORITY=1"]
+        );
+    }
+}
+
+#[test]
+fn whole_gpus_get_no_priority_whatever_their_tier_field_says() {
+    let c = claim(vec![batch(device("gpu", "gpu-0", gpu(0, GPU0), None))]);
+    assert!(priority_env(&build_spec(&c, &mps()).unwrap()).is_empty());
+    assert!(priority_env(&build_spec(&c, &hami()).unwrap()).is_empty());
 }

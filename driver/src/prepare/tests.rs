@@ -222,3 +222,113 @@ fn a_whole_device_without_a_share_request_is_prepared_whole_with_its_share_id() 
         Some("7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70")
     );
 }
+
+fn with_tier(mut record: Value, tier: &str) -> Value {
+    record["opaque"]["parameters"]["devices"][0]["tier"] = json!(tier);
+    record
+}
+
+fn tier_policy(source: &str, tier: &str, allow_online: Option<bool>) -> Value {
+    let mut v = json!({
+        "source": source,
+        "requests": ["gpu"],
+        "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "tier": tier
+        }}
+    });
+    if let Some(a) = allow_online {
+        v["opaque"]["parameters"]["allowOnline"] = json!(a);
+    }
+    v
+}
+
+fn tier(claim: &res::ResourceClaim) -> Tier {
+    prepare(claim).unwrap().devices[0].tier
+}
+
+#[test]
+fn the_tier_comes_from_the_record_and_an_old_record_is_online() {
+    assert_eq!(tier(&claim(None, &[], &[record("10Gi", 50)])), Tier::Online);
+    assert_eq!(
+        tier(&claim(None, &[], &[with_tier(record("10Gi", 50), "batch")])),
+        Tier::Batch
+    );
+    assert_eq!(
+        tier(&claim(
+            None,
+            &[],
+            &[with_tier(record("10Gi", 50), "online")]
+        )),
+        Tier::Online
+    );
+}
+
+#[test]
+fn a_record_whose_tier_does_not_decode_is_refused() {
+    let msg = refused(&claim(
+        None,
+        &[],
+        &[with_tier(record("10Gi", 50), "platinum")],
+    ));
+    assert!(
+        msg.contains("does not decode") && msg.contains("platinum"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_claim_cannot_raise_its_tier_with_its_own_config() {
+    // A user's TierPolicy, copied by kube-scheduler as FromClaim, never changes the tier: the
+    // booked share stays online by default and a FromClaim policy is no class policy.
+    let user = tier_policy("FromClaim", "online", Some(true));
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "50"})),
+        &[],
+        &[tier_policy("FromClass", "batch", None), user],
+    );
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+#[test]
+fn a_share_kube_scheduler_booked_takes_the_class_tier() {
+    let booked = Some(json!({"memory": "10Gi", "compute": "50"}));
+    assert_eq!(tier(&claim(booked.clone(), &[], &[])), Tier::Online);
+    let c = claim(
+        booked,
+        &[],
+        &[tier_policy("FromClass", "batch", Some(false))],
+    );
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+#[test]
+fn an_online_record_under_a_class_that_forbids_online_is_refused() {
+    let c = claim(
+        None,
+        &[],
+        &[
+            tier_policy("FromClass", "batch", Some(false)),
+            record("10Gi", 50),
+        ],
+    );
+    let msg = refused(&c);
+    assert!(msg.contains("allowOnline: false"), "{msg}");
+    // The record that says batch is prepared.
+    let c = claim(
+        None,
+        &[],
+        &[
+            tier_policy("FromClass", "batch", Some(false)),
+            with_tier(record("10Gi", 50), "batch"),
+        ],
+    );
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+#[test]
+fn a_whole_device_is_online_whatever_its_class_says() {
+    let c = claim(None, &[], &[tier_policy("FromClass", "batch", None)]);
+    let prepared = prepare(&c).unwrap();
+    assert_eq!(prepared.devices[0].share, None);
+    assert_eq!(prepared.devices[0].tier, Tier::Online);
+}
