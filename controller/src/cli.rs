@@ -208,7 +208,7 @@ impl Cli {
                 simulate::run(&args, &self.driver_name, out)
             }
             Command::Validate { files } => {
-                let objects = input::Objects::load(files)?;
+                let objects = input::Objects::load_listing_refusals(files)?;
                 validate::run(&objects, &self.driver_name, out)
             }
             Command::Inspect {

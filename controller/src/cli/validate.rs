@@ -63,20 +63,39 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
         }));
     }
     let checked = objects.classes.len() + objects.claims.len() + objects.templates.len();
+    // What the API server would refuse comes first; a rule both it and the share checks apply
+    // (a CEL expression that does not compile) is listed once.
+    let mut lines: Vec<String> = objects.refused.clone();
     for problem in &problems {
-        let _ = writeln!(report, "error: {problem}");
+        let line = problem.to_string();
+        if !objects.refused.iter().any(|r| r.ends_with(&line)) && !lines.contains(&line) {
+            lines.push(line);
+        }
     }
-    if problems.is_empty() {
+    for line in &lines {
+        let _ = writeln!(report, "error: {line}");
+    }
+    if !objects.refused.is_empty() {
+        let _ = writeln!(
+            report,
+            "{} problem(s) in {checked} object(s) checked; the API server would refuse {} of them",
+            lines.len(),
+            objects.refused.len()
+        );
+        return Err(Error::Malformed(format!(
+            "{} problem(s) the API server would refuse the input for",
+            objects.refused.len()
+        )));
+    }
+    if lines.is_empty() {
         let _ = writeln!(report, "ok: {checked} object(s) checked, no problems found");
         Ok(())
     } else {
         let _ = writeln!(
             report,
             "{} problem(s) in {checked} object(s) checked",
-            problems.len()
+            lines.len()
         );
-        Err(Error::Findings {
-            count: problems.len(),
-        })
+        Err(Error::Findings { count: lines.len() })
     }
 }

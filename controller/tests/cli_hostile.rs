@@ -1,0 +1,182 @@
+//! `tessera` against hostile and careless input: every refusal exits 2 and names the file, the
+//! object and the field; nothing is accepted that the API server would refuse.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap()
+}
+
+fn write_temp(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `tessera` on one file and expects exit 2 with every `needle` in stderr.
+fn refused(command: &str, name: &str, text: &str, needles: &[&str]) -> String {
+    let path = write_temp(name, text);
+    let out = tessera(
+        &[command, "-f", path.to_str().unwrap(), "-o", "json"]
+            [..if command == "validate" { 3 } else { 5 }],
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
+    text
+}
+
+const CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: gpu.tessera.dev}\nspec:\n  selectors: [{cel: {expression: 'device.driver == \"gpu.tessera.dev\"'}}]\n";
+
+fn claim(name: &str, request: &str) -> String {
+    format!(
+        "---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  devices:\n    requests: [{request}]\n"
+    )
+}
+
+#[test]
+fn deep_flow_nesting_is_refused_before_parsing() {
+    let text = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    refused(
+        "allocate",
+        "deep.yaml",
+        &text,
+        &["deep.yaml: line 1: nested 101 levels deep"],
+    );
+}
+
+#[test]
+fn a_second_object_with_the_same_name_is_refused() {
+    let one = claim(
+        "c",
+        "{name: gpu, exactly: {deviceClassName: gpu.tessera.dev}}",
+    );
+    let text = format!("{CLASS}{one}{one}");
+    refused(
+        "allocate",
+        "dup.yaml",
+        &text,
+        &[
+            "dup.yaml: document 3",
+            "ResourceClaim default/c",
+            "already defined in",
+            "document 2",
+        ],
+    );
+}
+
+#[test]
+fn a_slice_the_api_server_would_refuse_is_refused() {
+    let devices: Vec<String> = (0..129).map(|i| format!("{{name: gpu-{i}}}")).collect();
+    let text = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {{name: s}}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: n\n  allNodes: true\n  pool: {{name: n, generation: 1, resourceSliceCount: 1}}\n  devices: [{}]\n",
+        devices.join(",")
+    );
+    refused(
+        "allocate",
+        "slice.yaml",
+        &text,
+        &[
+            "slice.yaml: document 1",
+            "ResourceSlice s: spec.devices: 129 devices; at most 128",
+            "ResourceSlice s: spec: exactly one of",
+        ],
+    );
+}
+
+#[test]
+fn a_request_without_a_class_or_a_name_is_refused_by_validate() {
+    let text = format!(
+        "{CLASS}{}{}",
+        claim("a", "{name: gpu, exactly: {deviceClassName: ''}}"),
+        claim(
+            "b",
+            "{name: x, exactly: {deviceClassName: gpu.tessera.dev}}, {name: x, exactly: {deviceClassName: gpu.tessera.dev}}"
+        ),
+    );
+    refused(
+        "validate",
+        "noclass.yaml",
+        &text,
+        &["ResourceClaim default/a: spec.devices.requests[0].exactly.deviceClassName: required"],
+    );
+    let text = format!(
+        "{CLASS}{}",
+        claim(
+            "b",
+            "{name: x, exactly: {deviceClassName: gpu.tessera.dev}}, {name: x, exactly: {deviceClassName: gpu.tessera.dev}}"
+        )
+    );
+    refused(
+        "validate",
+        "dupreq.yaml",
+        &text,
+        &["spec.devices.requests[1].name: duplicate request name \"x\""],
+    );
+}
+
+#[test]
+fn a_cel_syntax_error_is_malformed_input_for_allocate() {
+    let text = format!(
+        "{CLASS}{}",
+        claim(
+            "a",
+            "{name: gpu, exactly: {deviceClassName: gpu.tessera.dev, selectors: [{cel: {expression: 'device.driver =='}}]}}"
+        )
+    );
+    refused(
+        "allocate",
+        "cel.yaml",
+        &text,
+        &["ResourceClaim default/a: spec.devices.requests[0].exactly.selectors[0].cel.expression"],
+    );
+}
+
+#[test]
+fn a_byte_order_mark_is_accepted() {
+    let path = write_temp("bom.yaml", &format!("\u{feff}{CLASS}"));
+    let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn validate_lists_each_problem_once() {
+    let text = format!(
+        "{CLASS}{}",
+        claim(
+            "a",
+            "{name: gpu, exactly: {deviceClassName: gpu.tessera.dev, selectors: [{cel: {expression: 'device.driver =='}}]}}"
+        )
+    );
+    let out = refused("validate", "once.yaml", &text, &["cel.expression"]);
+    assert_eq!(
+        out.matches("selectors[0].cel.expression").count(),
+        1,
+        "{out}"
+    );
+}
