@@ -160,7 +160,8 @@ impl Cli {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 if !matches!(e, Error::Findings { .. }) {
-                    let _ = writeln!(std::io::stderr(), "error: {e}");
+                    let message = output::printable(&e.to_string(), true);
+                    let _ = writeln!(std::io::stderr(), "error: {message}");
                 }
                 ExitCode::from(e.exit_code())
             }

@@ -180,3 +180,96 @@ fn validate_lists_each_problem_once() {
         "{out}"
     );
 }
+
+const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nnode-a,32000,131072,2,G2\n";
+
+fn simulate(pods: &str, name: &str) -> Output {
+    let nodes = write_temp("nodes.csv", NODES);
+    let pods = write_temp(name, pods);
+    tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seed",
+        "1",
+        "-o",
+        "json",
+    ])
+}
+
+#[test]
+fn simulate_refuses_a_pod_list_without_gpu_demand() {
+    let out = simulate(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,0,0\np1,2000,1024,0,0\n",
+        "cpu-only.csv",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cpu-only.csv: none of the 2 tasks asks for a GPU"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn simulate_refuses_a_pod_list_of_only_a_header() {
+    let out = simulate(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n",
+        "header.csv",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("header.csv: rows: the pod list has a header but no tasks"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn simulate_reads_a_csv_with_a_byte_order_mark() {
+    let out = simulate(
+        "\u{feff}name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\n",
+        "bom.csv",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn out_of_range_slice_quantities_are_malformed_input() {
+    let text = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: n\n  pool: {name: n, generation: 1, resourceSliceCount: 1}\n  devices: [{name: gpu-0, capacity: {memory: {value: 1e400}}}]\n";
+    refused(
+        "allocate",
+        "range.yaml",
+        text,
+        &["spec.devices[0].capacity[memory].value", "out of range"],
+    );
+}
+
+#[test]
+fn the_table_escapes_control_characters() {
+    let text = format!(
+        "{CLASS}{}",
+        claim(
+            "a",
+            "{name: gpu, exactly: {deviceClassName: gpu.tessera.dev, selectors: [{cel: {expression: 'device.attributes[\"gpu.tessera.dev\"][\"\\x1b[31mred\"] == 1'}}]}}"
+        )
+    );
+    let slice = "---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: n\n  pool: {name: n, generation: 1, resourceSliceCount: 1}\n  devices: [{name: gpu-0}]\n";
+    let path = write_temp("escape.yaml", &format!("{text}{slice}"));
+    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "table"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("pending"), "{stdout}");
+    assert!(!stdout.contains('\u{1b}'), "{stdout:?}");
+    assert!(stdout.contains("\\u{1b}[31mred"), "{stdout}");
+}

@@ -243,6 +243,17 @@ pub fn replay(
         ));
     }
     let demands: Vec<u64> = pods.iter().map(TracePod::gpu_demand).collect();
+    if demands.iter().all(|d| *d == 0) {
+        return Err(Error::invalid(
+            "simulation",
+            "pods",
+            format!(
+                "none of the {} tasks asks for a GPU (num_gpu 0 everywhere); the replay measures \
+                 GPU allocation and has nothing to place",
+                pods.len()
+            ),
+        ));
+    }
     let order = arrival_order(&demands, opts.seed, capacity * MAX_ARRIVED_PERCENT / 100);
     let mut snap = cluster.snapshot()?;
     if let Some(h) = &opts.history {
