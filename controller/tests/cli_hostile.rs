@@ -273,3 +273,53 @@ fn the_table_escapes_control_characters() {
     assert!(!stdout.contains('\u{1b}'), "{stdout:?}");
     assert!(stdout.contains("\\u{1b}[31mred"), "{stdout}");
 }
+
+const SHARED_SLICE: &str = "---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: node-1-gpus}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: node-1\n  pool: {name: node-1, generation: 1, resourceSliceCount: 1}\n  devices:\n  - name: gpu-0\n    allowMultipleAllocations: true\n    attributes: {type: {string: gpu}, sharing: {string: shared}, model: {string: a100-80g}}\n    capacity:\n      memory: {value: 80Gi, requestPolicy: {default: 1Gi, validRange: {min: 1Gi, step: 1Gi}}}\n      compute: {value: '100', requestPolicy: {default: '0', validRange: {min: '0', max: '100', step: '5'}}}\n";
+
+fn shared_class() -> String {
+    std::fs::read_to_string(repo().join("deviceclasses/shared-gpu.yaml")).unwrap()
+}
+
+#[test]
+fn a_share_larger_than_any_card_is_explained_as_such() {
+    let text = format!(
+        "{}{SHARED_SLICE}{}",
+        shared_class(),
+        claim(
+            "big",
+            "{name: gpu, exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 200Gi}}}}"
+        )
+    );
+    let path = write_temp("big-share.yaml", &text);
+    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reason = json["results"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("1 smaller than the share asked of one card"),
+        "{reason}"
+    );
+    assert!(!reason.contains("too full"), "{reason}");
+}
+
+#[test]
+fn a_huge_count_is_explained_as_too_many_not_too_few() {
+    let text = format!(
+        "{}{}",
+        shared_class(),
+        "---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: many, namespace: default}\nspec:\n  devices:\n    requests: [{name: gpu, exactly: {deviceClassName: shared.gpu.tessera.dev, count: 4294967296}}]\n    config: [{opaque: {driver: gpu.tessera.dev, parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuShare, memory: 10Gi}}}]\n"
+    );
+    let path = write_temp("count.yaml", &text);
+    let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("count 4294967296 is more than the 32 devices one claim can be allocated"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("at least 1"), "{stdout}");
+}

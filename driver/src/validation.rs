@@ -197,13 +197,22 @@ pub fn request_share(
             ));
         }
         let count = input.count.unwrap_or(1);
+        let max = crate::apiversion::validate::MAX_REQUESTS;
+        if count < 1 {
+            return Err(rule(
+                format!("{}.count", input.field),
+                format!("count {count} must be at least 1"),
+            ));
+        }
         u32::try_from(count)
             .ok()
-            .filter(|c| *c >= 1)
+            .filter(|c| *c as usize <= max)
             .ok_or_else(|| {
                 rule(
                     format!("{}.count", input.field),
-                    format!("count {count} must be at least 1"),
+                    format!(
+                        "count {count} is more than the {max} devices one claim can be allocated"
+                    ),
                 )
             })
     };
