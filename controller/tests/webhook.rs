@@ -424,7 +424,9 @@ async fn a_template_is_checked_one_level_deeper() {
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().unwrap();
     assert!(
-        message.contains("ResourceClaimTemplate team-a/share: spec.spec.devices.requests[0]"),
+        message.contains(
+            "ResourceClaimTemplate team-a/share: spec.spec.devices.config[0].opaque.parameters.compute"
+        ) && message.matches("spec.devices").count() == 1,
         "{message}"
     );
     hook.stop().await;
@@ -559,4 +561,32 @@ async fn missing_certificate_files_are_a_clear_configuration_error() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("tls.crt"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1beta1_claim_is_denied_with_v1beta1_field_paths() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "deviceClassName": names::CLASS_SHARED_GPU,
+            "capacity": {"requests": {"memory": "-5Gi"}},
+        }]}},
+    });
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1beta1", &claim, "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.devices.requests[0].capacity.requests.memory: -5Gi is negative")
+            && !message.contains("exactly"),
+        "{message}"
+    );
+    hook.stop().await;
 }

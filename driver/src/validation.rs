@@ -327,24 +327,35 @@ pub fn validate_claim_spec(
                     ));
                 }
             }
+            let mut bad_quantity = false;
             for (qname, q) in capacity
                 .and_then(|c| c.requests.as_ref())
                 .into_iter()
                 .flatten()
             {
                 match Quantity::from_k8s(q) {
-                    Ok(v) if v.is_negative() => errors.push(Error::invalid(
-                        object,
-                        format!("{field}.capacity.requests.{qname}"),
-                        format!("{} is negative; capacity requests must be at least 0", q.0),
-                    )),
+                    Ok(v) if v.is_negative() => {
+                        bad_quantity = true;
+                        errors.push(Error::invalid(
+                            object,
+                            format!("{field}.capacity.requests.{qname}"),
+                            format!("{} is negative; capacity requests must be at least 0", q.0),
+                        ));
+                    }
                     Ok(_) => {}
-                    Err(e) => errors.push(Error::invalid(
-                        object,
-                        format!("{field}.capacity.requests.{qname}"),
-                        e.to_string(),
-                    )),
+                    Err(e) => {
+                        bad_quantity = true;
+                        errors.push(Error::invalid(
+                            object,
+                            format!("{field}.capacity.requests.{qname}"),
+                            e.to_string(),
+                        ));
+                    }
                 }
+            }
+            if bad_quantity {
+                // The share rules would only repeat what is wrong with the quantity.
+                return;
             }
             let class = classes(class_name);
             let class_fields = class_config_fields(class_name, class.as_ref());
@@ -366,7 +377,15 @@ pub fn validate_claim_spec(
             )
             .and_then(RequestShare::into_result)
             {
-                errors.push(Error::invalid(object, field.clone(), e.to_string()));
+                errors.push(match e {
+                    // A share error names its own field (in the request or in a config), as a
+                    // path from the claim's root like every other error here.
+                    Error::Share {
+                        field: share_field,
+                        message,
+                    } => Error::invalid(object, share_field, format!("{message} (request {name})")),
+                    other => Error::invalid(object, field.clone(), other.to_string()),
+                });
             }
         };
         match (&request.exactly, &request.first_available) {

@@ -313,9 +313,30 @@ impl Admission {
         let spec = object.spec().clone();
         let (driver, cel) = (self.driver.clone(), Arc::clone(&self.cel));
         let checked = described.clone();
+        let v1beta1 = request.kind.version == "v1beta1";
         // CEL compilation is CPU work on user input: keep it off the async workers.
         let errors = tokio::task::spawn_blocking(move || {
-            admission::review_claim_spec(&checked, &spec, prefix, &driver, &classes, &cel)
+            let errors =
+                admission::review_claim_spec(&checked, &spec, prefix, &driver, &classes, &cel);
+            if !v1beta1 {
+                return errors;
+            }
+            // Name the fields as the object was written: v1beta1 has no `exactly`.
+            errors
+                .into_iter()
+                .map(|e| match e {
+                    tessera_driver::Error::Invalid {
+                        object,
+                        field,
+                        message,
+                    } => tessera_driver::Error::Invalid {
+                        object,
+                        field: admission::v1beta1_field(&field),
+                        message,
+                    },
+                    other => other,
+                })
+                .collect()
         })
         .await;
         match errors {
