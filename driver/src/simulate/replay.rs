@@ -224,9 +224,16 @@ fn record_failure(result: &mut SeedResult, pod: &TracePod, before_100: bool) {
     }
 }
 
-/// Refuses a trace with no GPU demand: the replay draws copies until the arrived demand
+/// Refuses a cluster without GPUs, and a trace with no GPU demand: the replay draws copies until the arrived demand
 /// reaches its target, which such a trace never does.
-fn require_gpu_demand(demands: &[u64]) -> Result<()> {
+fn require_gpu_demand(capacity: u64, demands: &[u64]) -> Result<()> {
+    if capacity == 0 {
+        return Err(Error::invalid(
+            "simulation",
+            "nodes",
+            "the cluster has no GPUs",
+        ));
+    }
     if demands.iter().any(|d| *d > 0) {
         return Ok(());
     }
@@ -252,15 +259,8 @@ pub fn replay(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SeedResult> {
     let capacity = cluster.capacity_milli();
-    if capacity == 0 {
-        return Err(Error::invalid(
-            "simulation",
-            "nodes",
-            "the cluster has no GPUs",
-        ));
-    }
     let demands: Vec<u64> = pods.iter().map(TracePod::gpu_demand).collect();
-    require_gpu_demand(&demands)?;
+    require_gpu_demand(capacity, &demands)?;
     let order = arrival_order(&demands, opts.seed, capacity * MAX_ARRIVED_PERCENT / 100);
     let mut snap = cluster.snapshot()?;
     if let Some(h) = &opts.history {
