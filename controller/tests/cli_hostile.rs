@@ -184,7 +184,7 @@ fn validate_lists_each_problem_once() {
 const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nnode-a,32000,131072,2,G2\n";
 
 fn simulate(pods: &str, name: &str) -> Output {
-    let nodes = write_temp("nodes.csv", NODES);
+    let nodes = write_temp(&format!("nodes-{name}"), NODES);
     let pods = write_temp(name, pods);
     tessera(&[
         "simulate",
@@ -322,4 +322,32 @@ fn a_huge_count_is_explained_as_too_many_not_too_few() {
         "{stdout}"
     );
     assert!(!stdout.contains("at least 1"), "{stdout}");
+}
+
+#[test]
+fn native_requests_are_rounded_as_kube_scheduler_rounds_them() {
+    let text = format!(
+        "{}{SHARED_SLICE}{}",
+        shared_class(),
+        claim(
+            "round",
+            "{name: gpu, exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 1500Mi, compute: '7'}}}}"
+        )
+    );
+    let path = write_temp("round.yaml", &text);
+    let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("warning: ResourceClaim default/round: spec.devices.requests[0].exactly.capacity.requests: memory 1500Mi rounds up to 2Gi"), "{stdout}");
+    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["results"][0]["allocated"], true, "{json}");
+    let consumed = &json["results"][0]["allocation"]["devices"]["results"][0]["consumedCapacity"];
+    assert_eq!(consumed["memory"], "2Gi", "{json}");
+    assert_eq!(consumed["compute"], "10", "{json}");
 }

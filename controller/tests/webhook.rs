@@ -590,3 +590,31 @@ async fn a_v1beta1_claim_is_denied_with_v1beta1_field_paths() {
     );
     hook.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_requests_the_policy_rounds_are_admitted_with_a_warning() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": names::CLASS_SHARED_GPU,
+            "capacity": {"requests": {"memory": "1500Mi", "compute": "7"}},
+        }}]}},
+    });
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &claim, "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings = response["warnings"].to_string();
+    assert!(
+        warnings.contains("memory 1500Mi rounds up to 2Gi")
+            && warnings.contains("compute 7 rounds up to 10"),
+        "{response}"
+    );
+    hook.stop().await;
+}

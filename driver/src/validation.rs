@@ -421,6 +421,62 @@ pub fn validate_claim_spec(
     errors
 }
 
+/// Where the request policies of Tessera's shared GPUs change what a claim's native
+/// `capacity.requests` ask (a value rounded up to a step or the minimum, a default filled in),
+/// one line per change, for admission warnings: kube-scheduler allocates such claims, so they
+/// are never refused for it. Requests in classes other than `share_classes` are not shares.
+pub fn capacity_rounding_warnings(
+    object: &str,
+    spec: &res::ResourceClaimSpec,
+    share_classes: &[&str],
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Some(devices) = &spec.devices else {
+        return warnings;
+    };
+    for (i, request) in devices.requests.iter().flatten().enumerate() {
+        let mut one = |field: String, class: &str, capacity: Option<&res::CapacityRequirements>| {
+            let Some(requests) = capacity.and_then(|c| c.requests.as_ref()) else {
+                return;
+            };
+            if requests.is_empty() || !share_classes.contains(&class) {
+                return;
+            }
+            let parsed: Option<std::collections::BTreeMap<String, Quantity>> = requests
+                .iter()
+                .map(|(k, q)| Quantity::from_k8s(q).ok().map(|v| (k.clone(), v)))
+                .collect();
+            let field = format!("{field}.capacity.requests");
+            if let Some(rounded) =
+                parsed.and_then(|p| crate::share::round_capacity_requests(&p, &field).ok())
+            {
+                warnings.extend(
+                    rounded
+                        .notes
+                        .into_iter()
+                        .map(|n| format!("{object}: {field}: {n}")),
+                );
+            }
+        };
+        let field = format!("spec.devices.requests[{i}]");
+        if let Some(ex) = &request.exactly {
+            one(
+                format!("{field}.exactly"),
+                &ex.device_class_name,
+                ex.capacity.as_ref(),
+            );
+        }
+        for (j, sub) in request.first_available.iter().flatten().enumerate() {
+            one(
+                format!("{field}.firstAvailable[{j}]"),
+                &sub.device_class_name,
+                sub.capacity.as_ref(),
+            );
+        }
+    }
+    warnings
+}
+
 /// The classes whose requests with `capacity.requests` are Tessera shares: the built-in shared
 /// class and every class annotated [`crate::names::ANNOTATION_SHARE_CLASS`]` = "true"`.
 pub fn share_classes(classes: &[res::DeviceClass]) -> Vec<String> {

@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 
 use tessera_driver::cel::CelCache;
-use tessera_driver::validation::{share_classes, validate_claim_spec, validate_device_class};
+use tessera_driver::validation::{
+    capacity_rounding_warnings, share_classes, validate_claim_spec, validate_device_class,
+};
 
 use crate::cli::input::Objects;
 use crate::error::{Error, Result};
@@ -22,6 +24,7 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             .cloned()
     };
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     for class in &objects.classes {
         problems.extend(validate_device_class(class, driver, &cel));
     }
@@ -31,6 +34,7 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             claim.metadata.namespace.as_deref().unwrap_or("default"),
             claim.metadata.name.as_deref().unwrap_or("<unnamed>")
         );
+        warnings.extend(capacity_rounding_warnings(&object, &claim.spec, &shares));
         problems.extend(validate_claim_spec(
             &object,
             &claim.spec,
@@ -45,6 +49,11 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             "ResourceClaimTemplate {}/{}",
             template.metadata.namespace.as_deref().unwrap_or("default"),
             template.metadata.name.as_deref().unwrap_or("<unnamed>")
+        );
+        warnings.extend(
+            capacity_rounding_warnings(&object, &template.spec.spec, &shares)
+                .into_iter()
+                .map(|w| w.replacen(": spec.devices", ": spec.spec.devices", 1)),
         );
         let errors =
             validate_claim_spec(&object, &template.spec.spec, driver, &shares, &lookup, &cel);
@@ -74,6 +83,9 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
     }
     for line in &lines {
         let _ = writeln!(report, "error: {line}");
+    }
+    for warning in &warnings {
+        let _ = writeln!(report, "warning: {warning}");
     }
     if !objects.refused.is_empty() {
         let _ = writeln!(

@@ -315,33 +315,13 @@ impl Admission {
         let checked = described.clone();
         let v1beta1 = request.kind.version == "v1beta1";
         // CEL compilation is CPU work on user input: keep it off the async workers.
-        let errors = tokio::task::spawn_blocking(move || {
-            let errors =
-                admission::review_claim_spec(&checked, &spec, prefix, &driver, &classes, &cel);
-            if !v1beta1 {
-                return errors;
-            }
-            // Name the fields as the object was written: v1beta1 has no `exactly`.
-            errors
-                .into_iter()
-                .map(|e| match e {
-                    tessera_driver::Error::Invalid {
-                        object,
-                        field,
-                        message,
-                    } => tessera_driver::Error::Invalid {
-                        object,
-                        field: admission::v1beta1_field(&field),
-                        message,
-                    },
-                    other => other,
-                })
-                .collect()
+        let reviewed = tokio::task::spawn_blocking(move || {
+            admission::review_claim(&checked, &spec, prefix, v1beta1, &driver, &classes, &cel)
         })
         .await;
-        match errors {
-            Ok(errors) if errors.is_empty() => allow,
-            Ok(errors) => {
+        match reviewed {
+            Ok((errors, warnings)) if errors.is_empty() => allow.with_warnings(warnings),
+            Ok((errors, _)) => {
                 let message = errors
                     .iter()
                     .map(ToString::to_string)

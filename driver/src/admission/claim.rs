@@ -48,6 +48,57 @@ pub fn review_claim_spec(
         .collect()
 }
 
+/// The webhook's whole review of a claim spec: the problems that refuse it (see
+/// [`review_claim_spec`]) and the warnings that admit it (native requests the request policies
+/// round, see [`crate::validation::capacity_rounding_warnings`]). Field paths start at the
+/// object's root (`field_prefix` is `spec.` for a template) and follow the object's version:
+/// with `v1beta1` a request's fields are not nested under `exactly`.
+pub fn review_claim(
+    object: &str,
+    spec: &res::ResourceClaimSpec,
+    field_prefix: &str,
+    v1beta1: bool,
+    driver: &str,
+    classes: &[res::DeviceClass],
+    cel: &CelCache,
+) -> (Vec<Error>, Vec<String>) {
+    let as_written = |field: String| {
+        if v1beta1 {
+            v1beta1_field(&field)
+        } else {
+            field
+        }
+    };
+    let errors = review_claim_spec(object, spec, field_prefix, driver, classes, cel)
+        .into_iter()
+        .map(|e| match e {
+            Error::Invalid {
+                object,
+                field,
+                message,
+            } => Error::Invalid {
+                object,
+                field: as_written(field),
+                message,
+            },
+            other => other,
+        })
+        .collect();
+    let shares = share_classes(classes);
+    let shares: Vec<&str> = shares.iter().map(String::as_str).collect();
+    let warnings = crate::validation::capacity_rounding_warnings(object, spec, &shares)
+        .into_iter()
+        .map(|w| {
+            as_written(w.replacen(
+                ": spec.devices",
+                &format!(": {field_prefix}spec.devices"),
+                1,
+            ))
+        })
+        .collect();
+    (errors, warnings)
+}
+
 /// A v1 field path as a v1beta1 object names it: v1beta1 keeps a request's fields flat where
 /// v1 nests them under `exactly` (`spec.devices.requests[0].exactly.count` becomes
 /// `spec.devices.requests[0].count`).
