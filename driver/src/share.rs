@@ -154,10 +154,13 @@ pub fn round_capacity_requests(
             GIB
         }
         Some((value, f)) => {
+            let out_of_range = || share_err(&f, format!("memory {value} is out of range"));
+            if value > Quantity::from_units(i64::MAX) {
+                return Err(out_of_range());
+            }
             let asked = value.ceil_units();
-            let rounded = round_up(asked, gib, gib);
-            let bytes = u64::try_from(rounded)
-                .map_err(|_| share_err(&f, format!("memory {value} is out of range")))?;
+            let rounded = round_up(asked, gib, gib).ok_or_else(out_of_range)?;
+            let bytes = u64::try_from(rounded).map_err(|_| out_of_range())?;
             if Quantity::from_bytes(bytes) != value {
                 let why = if asked < gib {
                     "the minimum"
@@ -175,8 +178,8 @@ pub fn round_capacity_requests(
     let compute = match compute {
         None => 0,
         Some((value, f)) => {
-            let rounded = round_up(value.ceil_units(), 0, COMPUTE_STEP);
-            if rounded > 100 {
+            let rounded = round_up(value.ceil_units(), 0, COMPUTE_STEP).unwrap_or(i64::MAX);
+            if value > Quantity::from_units(100) || rounded > 100 {
                 return Err(share_err(
                     &f,
                     format!("compute {value} is above the policy's maximum of 100"),
@@ -197,14 +200,15 @@ pub fn round_capacity_requests(
     })
 }
 
-/// `value` raised to `min`, then rounded up to `min` plus a whole number of `step`s.
-fn round_up(value: i64, min: i64, step: i64) -> i64 {
+/// `value` raised to `min`, then rounded up to `min` plus a whole number of `step`s; `None`
+/// when that does not fit in an `i64`.
+fn round_up(value: i64, min: i64, step: i64) -> Option<i64> {
     if value <= min {
-        return min;
+        return Some(min);
     }
-    let above = value - min;
+    let above = value.checked_sub(min)?;
     let steps = above / step + i64::from(above % step != 0);
-    min.saturating_add(steps.saturating_mul(step))
+    min.checked_add(steps.checked_mul(step)?)
 }
 
 impl ShareRequest {
