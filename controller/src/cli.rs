@@ -168,7 +168,8 @@ impl Cli {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 if !matches!(e, Error::Findings { .. }) {
-                    let _ = writeln!(std::io::stderr(), "error: {e}");
+                    let message = output::printable(&e.to_string(), true);
+                    let _ = writeln!(std::io::stderr(), "error: {message}");
                 }
                 ExitCode::from(e.exit_code())
             }
@@ -228,7 +229,7 @@ impl Cli {
                 simulate::run(&args, &self.driver_name, out)
             }
             Command::Validate { files } => {
-                let objects = input::Objects::load(files)?;
+                let objects = input::Objects::load_listing_refusals(files)?;
                 validate::run(&objects, &self.driver_name, out)
             }
             Command::Inspect {

@@ -16,8 +16,9 @@ use tessera_driver::allocator::DeviceUsage;
 
 use crate::error::{Error, Result};
 
-/// The content type of the text exposition format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of what [`Metrics::encode`] writes: `prometheus_client` encodes the
+/// `OpenMetrics` text format (it ends with `# EOF`), which Prometheus parses only when told so.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// How handling a gated pod ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,5 +235,12 @@ mod tests {
             "{text}"
         );
         assert_eq!(m.outcome_count(Outcome::Unschedulable), 1);
+    }
+
+    #[test]
+    fn the_content_type_names_the_format_served() {
+        let text = Metrics::new("binpack").encode().unwrap();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(CONTENT_TYPE.starts_with("application/openmetrics-text; version=1.0.0"));
     }
 }

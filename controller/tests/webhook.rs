@@ -424,7 +424,9 @@ async fn a_template_is_checked_one_level_deeper() {
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().unwrap();
     assert!(
-        message.contains("ResourceClaimTemplate team-a/share: spec.spec.devices.requests[0]"),
+        message.contains(
+            "ResourceClaimTemplate team-a/share: spec.spec.devices.config[0].opaque.parameters.compute"
+        ) && message.matches("spec.devices").count() == 1,
         "{message}"
     );
     hook.stop().await;
@@ -815,5 +817,61 @@ async fn init_containers_sidecars_and_own_claims_are_kept_and_a_node_name_is_lef
     assert_eq!(response["allowed"], true);
     assert!(response.get("patch").is_none(), "{response}");
     assert!(response["warnings"].to_string().contains("spec.nodeName"));
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1beta1_claim_is_denied_with_v1beta1_field_paths() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "deviceClassName": names::CLASS_SHARED_GPU,
+            "capacity": {"requests": {"memory": "-5Gi"}},
+        }]}},
+    });
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1beta1", &claim, "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.devices.requests[0].capacity.requests.memory: -5Gi is negative")
+            && !message.contains("exactly"),
+        "{message}"
+    );
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_requests_the_policy_rounds_are_admitted_with_a_warning() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": names::CLASS_SHARED_GPU,
+            "capacity": {"requests": {"memory": "1500Mi", "compute": "7"}},
+        }}]}},
+    });
+    let response = hook
+        .review(
+            "/validate-claims",
+            share_claim_request("v1", &claim, "CREATE"),
+        )
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings = response["warnings"].to_string();
+    assert!(
+        warnings.contains("memory 1500Mi rounds up to 2Gi")
+            && warnings.contains("compute 7 rounds up to 10"),
+        "{response}"
+    );
     hook.stop().await;
 }

@@ -15,6 +15,9 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::names;
 
+pub mod nesting;
+pub mod validate;
+
 /// A served version of the resource.k8s.io API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ApiVersion {

@@ -18,7 +18,9 @@
 //! `split`, `substring`, `trim`, `join`, `strings.quote`, `reverse`, `format`), Kubernetes'
 //! quantity and semver libraries, its lists library (`isSorted`, `sum`, `min`, `max`,
 //! `indexOf`, `lastIndexOf`), `sets.contains|equivalent|intersects`, the regex library
-//! (`find`, `findAll`), optional values and `cel.bind`.
+//! (`find`, `findAll`), optional values and `cel.bind`. `matches`, `find` and `findAll` share
+//! one bounded, cached regex engine (`regexes`): a pattern longer than 1 KiB or expanding to
+//! more than 10,000 automaton states is refused, and each pattern is compiled once per process.
 //!
 //! # Bounding the work of a selector
 //!
@@ -40,9 +42,16 @@
 //!   one step. Unknown functions are charged for every argument they touch. The estimate is
 //!   deliberately pessimistic: nested loops over big list literals, or strings doubled
 //!   through `cel.bind`, blow past the limit, while `DeviceClass` selectors cost tens of units.
+//!   A regular expression costs its weight (states after expanding repetitions and Unicode
+//!   classes) plus 0.1 per character per state of the text it scans; a pattern computed at
+//!   run time is charged at the heaviest weight accepted;
+//! * the bounds of the `device` variable are enforced, not assumed: a device with a string
+//!   longer than 64 characters or more than 32 attributes and capacities fails every selector
+//!   (the offline tools refuse such a slice outright, as the API server does).
 
 mod cost;
 mod library;
+mod regexes;
 mod values;
 
 use std::collections::HashMap;
@@ -123,7 +132,16 @@ fn attribute_value(attr: &res::DeviceAttribute) -> std::result::Result<Box<dyn V
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Box::new(CelList::from(items)))
     }
+    // The cost bound assumes the API's limits on what a device holds; a device beyond them
+    // (one that never went through an API server) fails every selector instead of costing more.
     let string = |s: &String| -> std::result::Result<Box<dyn Val>, String> {
+        if s.len() > crate::slices::limits::MAX_VALUE_LENGTH {
+            return Err(format!(
+                "value of {} characters, more than the API's limit of {}",
+                s.len(),
+                crate::slices::limits::MAX_VALUE_LENGTH
+            ));
+        }
         Ok(Box::new(CelString::from(s.clone())))
     };
     let version = |v: &String| -> std::result::Result<Box<dyn Val>, String> {
@@ -176,6 +194,24 @@ impl CelDevice {
         let mut note = |what: &str, name: &str, reason: String| {
             invalid.get_or_insert_with(|| format!("{what} {name}: {reason}"));
         };
+        let entries = device
+            .attributes
+            .as_ref()
+            .map_or(0, std::collections::BTreeMap::len)
+            + device
+                .capacity
+                .as_ref()
+                .map_or(0, std::collections::BTreeMap::len);
+        if entries > crate::slices::limits::MAX_ATTRIBUTES_AND_CAPACITIES {
+            note(
+                "device",
+                &device.name,
+                format!(
+                    "{entries} attributes and capacities, more than the API's limit of {}",
+                    crate::slices::limits::MAX_ATTRIBUTES_AND_CAPACITIES
+                ),
+            );
+        }
         let mut attributes = Vec::new();
         for (name, attr) in device.attributes.iter().flatten() {
             match attribute_value(attr) {

@@ -99,6 +99,118 @@ fn memory_bytes(field: &str, memory: Quantity) -> Result<u64> {
         })
 }
 
+/// What `capacity.requests` come to under the request policies of Tessera's shared GPUs
+/// (memory: default 1Gi, minimum 1Gi, step 1Gi; compute: default 0, 0..100, step 5), and how
+/// they were rounded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundedRequests {
+    /// Memory per card, in bytes.
+    pub memory_bytes: u64,
+    /// Compute per card, in percent (0: not isolated).
+    pub compute: i64,
+    /// One line per capacity whose value differs from what was asked, e.g.
+    /// `memory 1500Mi rounds up to 2Gi (steps of 1Gi)`.
+    pub notes: Vec<String>,
+}
+
+/// Applies the request policies of Tessera's shared GPUs to `capacity.requests`, as
+/// kube-scheduler does (upstream's `roundUpRange` and default filling): below the minimum
+/// rises to it, between steps rounds up to the next step from the minimum, absent takes the
+/// default. `field` prefixes error fields. Errors: a negative request, compute above 100, and
+/// a capacity this driver does not publish.
+pub fn round_capacity_requests(
+    requests: &BTreeMap<String, Quantity>,
+    field: &str,
+) -> Result<RoundedRequests> {
+    let mut notes = Vec::new();
+    let mut memory = None;
+    let mut compute = None;
+    for (name, value) in requests {
+        let short = name
+            .strip_prefix(&format!("{}/", names::DEFAULT_DRIVER_NAME))
+            .unwrap_or(name);
+        let f = format!("{field}.{name}");
+        if value.is_negative() {
+            return Err(share_err(
+                &f,
+                format!("{short} {value} is negative; capacity requests must be at least 0"),
+            ));
+        }
+        match short {
+            names::CAP_MEMORY => memory = Some((*value, f)),
+            names::CAP_COMPUTE => compute = Some((*value, f)),
+            other => {
+                return Err(share_err(
+                    &f,
+                    format!("unknown capacity {other:?}: a share requests memory and compute"),
+                ));
+            }
+        }
+    }
+    let gib = i64::try_from(GIB).unwrap_or(i64::MAX);
+    let memory_bytes = match memory {
+        None => {
+            notes.push("memory not requested: the policy default 1Gi applies".to_owned());
+            GIB
+        }
+        Some((value, f)) => {
+            let out_of_range = || share_err(&f, format!("memory {value} is out of range"));
+            if value > Quantity::from_units(i64::MAX) {
+                return Err(out_of_range());
+            }
+            let asked = value.ceil_units();
+            let rounded = round_up(asked, gib, gib).ok_or_else(out_of_range)?;
+            let bytes = u64::try_from(rounded).map_err(|_| out_of_range())?;
+            if Quantity::from_bytes(bytes) != value {
+                let why = if asked < gib {
+                    "the minimum"
+                } else {
+                    "the next step of 1Gi"
+                };
+                notes.push(format!(
+                    "memory {value} rounds up to {} ({why})",
+                    Quantity::from_bytes(bytes)
+                ));
+            }
+            bytes
+        }
+    };
+    let compute = match compute {
+        None => 0,
+        Some((value, f)) => {
+            let rounded = round_up(value.ceil_units(), 0, COMPUTE_STEP).unwrap_or(i64::MAX);
+            if value > Quantity::from_units(100) || rounded > 100 {
+                return Err(share_err(
+                    &f,
+                    format!("compute {value} is above the policy's maximum of 100"),
+                ));
+            }
+            if Quantity::from_units(rounded) != value {
+                notes.push(format!(
+                    "compute {value} rounds up to {rounded} (steps of {COMPUTE_STEP})"
+                ));
+            }
+            rounded
+        }
+    };
+    Ok(RoundedRequests {
+        memory_bytes,
+        compute,
+        notes,
+    })
+}
+
+/// `value` raised to `min`, then rounded up to `min` plus a whole number of `step`s; `None`
+/// when that does not fit in an `i64`.
+fn round_up(value: i64, min: i64, step: i64) -> Option<i64> {
+    if value <= min {
+        return Some(min);
+    }
+    let above = value.checked_sub(min)?;
+    let steps = above / step + i64::from(above % step != 0);
+    min.checked_add(steps.checked_mul(step)?)
+}
+
 impl ShareRequest {
     /// Validates a [`GpuShare`] for a request of `count` cards. `field` prefixes error fields
     /// (e.g. `spec.devices.config[0].opaque.parameters`).
@@ -191,64 +303,24 @@ impl ShareRequest {
         })
     }
 
-    /// Validates Kubernetes-native `capacity.requests` (per card, as the DRA API defines them)
-    /// for a request of `count` cards. Only `memory` and `compute` are known; a request for any
-    /// other capacity of this driver is an error, so a typo never means "no limit".
+    /// Sizes a share from Kubernetes-native `capacity.requests` (per card, as the DRA API
+    /// defines them) for a request of `count` cards, exactly as kube-scheduler applies the
+    /// request policies Tessera's shared GPUs publish (see [`round_capacity_requests`]): a
+    /// request between steps rounds up, one below the minimum rises to it, an absent one takes
+    /// the default. Refused: a negative request, one above the policy's maximum, and a request
+    /// for any other capacity of this driver (a typo never means "no limit").
     pub fn from_capacity_requests(
         requests: &BTreeMap<String, Quantity>,
         count: u32,
         field: &str,
     ) -> Result<Self> {
-        let mut memory = None;
-        let mut compute = 0;
-        for (name, value) in requests {
-            let short = name
-                .strip_prefix(&format!("{}/", names::DEFAULT_DRIVER_NAME))
-                .unwrap_or(name);
-            let f = format!("{field}.{name}");
-            match short {
-                names::CAP_MEMORY => {
-                    let bytes = memory_bytes(&f, *value)?;
-                    if bytes % GIB != 0 || bytes < GIB {
-                        return Err(share_err(
-                            &f,
-                            format!("memory {value} is not a whole number of GiB of at least 1Gi"),
-                        ));
-                    }
-                    memory = Some(bytes);
-                }
-                names::CAP_COMPUTE => {
-                    let c = value.as_units().ok_or_else(|| {
-                        share_err(&f, format!("compute {value} is not a whole percent"))
-                    })?;
-                    if c < 0 {
-                        return Err(share_err(&f, format!("compute {c} is negative")));
-                    }
-                    if c != 0 {
-                        check_card_compute(&f, c, "")?;
-                    }
-                    compute = c;
-                }
-                other => {
-                    return Err(share_err(
-                        &f,
-                        format!("unknown capacity {other:?}: a share requests memory and compute"),
-                    ));
-                }
-            }
-        }
-        let Some(bytes) = memory else {
-            return Err(share_err(
-                &format!("{field}.memory"),
-                "a share needs memory (compute needs memory)",
-            ));
-        };
+        let rounded = round_capacity_requests(requests, field)?;
         if count == 0 {
             return Err(share_err(field, "a share needs at least one card"));
         }
         Ok(Self {
-            memory: MemoryAsk::Bytes(bytes),
-            compute,
+            memory: MemoryAsk::Bytes(rounded.memory_bytes),
+            compute: rounded.compute,
             cards: count,
         })
     }
@@ -355,6 +427,44 @@ mod tests {
     }
 
     #[test]
+    fn native_requests_are_rounded_as_kube_scheduler_rounds_them() {
+        let q = |s: &str| Quantity::parse(s).unwrap();
+        let round = |pairs: &[(&str, &str)]| {
+            let req: BTreeMap<String, Quantity> =
+                pairs.iter().map(|(k, v)| ((*k).to_owned(), q(v))).collect();
+            round_capacity_requests(&req, "c")
+        };
+        let r = round(&[("memory", "1500Mi"), ("compute", "7")]).unwrap();
+        assert_eq!((r.memory_bytes, r.compute), (2 * GIB, 10));
+        assert_eq!(
+            r.notes,
+            [
+                "memory 1500Mi rounds up to 2Gi (the next step of 1Gi)",
+                "compute 7 rounds up to 10 (steps of 5)"
+            ]
+        );
+        let r = round(&[("memory", "100Mi")]).unwrap();
+        assert_eq!((r.memory_bytes, r.compute), (GIB, 0));
+        assert_eq!(r.notes, ["memory 100Mi rounds up to 1Gi (the minimum)"]);
+        let r = round(&[("memory", "10Gi"), ("compute", "50")]).unwrap();
+        assert!(r.notes.is_empty());
+        let r = round(&[("compute", "50")]).unwrap();
+        assert_eq!(r.memory_bytes, GIB);
+        assert!(
+            round(&[("compute", "101")])
+                .unwrap_err()
+                .to_string()
+                .contains("maximum of 100")
+        );
+        assert!(
+            round(&[("memory", "-1Gi")])
+                .unwrap_err()
+                .to_string()
+                .contains("negative")
+        );
+    }
+
+    #[test]
     fn validates_native_capacity_requests() {
         let mut req = BTreeMap::new();
         req.insert("memory".to_owned(), Quantity::parse("10Gi").unwrap());
@@ -368,12 +478,9 @@ mod tests {
                 .to_string()
                 .contains("negative")
         );
+        // Without memory, the policy default applies, as kube-scheduler fills it in.
         req.remove("memory");
-        assert!(
-            ShareRequest::from_capacity_requests(&req, 1, "c")
-                .unwrap_err()
-                .to_string()
-                .contains("needs memory")
-        );
+        let r = ShareRequest::from_capacity_requests(&req, 1, "c").unwrap();
+        assert_eq!(r.memory, MemoryAsk::Bytes(GIB));
     }
 }

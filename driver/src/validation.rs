@@ -199,13 +199,22 @@ pub fn request_share(
             ));
         }
         let count = input.count.unwrap_or(1);
+        let max = crate::apiversion::validate::MAX_REQUESTS;
+        if count < 1 {
+            return Err(rule(
+                format!("{}.count", input.field),
+                format!("count {count} must be at least 1"),
+            ));
+        }
         u32::try_from(count)
             .ok()
-            .filter(|c| *c >= 1)
+            .filter(|c| *c as usize <= max)
             .ok_or_else(|| {
                 rule(
                     format!("{}.count", input.field),
-                    format!("count {count} must be at least 1"),
+                    format!(
+                        "count {count} is more than the {max} devices one claim can be allocated"
+                    ),
                 )
             })
     };
@@ -325,24 +334,35 @@ pub fn validate_claim_spec(
                     ));
                 }
             }
+            let mut bad_quantity = false;
             for (qname, q) in capacity
                 .and_then(|c| c.requests.as_ref())
                 .into_iter()
                 .flatten()
             {
                 match Quantity::from_k8s(q) {
-                    Ok(v) if v.is_negative() => errors.push(Error::invalid(
-                        object,
-                        format!("{field}.capacity.requests.{qname}"),
-                        format!("{} is negative; capacity requests must be at least 0", q.0),
-                    )),
+                    Ok(v) if v.is_negative() => {
+                        bad_quantity = true;
+                        errors.push(Error::invalid(
+                            object,
+                            format!("{field}.capacity.requests.{qname}"),
+                            format!("{} is negative; capacity requests must be at least 0", q.0),
+                        ));
+                    }
                     Ok(_) => {}
-                    Err(e) => errors.push(Error::invalid(
-                        object,
-                        format!("{field}.capacity.requests.{qname}"),
-                        e.to_string(),
-                    )),
+                    Err(e) => {
+                        bad_quantity = true;
+                        errors.push(Error::invalid(
+                            object,
+                            format!("{field}.capacity.requests.{qname}"),
+                            e.to_string(),
+                        ));
+                    }
                 }
+            }
+            if bad_quantity {
+                // The share rules would only repeat what is wrong with the quantity.
+                return;
             }
             let class = classes(class_name);
             let class_fields = class_config_fields(class_name, class.as_ref());
@@ -366,7 +386,15 @@ pub fn validate_claim_spec(
             .and_then(|_| {
                 crate::tier::request_tier(driver, &name, class_name, &class_configs, &claim_configs)
             }) {
-                errors.push(Error::invalid(object, field.clone(), e.to_string()));
+                errors.push(match e {
+                    // A share error names its own field (in the request or in a config), as a
+                    // path from the claim's root like every other error here.
+                    Error::Share {
+                        field: share_field,
+                        message,
+                    } => Error::invalid(object, share_field, format!("{message} (request {name})")),
+                    other => Error::invalid(object, field.clone(), other.to_string()),
+                });
             }
         };
         match (&request.exactly, &request.first_available) {
@@ -400,6 +428,62 @@ pub fn validate_claim_spec(
         }
     }
     errors
+}
+
+/// Where the request policies of Tessera's shared GPUs change what a claim's native
+/// `capacity.requests` ask (a value rounded up to a step or the minimum, a default filled in),
+/// one line per change, for admission warnings: kube-scheduler allocates such claims, so they
+/// are never refused for it. Requests in classes other than `share_classes` are not shares.
+pub fn capacity_rounding_warnings(
+    object: &str,
+    spec: &res::ResourceClaimSpec,
+    share_classes: &[&str],
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Some(devices) = &spec.devices else {
+        return warnings;
+    };
+    for (i, request) in devices.requests.iter().flatten().enumerate() {
+        let mut one = |field: String, class: &str, capacity: Option<&res::CapacityRequirements>| {
+            let Some(requests) = capacity.and_then(|c| c.requests.as_ref()) else {
+                return;
+            };
+            if requests.is_empty() || !share_classes.contains(&class) {
+                return;
+            }
+            let parsed: Option<std::collections::BTreeMap<String, Quantity>> = requests
+                .iter()
+                .map(|(k, q)| Quantity::from_k8s(q).ok().map(|v| (k.clone(), v)))
+                .collect();
+            let field = format!("{field}.capacity.requests");
+            if let Some(rounded) =
+                parsed.and_then(|p| crate::share::round_capacity_requests(&p, &field).ok())
+            {
+                warnings.extend(
+                    rounded
+                        .notes
+                        .into_iter()
+                        .map(|n| format!("{object}: {field}: {n}")),
+                );
+            }
+        };
+        let field = format!("spec.devices.requests[{i}]");
+        if let Some(ex) = &request.exactly {
+            one(
+                format!("{field}.exactly"),
+                &ex.device_class_name,
+                ex.capacity.as_ref(),
+            );
+        }
+        for (j, sub) in request.first_available.iter().flatten().enumerate() {
+            one(
+                format!("{field}.firstAvailable[{j}]"),
+                &sub.device_class_name,
+                sub.capacity.as_ref(),
+            );
+        }
+    }
+    warnings
 }
 
 /// The classes whose requests with `capacity.requests` are Tessera shares: the built-in shared

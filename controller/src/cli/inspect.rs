@@ -143,7 +143,7 @@ async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result
                     .or_insert_with(|| version.as_str().into());
                 map.entry("kind").or_insert_with(|| kind.into());
             }
-            objects.push(apiversion::decode_document(value, &action)?);
+            objects.push(&action, apiversion::decode_document(value, &action)?)?;
         }
     }
     objects.nodes = Api::<core::Node>::all(client.clone())

@@ -91,6 +91,21 @@ fn consumed_text(r: &res::DeviceRequestAllocationResult) -> Option<String> {
     Some(format!(" ({})", parts.join(", ")))
 }
 
+/// `text` with every control character written as an escape (`\u{1b}`), so that names and
+/// reasons taken from input can never drive the terminal; `keep_newlines` keeps line breaks of
+/// multi-line messages.
+pub fn printable(text: &str, keep_newlines: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && !(keep_newlines && c == '\n') {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn table(outcomes: &[ClaimOutcome], out: &mut String) {
     let mut rows = vec![[
         "CLAIM".to_owned(),
@@ -133,6 +148,10 @@ fn table(outcomes: &[ClaimOutcome], out: &mut String) {
             ]),
         }
     }
+    let rows: Vec<[String; 4]> = rows
+        .into_iter()
+        .map(|r| r.map(|cell| printable(&cell, false)))
+        .collect();
     let widths: Vec<usize> = (0..3)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
@@ -148,5 +167,16 @@ fn table(outcomes: &[ClaimOutcome], out: &mut String) {
             w1 = widths[1],
             w2 = widths[2]
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("a\u{1b}[31mb", false), "a\\u{1b}[31mb");
+        assert_eq!(printable("one\ntwo\r", true), "one\ntwo\\u{d}");
     }
 }

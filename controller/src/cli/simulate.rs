@@ -152,6 +152,13 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
     let pods_name = args.pods.display().to_string();
     let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
     let pods = parse_pods(&pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
+    if pods.iter().all(|p| p.gpu_demand() == 0) {
+        return Err(Error::Malformed(format!(
+            "{pods_name}: none of the {} tasks asks for a GPU (num_gpu is 0 on every line); \
+             the replay measures GPU allocation and has nothing to place",
+            pods.len()
+        )));
+    }
     let history = match &args.history {
         Some(path) => {
             let name = path.display().to_string();
@@ -245,6 +252,7 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
 }
 
 fn table(summary: &Summary, seconds: &[f64], pods: &str, out: &mut String) {
+    let pods = crate::cli::output::printable(pods, false);
     let _ = writeln!(out, "trace {pods}, policy {}", summary.policy);
     let _ = writeln!(
         out,

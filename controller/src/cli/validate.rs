@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use tessera_driver::cel::CelCache;
-use tessera_driver::validation::{share_classes, validate_claim_spec, validate_device_class};
+use tessera_driver::validation::{
+    capacity_rounding_warnings, share_classes, validate_claim_spec, validate_device_class,
+};
 
 use crate::cli::input::Objects;
 use crate::error::{Error, Result};
@@ -23,6 +25,7 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             .cloned()
     };
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     for class in &objects.classes {
         problems.extend(validate_device_class(class, driver, &cel));
     }
@@ -32,6 +35,7 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             claim.metadata.namespace.as_deref().unwrap_or("default"),
             claim.metadata.name.as_deref().unwrap_or("<unnamed>")
         );
+        warnings.extend(capacity_rounding_warnings(&object, &claim.spec, &shares));
         problems.extend(validate_claim_spec(
             &object,
             &claim.spec,
@@ -46,6 +50,11 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             "ResourceClaimTemplate {}/{}",
             template.metadata.namespace.as_deref().unwrap_or("default"),
             template.metadata.name.as_deref().unwrap_or("<unnamed>")
+        );
+        warnings.extend(
+            capacity_rounding_warnings(&object, &template.spec.spec, &shares)
+                .into_iter()
+                .map(|w| w.replacen(": spec.devices", ": spec.spec.devices", 1)),
         );
         let errors =
             validate_claim_spec(&object, &template.spec.spec, driver, &shares, &lookup, &cel);
@@ -67,20 +76,42 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
     let (pods, refused) = crate::cli::device_plugin::problems(objects, driver);
     problems.extend(refused);
     let checked = objects.classes.len() + objects.claims.len() + objects.templates.len() + pods;
+    // What the API server would refuse comes first; a rule both it and the share checks apply
+    // (a CEL expression that does not compile) is listed once.
+    let mut lines: Vec<String> = objects.refused.clone();
     for problem in &problems {
-        let _ = writeln!(report, "error: {problem}");
+        let line = problem.to_string();
+        if !objects.refused.iter().any(|r| r.ends_with(&line)) && !lines.contains(&line) {
+            lines.push(line);
+        }
     }
-    if problems.is_empty() {
+    for line in &lines {
+        let _ = writeln!(report, "error: {line}");
+    }
+    for warning in &warnings {
+        let _ = writeln!(report, "warning: {warning}");
+    }
+    if !objects.refused.is_empty() {
+        let _ = writeln!(
+            report,
+            "{} problem(s) in {checked} object(s) checked; the API server would refuse {} of them",
+            lines.len(),
+            objects.refused.len()
+        );
+        return Err(Error::Malformed(format!(
+            "{} problem(s) the API server would refuse the input for",
+            objects.refused.len()
+        )));
+    }
+    if lines.is_empty() {
         let _ = writeln!(report, "ok: {checked} object(s) checked, no problems found");
         Ok(())
     } else {
         let _ = writeln!(
             report,
             "{} problem(s) in {checked} object(s) checked",
-            problems.len()
+            lines.len()
         );
-        Err(Error::Findings {
-            count: problems.len(),
-        })
+        Err(Error::Findings { count: lines.len() })
     }
 }

@@ -385,14 +385,15 @@ impl Admission {
         let spec = object.spec().clone();
         let (driver, cel) = (self.driver.clone(), Arc::clone(&self.cel));
         let checked = described.clone();
+        let v1beta1 = request.kind.version == "v1beta1";
         // CEL compilation is CPU work on user input: keep it off the async workers.
-        let errors = tokio::task::spawn_blocking(move || {
-            admission::review_claim_spec(&checked, &spec, prefix, &driver, &classes, &cel)
+        let reviewed = tokio::task::spawn_blocking(move || {
+            admission::review_claim(&checked, &spec, prefix, v1beta1, &driver, &classes, &cel)
         })
         .await;
-        match errors {
-            Ok(errors) if errors.is_empty() => allow,
-            Ok(errors) => {
+        match reviewed {
+            Ok((errors, warnings)) if errors.is_empty() => allow.with_warnings(warnings),
+            Ok((errors, _)) => {
                 let message = errors
                     .iter()
                     .map(ToString::to_string)

@@ -48,6 +48,77 @@ pub fn review_claim_spec(
         .collect()
 }
 
+/// The webhook's whole review of a claim spec: the problems that refuse it (see
+/// [`review_claim_spec`]) and the warnings that admit it (native requests the request policies
+/// round, see [`crate::validation::capacity_rounding_warnings`]). Field paths start at the
+/// object's root (`field_prefix` is `spec.` for a template) and follow the object's version:
+/// with `v1beta1` a request's fields are not nested under `exactly`.
+pub fn review_claim(
+    object: &str,
+    spec: &res::ResourceClaimSpec,
+    field_prefix: &str,
+    v1beta1: bool,
+    driver: &str,
+    classes: &[res::DeviceClass],
+    cel: &CelCache,
+) -> (Vec<Error>, Vec<String>) {
+    let as_written = |field: String| {
+        if v1beta1 {
+            v1beta1_field(&field)
+        } else {
+            field
+        }
+    };
+    let errors = review_claim_spec(object, spec, field_prefix, driver, classes, cel)
+        .into_iter()
+        .map(|e| match e {
+            Error::Invalid {
+                object,
+                field,
+                message,
+            } => Error::Invalid {
+                object,
+                field: as_written(field),
+                message,
+            },
+            other => other,
+        })
+        .collect();
+    let shares = share_classes(classes);
+    let shares: Vec<&str> = shares.iter().map(String::as_str).collect();
+    let warnings = crate::validation::capacity_rounding_warnings(object, spec, &shares)
+        .into_iter()
+        .map(|w| {
+            as_written(w.replacen(
+                ": spec.devices",
+                &format!(": {field_prefix}spec.devices"),
+                1,
+            ))
+        })
+        .collect();
+    (errors, warnings)
+}
+
+/// A v1 field path as a v1beta1 object names it: v1beta1 keeps a request's fields flat where
+/// v1 nests them under `exactly` (`spec.devices.requests[0].exactly.count` becomes
+/// `spec.devices.requests[0].count`).
+pub fn v1beta1_field(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find("].exactly") {
+        let after = &rest[at + "].exactly".len()..];
+        if after.is_empty() || after.starts_with('.') {
+            out.push_str(&rest[..=at]);
+            rest = after;
+        } else {
+            out.push_str(&rest[..at + "].exactly".len()]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The JSON patch that rewrites every opaque `parameters` of a claim spec in canonical (compact)
 /// JSON; `pointer` is where the claim spec sits in the object (`/spec`, or `/spec/spec` in a
 /// template).
@@ -106,8 +177,48 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         let text = errors[0].to_string();
         assert!(
-            text.contains("spec.spec.devices.requests[0]") && text.contains("compute"),
+            text.contains(
+                "ResourceClaimTemplate ns/t: spec.spec.devices.config[0].opaque.parameters"
+            ) && text.contains("compute")
+                && text.contains("(request gpu)"),
             "{text}"
+        );
+        assert_eq!(text.matches("spec.devices").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_negative_request_in_a_template_is_reported_once_with_one_path() {
+        let spec: res::ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": names::CLASS_SHARED_GPU,
+             "capacity": {"requests": {"memory": "-1Gi"}}}}]}}))
+        .unwrap();
+        let errors = review_claim_spec(
+            "ResourceClaimTemplate ns/t",
+            &spec,
+            "spec.",
+            names::DEFAULT_DRIVER_NAME,
+            &[],
+            &CelCache::new(),
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let text = errors[0].to_string();
+        assert!(
+            text.starts_with(
+                "ResourceClaimTemplate ns/t: spec.spec.devices.requests[0].exactly.capacity.requests.memory: -1Gi is negative"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn v1beta1_paths_have_no_exactly() {
+        assert_eq!(
+            v1beta1_field("spec.spec.devices.requests[3].exactly.capacity.requests.memory"),
+            "spec.spec.devices.requests[3].capacity.requests.memory"
+        );
+        assert_eq!(
+            v1beta1_field("spec.devices.requests[0].firstAvailable[1].count"),
+            "spec.devices.requests[0].firstAvailable[1].count"
         );
     }
 

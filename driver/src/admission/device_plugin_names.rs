@@ -417,6 +417,7 @@ fn gpu_share(
     compute: Option<u64>,
 ) -> GpuShare {
     GpuShare {
+        tier: None,
         api_version: names::CONFIG_API_VERSION.to_owned(),
         kind: names::GPU_SHARE_KIND.to_owned(),
         memory: memory_gib.map(|g| Quantity::from_bytes(g.saturating_mul(GIB))),

@@ -19,6 +19,8 @@ pub struct DeviceCounts {
     pub in_use: u32,
     /// Without enough free capacity (memory, compute, or other consumable capacity).
     pub too_full: u32,
+    /// Smaller in all than what the request asks of one device (a share larger than the card).
+    pub too_small: u32,
     /// Their pool's shared counters are used up.
     pub counters_exhausted: u32,
     /// Could take the request on their own.
@@ -147,6 +149,7 @@ impl fmt::Display for ClaimFailure {
                     (c.not_shared, "not shared"),
                     (c.in_use, "in use"),
                     (c.too_full, "too full"),
+                    (c.too_small, "smaller than the share asked of one card"),
                     (c.tainted, "tainted"),
                     (c.counters_exhausted, "out of shared counters"),
                 ] {

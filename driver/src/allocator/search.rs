@@ -165,6 +165,8 @@ pub(crate) enum Outcome {
     Tainted,
     InUse,
     TooFull,
+    /// Smaller in all than what the request asks of one device, even when empty.
+    TooSmall,
     Counters,
     Fits,
 }
@@ -717,7 +719,7 @@ pub(crate) fn classify(
             return Ok(Outcome::InUse);
         }
         let Ok(per) = share.per_device(entry.memory) else {
-            return Ok(Outcome::TooFull);
+            return Ok(Outcome::TooSmall);
         };
         let (m, c) = snap.share_free(dev, None);
         if per.memory_bytes > m || per.compute_percent > c {

@@ -123,6 +123,7 @@ mod tests {
                 compute_percent: 0,
             }),
             share_id: None,
+            tier: crate::config::Tier::Online,
         };
         PreparedClaim {
             uid: "u".into(),

@@ -192,6 +192,16 @@ impl Estimator {
                 });
                 let mut e = call_shape(&call.func_name, &args, literal_key);
                 e.cost = e.cost.saturating_add(base);
+                if matches!(call.func_name.as_str(), "matches" | "find" | "findAll") {
+                    // The pattern is the receiver's first argument, or a global call's second.
+                    let pattern = if call.target.is_some() {
+                        call.args.first()
+                    } else {
+                        call.args.get(1)
+                    };
+                    let text = args.first().map_or(0, |a| a.size);
+                    e.cost = e.cost.saturating_add(regex_cost(pattern, text)?);
+                }
                 e
             }
             Expr::Comprehension(c) => {
@@ -265,6 +275,18 @@ impl Estimator {
         }
         Ok(Estimate::sized(cost, entries.len() as u64, elem))
     }
+}
+
+/// The cost of compiling a pattern and matching it against a text of `text` characters: the
+/// pattern's weight (its automaton's states) once, plus 0.1 per character per state. A literal
+/// pattern is weighed (and refused when invalid or too heavy) here; any other is charged at the
+/// heaviest weight evaluation accepts.
+fn regex_cost(pattern: Option<&IdedExpr>, text: u64) -> Result<u64, String> {
+    let weight = match pattern.map(|p| &p.expr) {
+        Some(Expr::Literal(LiteralValue::String(s))) => super::regexes::weight(s.inner())?,
+        _ => super::regexes::MAX_PATTERN_WEIGHT,
+    };
+    Ok(weight.saturating_add(per_chars(text.saturating_mul(weight))))
 }
 
 /// The extra cost and the result shape of calling `name` on `args` (receiver first).

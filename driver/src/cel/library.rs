@@ -123,10 +123,25 @@ fn list_arg<'a, 'v>(
 
 // ---------------------------------------------------------------- regex
 
-/// Kubernetes' regex library: `s.find(re)` (the first match, or `""`) and `s.findAll(re)` /
-/// `s.findAll(re, n)` (all matches, or at most `n` when `n` is not negative). The regex crate
-/// matches in linear time, so a user's pattern cannot backtrack forever.
+/// The standard `matches` (`s.matches(re)`, `matches(s, re)`) and Kubernetes' regex library:
+/// `s.find(re)` (the first match, or `""`) and `s.findAll(re)` / `s.findAll(re, n)` (all
+/// matches, or at most `n` when `n` is not negative). Patterns are bounded and compiled once
+/// (see [`super::regexes`]); the regex crate matches in linear time, so a user's pattern cannot
+/// backtrack forever.
 fn regex_library(env: &mut Env) -> Result<(), DeclarationError> {
+    env.add_overload(
+        "matches",
+        "matches",
+        vec![STRING_TYPE, STRING_TYPE],
+        regex_matches,
+    )?;
+    env.add_member_overload(
+        "matches",
+        "string_matches_string",
+        STRING_TYPE,
+        vec![STRING_TYPE],
+        regex_matches,
+    )?;
     env.add_member_overload(
         "find",
         "string_find_string",
@@ -151,11 +166,14 @@ fn regex_library(env: &mut Env) -> Result<(), DeclarationError> {
     Ok(())
 }
 
-fn compile_regex(pattern: &str, f: &str) -> Result<regex::Regex, ExecutionError> {
-    regex::RegexBuilder::new(pattern)
-        .size_limit(1 << 20)
-        .build()
-        .map_err(|e| ExecutionError::function_error(f, format!("invalid regular expression: {e}")))
+fn compile_regex(pattern: &str, f: &str) -> Result<std::sync::Arc<regex::Regex>, ExecutionError> {
+    super::regexes::compiled(pattern).map_err(|e| ExecutionError::function_error(f, e))
+}
+
+fn regex_matches<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {
+    let text = string_arg(&args, 0, "matches")?;
+    let re = compile_regex(string_arg(&args, 1, "matches")?, "matches")?;
+    bool_val(re.is_match(text))
 }
 
 fn regex_find<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> CelResult<'b, 'v> {

@@ -437,3 +437,45 @@ fn regex_library_finds_matches() {
         "{err}"
     );
 }
+
+#[test]
+fn a_repeated_unicode_class_is_too_expensive() {
+    let e = compile_error(r#"device.attributes["gpu.tessera.dev"].model.matches("\\w{200}")"#);
+    assert!(e.contains("too expensive"), "{e}");
+}
+
+#[test]
+fn many_regex_calls_in_one_selector_add_up() {
+    let one = r#"device.driver.matches("[a-z]{999}")"#;
+    let many = vec![one; 155].join(" || ");
+    assert!(many.len() <= MAX_EXPRESSION_LENGTH);
+    let e = compile_error(&many);
+    assert!(e.contains("exceeds the limit"), "{e}");
+    // A handful of such calls is fine, and each pattern is compiled once however often it runs.
+    let few = [one; 3].join(" || ");
+    check(&format!("!({few})"));
+}
+
+#[test]
+fn a_pattern_built_at_run_time_is_bounded_when_evaluated() {
+    let e = runtime_error(r#""x".matches(device.attributes["gpu.tessera.dev"].model + "{9999}")"#);
+    assert!(e.contains("too expensive"), "{e}");
+}
+
+#[test]
+fn an_attribute_beyond_the_api_limits_fails_every_selector() {
+    let mut d = gpu();
+    d.attributes.as_mut().unwrap().insert(
+        "long".into(),
+        res::DeviceAttribute {
+            string: Some("x".repeat(20_000)),
+            ..attr()
+        },
+    );
+    let err = compile("true")
+        .unwrap()
+        .evaluate(&CelDevice::new(DRIVER, &d));
+    assert!(
+        matches!(err, Err(Error::CelRuntime { message, .. }) if message.contains("limit of 64"))
+    );
+}

@@ -50,7 +50,8 @@ pub fn arrival_order(demands: &[u64], seed: u64, target: u64) -> Vec<usize> {
         order.swap(i, rng.below(i + 1));
     }
     let mut total: u64 = demands.iter().sum();
-    if demands.is_empty() {
+    // Copies are drawn until the target is reached: with no demand at all it never would be.
+    if demands.iter().all(|d| *d == 0) {
         return order;
     }
     loop {
@@ -67,6 +68,11 @@ pub fn arrival_order(demands: &[u64], seed: u64, target: u64) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tasks_without_gpu_demand_get_no_copies() {
+        assert_eq!(arrival_order(&[0, 0, 0], 42, 6000).len(), 3);
+    }
 
     #[test]
     fn the_same_seed_gives_the_same_order_and_another_seed_another() {

@@ -224,6 +224,30 @@ fn record_failure(result: &mut SeedResult, pod: &TracePod, before_100: bool) {
     }
 }
 
+/// Refuses a cluster without GPUs, and a trace with no GPU demand: the replay draws copies until the arrived demand
+/// reaches its target, which such a trace never does.
+fn require_gpu_demand(capacity: u64, demands: &[u64]) -> Result<()> {
+    if capacity == 0 {
+        return Err(Error::invalid(
+            "simulation",
+            "nodes",
+            "the cluster has no GPUs",
+        ));
+    }
+    if demands.iter().any(|d| *d > 0) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "simulation",
+        "pods",
+        format!(
+            "none of the {} tasks asks for a GPU (num_gpu 0 everywhere); the replay measures \
+             GPU allocation and has nothing to place",
+            demands.len()
+        ),
+    ))
+}
+
 /// Replays `pods` on `cluster` by the paper's method. `measure` holds the typical shapes of
 /// the fragmentation report (not the policy's knowledge); `progress` is told
 /// `(arrived, total)` now and then.
@@ -235,14 +259,8 @@ pub fn replay(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SeedResult> {
     let capacity = cluster.capacity_milli();
-    if capacity == 0 {
-        return Err(Error::invalid(
-            "simulation",
-            "nodes",
-            "the cluster has no GPUs",
-        ));
-    }
     let demands: Vec<u64> = pods.iter().map(TracePod::gpu_demand).collect();
+    require_gpu_demand(capacity, &demands)?;
     let order = arrival_order(&demands, opts.seed, capacity * MAX_ARRIVED_PERCENT / 100);
     let mut snap = cluster.snapshot()?;
     if let Some(h) = &opts.history {

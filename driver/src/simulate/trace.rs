@@ -68,6 +68,8 @@ struct Table<'a> {
 
 impl<'a> Table<'a> {
     fn parse(file: &'a str, text: &'a str) -> Result<Self> {
+        // Spreadsheets often save CSV with a UTF-8 byte-order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lines = text
             .lines()
             .enumerate()
@@ -176,6 +178,13 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
         t.column("gpu_milli")?,
     );
     let spec = t.column("gpu_spec").ok();
+    if t.rows.is_empty() {
+        return Err(Error::invalid(
+            file,
+            "rows",
+            "the pod list has a header but no tasks",
+        ));
+    }
     let mut pods = Vec::with_capacity(t.rows.len());
     for row in &t.rows {
         let object = format!("{file} line {}", row.0);
