@@ -213,6 +213,22 @@ pub(crate) struct Scoring<'a> {
     pub(crate) gpu_devices: &'a [usize],
 }
 
+/// For each request of `claim`, the fewest devices the requests after it can take.
+fn later_minimum(claim: &ClaimSpec) -> Vec<usize> {
+    let mut out = vec![0; claim.requests.len()];
+    let mut sum = 0usize;
+    for (r, alternatives) in claim.requests.iter().enumerate().rev() {
+        out[r] = sum;
+        let least = alternatives
+            .iter()
+            .map(|a| if a.all { 0 } else { a.count })
+            .min()
+            .unwrap_or(0);
+        sum = sum.saturating_add(least);
+    }
+    out
+}
+
 /// The search state for one node.
 pub(crate) struct Search<'a> {
     scoring: Scoring<'a>,
@@ -232,6 +248,10 @@ pub(crate) struct Search<'a> {
     pub(crate) picks: Vec<Vec<Pick>>,
     constraints: Vec<Vec<ConstraintState>>,
     pub(crate) selected: Vec<Vec<usize>>,
+    /// Per claim and request: the fewest devices the claim's later requests can take (their
+    /// cheapest alternatives; "All" counts none), so a choice that cannot leave them room under
+    /// the claim's result limit is dropped before any device is tried.
+    later_minimum: Vec<Vec<usize>>,
 }
 
 impl<'a> Search<'a> {
@@ -279,6 +299,7 @@ impl<'a> Search<'a> {
             picks: vec![Vec::new(); specs.len()],
             constraints,
             selected: specs.iter().map(|c| vec![0; c.requests.len()]).collect(),
+            later_minimum: specs.iter().map(later_minimum).collect(),
         }
     }
 
@@ -377,7 +398,12 @@ impl<'a> Search<'a> {
         if d >= needed {
             return self.step(c, r + 1, None, 0);
         }
-        if self.picks[c].len().saturating_add(needed - d) > MAX_RESULTS {
+        if self.picks[c]
+            .len()
+            .saturating_add(needed - d)
+            .saturating_add(self.later_minimum[c][r])
+            > MAX_RESULTS
+        {
             return Ok(false);
         }
         if spec.all {
