@@ -33,7 +33,7 @@ const CONFLICT_RETRIES: usize = 5;
 /// Event reason on a pod whose claims cannot be placed.
 pub const REASON_FAILED: &str = "FailedAllocation";
 /// Event reason on a pod whose claims are broken in a way only their owner can fix.
-pub const REASON_REFUSED: &str = "AllocationRefused";
+pub const REASON_REFUSED: &str = names::REASON_ALLOCATION_REFUSED;
 /// Event reason on a pod whose allocation waits too long for the pod to bind.
 pub const REASON_UNBOUND: &str = "AllocationNotBound";
 /// Condition reason once a pod is placed.
@@ -73,12 +73,44 @@ impl From<Error> for NotPlaced {
     }
 }
 
-/// A pod that was not placed, and what it would take to try again.
+/// A pod that was not placed, and what it would take to try again: for a pod that does not
+/// fit, a change of the pod or of the cluster (the view's generation); for a refused pod (a
+/// failure only the owner can fix, such as a 422 from the API server), a change of the pod or
+/// of one of its claims, and nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Remembered {
     generation: u64,
     pod_version: Option<String>,
+    /// Set for a refusal: the resourceVersion of each of the pod's claims when it was refused.
+    refused_claims: Option<Vec<Option<String>>>,
     message: String,
+}
+
+impl Remembered {
+    /// Whether trying `pod` again now would only repeat the last answer.
+    fn still_holds(&self, view: &ClusterView, pod: &Pod) -> bool {
+        if self.pod_version != pod.metadata.resource_version {
+            return false;
+        }
+        match &self.refused_claims {
+            Some(versions) => *versions == claim_versions(view, pod),
+            None => self.generation == view.generation(),
+        }
+    }
+}
+
+/// The resourceVersions of the pod's claims as the view has them (`None` for a missing one).
+fn claim_versions(view: &ClusterView, pod: &Pod) -> Vec<Option<String>> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    gate::claim_names(pod)
+        .unwrap_or_default()
+        .iter()
+        .map(|n| {
+            view.claims()
+                .get(&format!("{namespace}/{n}"))
+                .and_then(|c| c.metadata.resource_version.clone())
+        })
+        .collect()
 }
 
 /// What a pass found.
@@ -195,8 +227,7 @@ impl Reconciler {
                 continue;
             };
             if let Some(r) = self.remembered.get(&key)
-                && r.generation == view.generation()
-                && r.pod_version == pod.metadata.resource_version
+                && r.still_holds(view, pod)
             {
                 report.pending += 1;
                 continue;
@@ -274,6 +305,7 @@ impl Reconciler {
         report: &mut PassReport,
     ) {
         let key = pod_key(pod);
+        let refused = matches!(why, NotPlaced::Refused(_));
         let (outcome, reason, message) = match why {
             NotPlaced::Unschedulable(m) => (Outcome::Unschedulable, REASON_FAILED, m),
             NotPlaced::Refused(m) => (Outcome::Refused, REASON_REFUSED, m),
@@ -317,6 +349,7 @@ impl Reconciler {
             Remembered {
                 generation: view.generation(),
                 pod_version,
+                refused_claims: refused.then(|| claim_versions(view, pod)),
                 message,
             },
         );
