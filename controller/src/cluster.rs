@@ -21,7 +21,7 @@ use tessera_driver::allocator::{Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
 use tessera_driver::fragmentation::{TaskShape, Workload};
 use tessera_driver::gate;
-use tessera_driver::nodefit::{self, Resources};
+use tessera_driver::nodefit::Resources;
 use tracing::warn;
 
 pub use reflector::Change;
@@ -204,16 +204,13 @@ impl ClusterView {
         Ok(self.snapshot.insert(snapshot))
     }
 
-    /// Teaches fragmentation-aware policies the task shape of the pod `pod` (its
-    /// `namespace/name`), once per pod however often it is tried.
-    pub fn learn(&mut self, pod: &str, shape: TaskShape) {
-        if !self.learned.insert(pod.to_owned()) {
-            return;
+    /// Records that the pod `pod` (its `namespace/name`) taught the snapshot `shape`
+    /// ([`tessera_driver::allocator::Allocator::place_pod`] did), so it is not taught twice
+    /// and a rebuilt snapshot still knows it.
+    pub fn learned(&mut self, pod: &str, shape: TaskShape) {
+        if self.learned.insert(pod.to_owned()) {
+            self.workload.observe(shape);
         }
-        if let Some(snapshot) = self.snapshot.as_mut() {
-            snapshot.observe(shape.clone());
-        }
-        self.workload.observe(shape);
     }
 
     /// Whether the pod `pod` (its `namespace/name`) has taught its shape already.
@@ -227,20 +224,11 @@ impl ClusterView {
     }
 
     /// Gives placement policies each node's CPU and memory: `status.allocatable` less
-    /// `usage` (what the pods on it request). Nodes without allocatable amounts stay untracked.
+    /// `usage` (what the pods on it request, [`tessera_driver::nodefit::node_usage`]).
     pub fn track_hosts(&mut self, usage: &BTreeMap<String, Resources>) -> Result<()> {
-        let hosts: Vec<(String, _, _)> = self
-            .nodes
-            .iter()
-            .filter_map(|(name, node)| {
-                let allocatable = nodefit::node_allocatable(node).host()?;
-                let used = usage.get(name).and_then(|u| u.host()).unwrap_or_default();
-                Some((name.clone(), allocatable, used))
-            })
-            .collect();
-        let snapshot = self.snapshot()?;
-        for (name, allocatable, used) in hosts {
-            snapshot.set_host(&name, allocatable, used);
+        self.snapshot()?;
+        if let Some(snapshot) = self.snapshot.as_mut() {
+            snapshot.track_hosts(self.nodes.values(), usage);
         }
         Ok(())
     }
@@ -506,8 +494,8 @@ mod tests {
             gpu_milli: 500,
             models: None,
         };
-        view.learn("ml/p", shape.clone());
-        view.learn("ml/p", shape.clone());
+        view.learned("ml/p", shape.clone());
+        view.learned("ml/p", shape.clone());
         assert!(view.has_learned("ml/p") && !view.has_learned("ml/q"));
         assert_eq!(view.workload().seen(), 1);
         assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
@@ -520,8 +508,8 @@ mod tests {
             ),
         );
         assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
-        view.learn("ml/q", shape);
-        assert_eq!(view.snapshot().unwrap().workload().seen(), 2);
+        view.learned("ml/q", shape);
+        assert_eq!(view.workload().seen(), 2);
     }
 
     #[test]

@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_driver::allocator::{Allocator, AllocatorOptions, FailureKind, Policy, claim_key};
+use tessera_driver::allocator::{
+    Allocator, AllocatorOptions, FailureKind, Learn, Policy, claim_key,
+};
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -27,6 +29,12 @@ use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
 use crate::writer::{self, Writer};
+
+#[cfg(test)]
+mod tests;
+mod writes;
+
+pub use writes::Writes;
 
 /// How often one write is retried after a 409 Conflict before the pod is left for later.
 const CONFLICT_RETRIES: usize = 5;
@@ -129,10 +137,11 @@ pub struct PassReport {
 }
 
 /// Runs passes; holds what must survive between them (the last failure of every pod).
+/// Writes go through `W` ([`Writer`] in the service).
 #[derive(Debug)]
-pub struct Reconciler {
+pub struct Reconciler<W = Writer> {
     allocator: Allocator,
-    writer: Writer,
+    writer: W,
     metrics: std::sync::Arc<Metrics>,
     config: ReconcilerConfig,
     leader: watch::Receiver<bool>,
@@ -161,11 +170,11 @@ fn now() -> Timestamp {
     Timestamp::now()
 }
 
-impl Reconciler {
+impl<W: Writes> Reconciler<W> {
     /// A reconciler writing through `writer` while `leader` says this replica leads.
     pub fn new(
         config: ReconcilerConfig,
-        writer: Writer,
+        writer: W,
         metrics: std::sync::Arc<Metrics>,
         leader: watch::Receiver<bool>,
     ) -> Self {
@@ -416,33 +425,38 @@ impl Reconciler {
         let host = requests.host().unwrap_or_default();
         let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
         let key = pod_key(pod);
-        if !view.has_learned(&key) {
-            let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
-            if let Some(shape) = self.allocator.task_shape(snapshot, &refs, &host) {
-                view.learn(&key, shape);
-            }
-        }
-        let outcome = if candidates.is_empty() {
-            Err((format!("no node can take the pod: {node_summary}"), false))
+        // Learn the shape once per pod, however often it is tried; commit the placement
+        // (devices and host use) before the first write, so nothing placed later in this pass
+        // can take the same devices.
+        let learn = if view.has_learned(&key) {
+            Learn::Known
         } else {
-            let all_nodes = view.nodes().len();
-            let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
-            self.allocator
-                .allocate_pod(snapshot, &refs, &candidates, &host)
-                .map_err(|u| {
-                    let excluded = if candidates.len() < all_nodes {
-                        format!(" (nodes considered: {node_summary})")
-                    } else {
-                        String::new()
-                    };
-                    // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
-                    let invalid = u
-                        .failures
-                        .iter()
-                        .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
-                    (format!("{u}{excluded}"), invalid)
-                })
+            Learn::FromClaims
         };
+        let all_nodes = view.nodes().len();
+        let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
+        let placed = self
+            .allocator
+            .place_pod(snapshot, &refs, &candidates, &host, learn);
+        if let Some(shape) = placed.learned {
+            view.learned(&key, shape);
+        }
+        let outcome = placed.result.map_err(|u| {
+            // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
+            let invalid = u
+                .failures
+                .iter()
+                .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
+            if candidates.is_empty() && !invalid {
+                return (format!("no node can take the pod: {node_summary}"), false);
+            }
+            let excluded = if candidates.len() < all_nodes {
+                format!(" (nodes considered: {node_summary})")
+            } else {
+                String::new()
+            };
+            (format!("{u}{excluded}"), invalid)
+        });
         let placement = match outcome {
             Ok(p) => p,
             Err((message, invalid)) => {
@@ -480,13 +494,6 @@ impl Reconciler {
                 a
             })
             .collect();
-        // Reserve first, so nothing placed later in this pass can take the same devices.
-        if let Ok(snapshot) = view.snapshot() {
-            for (c, a) in claims.iter().zip(&allocations) {
-                snapshot.commit(c, a);
-            }
-            snapshot.add_host_use(&placement.node, &host);
-        }
         let mut written: Vec<String> = Vec::new();
         let mut failure = None;
         for (claim, allocation) in claims.iter().zip(&allocations) {
@@ -691,16 +698,20 @@ impl Reconciler {
             Some(c) => c.clone(),
             None => return Ok(()),
         };
-        for attempt in 0..=CONFLICT_RETRIES {
+        // Two steps (deallocate, unmark), each retried after a conflict; only a conflict
+        // makes the copy in hand stale enough to read the claim again.
+        let mut stale = false;
+        for _ in 0..=CONFLICT_RETRIES + 1 {
             if !self.leading() {
                 return Err(NotPlaced::NotLeader);
             }
-            if attempt > 0 {
+            if stale {
                 let Some(c) = self.writer.get_claim(ns, name).await? else {
                     view.forget_claim(key);
                     return Ok(());
                 };
                 current = c;
+                stale = false;
             }
             // Someone reserved it meanwhile: it is in use, not ours to take back.
             if !gate::is_ours(&current) || gate::is_reserved(&current) {
@@ -721,7 +732,10 @@ impl Reconciler {
                         return Ok(());
                     }
                 }
-                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
+                Err(e) if writer::is_conflict(&e) => {
+                    self.metrics.conflict();
+                    stale = true;
+                }
                 Err(e) if writer::is_not_found(&e) => {
                     view.forget_claim(key);
                     return Ok(());
@@ -830,39 +844,11 @@ impl Reconciler {
     }
 }
 
-/// What pods already take of every node: bound pods where they run, and unbound pods whose
-/// claims are allocated on the node their allocation names (kube-scheduler will bind them
-/// there, so they must count before they do).
+/// What pods already take of every node ([`nodefit::node_usage`] over the view).
 fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
-    let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
-    for pod in view.pods().values() {
-        if gate::is_done(pod) {
-            continue;
-        }
-        let bound = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty());
-        let node = bound.or_else(|| {
-            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-            gate::claim_names(pod).ok()?.iter().find_map(|n| {
-                view.claims()
-                    .get(&format!("{namespace}/{n}"))
-                    .and_then(|c| c.status.as_ref()?.allocation.as_ref())
-                    .and_then(gate::allocation_node)
-            })
-        });
-        let Some(node) = node else { continue };
-        match nodefit::pod_requests(pod) {
-            Ok(r) => {
-                let entry = usage.entry(node).or_default();
-                *entry = entry.plus(r);
-            }
-            Err(e) => {
-                debug!(pod = %pod_key(pod), error = %e, "not counting a pod with invalid requests");
-            }
-        }
-    }
-    usage
+    nodefit::node_usage(view.pods().values(), |namespace, name| {
+        view.claims()
+            .get(&format!("{namespace}/{name}"))
+            .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+    })
 }
