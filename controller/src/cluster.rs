@@ -14,7 +14,9 @@ pub mod reflector;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
+};
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
 use tessera_driver::allocator::{Snapshot, claim_key};
@@ -105,6 +107,77 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
     match (incoming, stored) {
         (Some(i), Some(s)) => i >= s,
         _ => true,
+    }
+}
+
+/// Keeps of a pod only what the controller's decisions and writes read: its identity and
+/// version, creation and deletion times, gates, claims, node constraints, containers' names and
+/// requests, overhead, and status phase, conditions (the condition patch rewrites the list) and
+/// claim statuses. Everything else (`managedFields`, labels, annotations, images, env,
+/// volumes, container statuses, ...) is dropped on the way in: at thousands of pods it is most
+/// of their size.
+fn slim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.generate_name = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        let slim = |c: &Container| Container {
+            name: c.name.clone(),
+            resources: c.resources.clone(),
+            restart_policy: c.restart_policy.clone(),
+            ..Container::default()
+        };
+        *spec = PodSpec {
+            containers: spec.containers.iter().map(slim).collect(),
+            init_containers: spec
+                .init_containers
+                .as_ref()
+                .map(|v| v.iter().map(slim).collect()),
+            affinity: spec.affinity.take().map(|a| Affinity {
+                node_affinity: a.node_affinity,
+                ..Affinity::default()
+            }),
+            node_name: spec.node_name.take(),
+            node_selector: spec.node_selector.take(),
+            overhead: spec.overhead.take(),
+            resource_claims: spec.resource_claims.take(),
+            scheduling_gates: spec.scheduling_gates.take(),
+            tolerations: spec.tolerations.take(),
+            ..PodSpec::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            phase: status.phase.take(),
+            conditions: status.conditions.take(),
+            resource_claim_statuses: status.resource_claim_statuses.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+/// Keeps of a node only what the node filter reads: name, labels, version, taints,
+/// unschedulable and allocatable amounts.
+fn slim_node(node: &mut Node) {
+    let meta = &mut node.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    if let Some(spec) = node.spec.as_mut() {
+        *spec = NodeSpec {
+            taints: spec.taints.take(),
+            unschedulable: spec.unschedulable,
+            ..NodeSpec::default()
+        };
+    }
+    if let Some(status) = node.status.as_mut() {
+        *status = NodeStatus {
+            allocatable: status.allocatable.take(),
+            ..NodeStatus::default()
+        };
     }
 }
 
@@ -288,12 +361,24 @@ impl ClusterView {
         }
     }
 
-    fn upsert(&mut self, resource: Resource, value: Value) {
+    fn upsert(&mut self, resource: Resource, mut value: Value) {
+        // managedFields are often the larger part of an object and nothing reads them.
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
         let key = json_key(&value);
         let version = version_of(&value);
-        let Some(object) = Self::decode(resource, value) else {
+        let Some(mut object) = Self::decode(resource, value) else {
             return;
         };
+        match &mut object {
+            Object::Pod(p) => slim_pod(p),
+            Object::Node(n) => slim_node(n),
+            Object::ResourceSlice(s) => s.metadata.managed_fields = None,
+            Object::DeviceClass(c) => c.metadata.managed_fields = None,
+            Object::ResourceClaim(c) => c.metadata.managed_fields = None,
+            Object::ResourceClaimTemplate(_) => {}
+        }
         match object {
             Object::ResourceSlice(s) => {
                 if newer(
@@ -367,14 +452,16 @@ impl ClusterView {
     }
 
     /// Applies a claim the controller just wrote (the server's answer).
-    pub fn put_written_claim(&mut self, claim: res::ResourceClaim) {
+    pub fn put_written_claim(&mut self, mut claim: res::ResourceClaim) {
+        claim.metadata.managed_fields = None;
         let key = claim_path(&claim);
         let version = meta_version(&claim.metadata);
         self.put_claim(key, claim, version);
     }
 
     /// Applies a pod the controller just wrote (the server's answer).
-    pub fn put_written_pod(&mut self, pod: Pod) {
+    pub fn put_written_pod(&mut self, mut pod: Pod) {
+        slim_pod(&mut pod);
         let key = format!(
             "{}/{}",
             pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -510,6 +597,54 @@ mod tests {
         assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
         view.learned("ml/q", shape);
         assert_eq!(view.workload().seen(), 2);
+    }
+
+    #[test]
+    fn pods_and_nodes_keep_only_what_decisions_read() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let managed = json!([{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                              "fieldsV1": {"f:spec": {"f:containers": {}}}}]);
+        view.apply(
+            Resource::Pods,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "3",
+                             "labels": {"app": "x"}, "managedFields": managed},
+                "spec": {"schedulingGates": [{"name": "gpu.tessera.dev/allocation"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+                         "nodeSelector": {"zone": "a"},
+                         "volumes": [{"name": "v", "emptyDir": {}}],
+                         "containers": [{"name": "main", "image": "big/image:1",
+                             "env": [{"name": "A", "value": "b"}],
+                             "resources": {"requests": {"cpu": "2"}}}]},
+                "status": {"phase": "Pending", "hostIP": "10.0.0.1",
+                           "conditions": [{"type": "PodScheduled", "status": "False"}]}})),
+        );
+        let pod = serde_json::to_value(&view.pods()["ml/p"]).unwrap();
+        assert_eq!(
+            pod,
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "3"},
+                "spec": {"schedulingGates": [{"name": "gpu.tessera.dev/allocation"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+                         "nodeSelector": {"zone": "a"},
+                         "containers": [{"name": "main", "resources": {"requests": {"cpu": "2"}}}]},
+                "status": {"phase": "Pending",
+                           "conditions": [{"type": "PodScheduled", "status": "False"}]}})
+        );
+        view.apply(
+            Resource::Nodes,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "labels": {"zone": "a"}, "managedFields": managed},
+                "spec": {"podCIDR": "10.1.0.0/24", "unschedulable": true},
+                "status": {"allocatable": {"cpu": "8"}, "images": [{"names": ["a"], "sizeBytes": 1}]}})),
+        );
+        let node = serde_json::to_value(&view.nodes()["n"]).unwrap();
+        assert_eq!(
+            node,
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "labels": {"zone": "a"}},
+                "spec": {"unschedulable": true}, "status": {"allocatable": {"cpu": "8"}}})
+        );
     }
 
     #[test]

@@ -146,6 +146,9 @@ struct Shared {
     store: Mutex<Store>,
     /// How long every write waits before it is carried out (a slow server).
     write_delay: Mutex<std::time::Duration>,
+    /// How long every request but a watch waits before it is answered (a real server's
+    /// round trip: authentication, admission, etcd).
+    request_delay: Mutex<std::time::Duration>,
     versions: Mutex<Vec<String>>,
     changed: watch::Sender<u64>,
 }
@@ -191,6 +194,7 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
             write_delay: Mutex::new(std::time::Duration::ZERO),
+            request_delay: Mutex::new(std::time::Duration::ZERO),
             versions: Mutex::new(versions.iter().map(|v| (*v).to_owned()).collect()),
             changed,
         });
@@ -267,6 +271,45 @@ impl FakeApiServer {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
     }
 
+    /// Makes every later request but a watch wait `delay` before it is answered, as a real
+    /// API server's round trip does.
+    pub fn set_request_delay(&self, delay: std::time::Duration) {
+        *self
+            .shared
+            .request_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
+    /// Makes every later write record `metadata.managedFields` (who wrote which fields, with
+    /// the writer's `User-Agent` as manager), so objects are served about as large as a real
+    /// API server serves them.
+    pub fn set_managed_fields(&self, on: bool) {
+        self.shared.lock().managed_fields = on;
+    }
+
+    /// How many stored objects of `resource` satisfy `predicate` (without copying them).
+    pub fn count(&self, resource: &str, predicate: impl Fn(&Value) -> bool) -> usize {
+        let Some(kind) = kind(resource) else {
+            return 0;
+        };
+        self.shared.lock().count(&kind, predicate)
+    }
+
+    /// The names of the stored objects of `resource` that satisfy `predicate` (without
+    /// copying the objects).
+    pub fn names_where(&self, resource: &str, predicate: impl Fn(&Value) -> bool) -> Vec<String> {
+        let Some(kind) = kind(resource) else {
+            return Vec::new();
+        };
+        self.shared.lock().names_where(&kind, predicate)
+    }
+
+    /// Forgets the request log (long benchmarks would otherwise keep every request).
+    pub fn clear_requests(&self) {
+        self.shared.lock().requests.clear();
+    }
+
     /// Every request on a served resource answered so far (discovery and unknown paths
     /// excluded).
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -284,7 +327,11 @@ impl FakeApiServer {
                 .unwrap_or("default")
                 .to_owned()
         });
-        let result = self.shared.lock().create(&kind, namespace.as_ref(), object);
+        let result = {
+            let mut store = self.shared.lock();
+            "kubectl-create".clone_into(&mut store.manager);
+            store.create(&kind, namespace.as_ref(), object)
+        };
         self.notify();
         result
     }
@@ -300,13 +347,17 @@ impl FakeApiServer {
         let kind = kind(resource)
             .ok_or_else(|| StatusError::bad_request(format!("unknown resource {resource}")))?;
         let namespace = namespace.map(str::to_owned);
-        let result = self.shared.lock().update(
-            &kind,
-            namespace.as_ref(),
-            name,
-            json!({ "status": status.clone() }),
-            true,
-        );
+        let result = {
+            let mut store = self.shared.lock();
+            "status-writer".clone_into(&mut store.manager);
+            store.update(
+                &kind,
+                namespace.as_ref(),
+                name,
+                json!({ "status": status.clone() }),
+                true,
+            )
+        };
         self.notify();
         result
     }
@@ -649,6 +700,12 @@ async fn handle(
             ));
         }
     };
+    let manager = req
+        .headers()
+        .get(hyper::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|a| a.split('/').next().unwrap_or(a).to_owned())
+        .unwrap_or_default();
     let content_type = req
         .headers()
         .get(hyper::header::CONTENT_TYPE)
@@ -660,6 +717,15 @@ async fn handle(
         Err(e) => return error_response(&StatusError::bad_request(format!("reading body: {e}"))),
     };
     let resource = target.resource_label();
+    if verb != Verb::Watch {
+        let delay = *shared
+            .request_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
     if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
         let delay = *shared
             .write_delay
@@ -688,7 +754,10 @@ async fn handle(
         None if verb == Verb::Watch => {
             return watch_response(shared, &target, &params, stopped);
         }
-        None => serve(shared, &target, verb, &params, &content_type, &body),
+        None => {
+            shared.lock().manager = manager;
+            serve(shared, &target, verb, &params, &content_type, &body)
+        }
     };
     let (code, response) = match outcome {
         Ok((code, value)) => (code, json_response(code, &value)),
