@@ -196,6 +196,8 @@ pub struct ClusterView {
     generation: u64,
     workload: Workload,
     learned: BTreeSet<String>,
+    /// Each pod's requests (`None`: they do not parse), computed when the pod is stored.
+    requests: std::collections::HashMap<String, Option<Resources>>,
 }
 
 impl ClusterView {
@@ -214,6 +216,7 @@ impl ClusterView {
             generation: 0,
             workload: Workload::new(),
             learned: BTreeSet::new(),
+            requests: std::collections::HashMap::new(),
         }
     }
 
@@ -241,6 +244,20 @@ impl ClusterView {
     /// Pods by `namespace/name`.
     pub fn pods(&self) -> &BTreeMap<String, Pod> {
         &self.pods
+    }
+
+    /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
+    /// pod was stored); `None` when its requests do not parse.
+    pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
+        let key = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        match self.requests.get(&key) {
+            Some(r) => *r,
+            None => tessera_driver::nodefit::pod_requests(pod).ok(),
+        }
     }
 
     /// Nodes by name.
@@ -413,6 +430,8 @@ impl ClusterView {
                 if old.is_some_and(|o| !gate::is_done(o)) && gate::is_done(&p) {
                     self.generation += 1;
                 }
+                self.requests
+                    .insert(key.clone(), tessera_driver::nodefit::pod_requests(&p).ok());
                 self.pods.insert(key, p);
             }
             Object::Node(n) => {
@@ -435,6 +454,12 @@ impl ClusterView {
             return;
         }
         if old.is_some_and(gate::is_allocated) && !gate::is_allocated(&claim) {
+            self.generation += 1;
+        }
+        // A claim being deleted is given back (its finalizer removed) by the next pass.
+        if old.is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+            && claim.metadata.deletion_timestamp.is_some()
+        {
             self.generation += 1;
         }
         if let Some(snapshot) = self.snapshot.as_mut() {
@@ -471,6 +496,10 @@ impl ClusterView {
             meta_version(&pod.metadata),
             self.pods.get(&key).and_then(|o| meta_version(&o.metadata)),
         ) {
+            self.requests.insert(
+                key.clone(),
+                tessera_driver::nodefit::pod_requests(&pod).ok(),
+            );
             self.pods.insert(key, pod);
         }
     }
@@ -497,6 +526,7 @@ impl ClusterView {
             Resource::Pods => {
                 self.pods.remove(key);
                 self.learned.remove(key);
+                self.requests.remove(key);
             }
             Resource::Nodes => {
                 self.nodes.remove(key);

@@ -148,7 +148,15 @@ pub struct Reconciler<W = Writer> {
     remembered: HashMap<String, Remembered>,
     reported_unbound: BTreeSet<String>,
     gauges_at: Option<Instant>,
+    /// The view's generation when orphans were last looked for.
+    released_at: Option<u64>,
+    /// When unbound allocations were last looked for.
+    unbound_at: Option<Instant>,
 }
+
+/// How often allocations whose pod does not bind are looked for (each look walks every pod
+/// and claim; the threshold itself is minutes).
+const UNBOUND_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often the per-device gauges are recomputed while pods are being placed (they cost a
 /// walk over every device).
@@ -192,6 +200,8 @@ impl<W: Writes> Reconciler<W> {
             remembered: HashMap::new(),
             reported_unbound: BTreeSet::new(),
             gauges_at: None,
+            released_at: None,
+            unbound_at: None,
         }
     }
 
@@ -207,7 +217,15 @@ impl<W: Writes> Reconciler<W> {
             report.lost_leadership = true;
             return report;
         }
-        self.release_orphans(view, &mut report).await;
+        // A claim is orphaned only by something that bumps the generation (a pod gone or
+        // finished, a claim being deleted, a resync): otherwise the walk is skipped.
+        if self.released_at != Some(view.generation()) {
+            self.released_at = Some(view.generation());
+            self.release_orphans(view, &mut report).await;
+            if report.retry_soon || report.released > 0 {
+                self.released_at = None;
+            }
+        }
         let mut usage = node_usage(view);
         if let Err(e) = view.track_hosts(&usage) {
             warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
@@ -286,7 +304,13 @@ impl<W: Writes> Reconciler<W> {
             }
         }
         if !report.lost_leadership {
-            self.report_unbound(view).await;
+            let due = self
+                .unbound_at
+                .is_none_or(|at| at.elapsed() >= UNBOUND_INTERVAL);
+            if due {
+                self.unbound_at = Some(Instant::now());
+                self.report_unbound(view).await;
+            }
         }
         let busy = report.placed > 0 || report.released > 0;
         let due = self
@@ -846,9 +870,13 @@ impl<W: Writes> Reconciler<W> {
 
 /// What pods already take of every node ([`nodefit::node_usage`] over the view).
 fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
-    nodefit::node_usage(view.pods().values(), |namespace, name| {
-        view.claims()
-            .get(&format!("{namespace}/{name}"))
-            .and_then(|c| c.status.as_ref()?.allocation.as_ref())
-    })
+    nodefit::node_usage(
+        view.pods().values(),
+        |namespace, name| {
+            view.claims()
+                .get(&format!("{namespace}/{name}"))
+                .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+        },
+        |pod| view.pod_requests(pod),
+    )
 }

@@ -206,11 +206,15 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
         .iter()
         .filter_map(|c| Some((key(&c.metadata), c.status.as_ref()?.allocation.as_ref()?)))
         .collect();
-    let usage = nodefit::node_usage(input.pods, |namespace, name| {
-        by_key
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .copied()
-    });
+    let usage = nodefit::node_usage(
+        input.pods,
+        |namespace, name| {
+            by_key
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .copied()
+        },
+        |pod| nodefit::pod_requests(pod).ok(),
+    );
     snapshot.track_hosts(input.nodes, &usage);
     let allocator = Allocator::new(AllocatorOptions {
         driver_name: options.driver_name.clone(),

@@ -208,11 +208,13 @@ pub fn pod_requests(pod: &Pod) -> Result<Resources> {
 /// What pods already take of every node: bound pods where they run, and unbound pods whose
 /// claims are allocated on the node their allocation names (kube-scheduler will bind them
 /// there, so they count before they do). Finished and deleted pods take nothing. `allocated`
-/// answers the allocation of a claim by namespace and name, when it has one. A pod whose
-/// requests do not parse is skipped here (it is refused where it is placed).
+/// answers the allocation of a claim by namespace and name, when it has one; `requests` a
+/// pod's [`pod_requests`] (callers that see the same pods often keep them), `None` for a pod
+/// whose requests do not parse (it is skipped here and refused where it is placed).
 pub fn node_usage<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
     allocated: impl Fn(&str, &str) -> Option<&'a k8s_openapi::api::resource::v1::AllocationResult>,
+    requests: impl Fn(&Pod) -> Option<Resources>,
 ) -> BTreeMap<String, Resources> {
     let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
     for pod in pods {
@@ -232,7 +234,7 @@ pub fn node_usage<'a>(
                 .find_map(|n| allocated(namespace, n).and_then(crate::gate::allocation_node))
         });
         let Some(node) = node else { continue };
-        if let Ok(r) = pod_requests(pod) {
+        if let Some(r) = requests(pod) {
             let entry = usage.entry(node).or_default();
             *entry = entry.plus(r);
         }

@@ -45,6 +45,13 @@ fn to_value(object: &DynamicObject, api: &ApiResource) -> Option<Value> {
     serde_json::to_value(object).ok().map(|v| with_type(v, api))
 }
 
+/// Drops what nothing reads before the object is copied on (managedFields are often most of
+/// an object's size).
+fn slimmed(mut object: DynamicObject) -> DynamicObject {
+    object.metadata.managed_fields = None;
+    object
+}
+
 /// Reflects `resource` (served as `api`) into `tx` until `tx` is closed.
 pub async fn run(
     client: kube::Client,
@@ -67,8 +74,8 @@ pub async fn run(
         let mut version = list.metadata.resource_version.clone().unwrap_or_default();
         let items = list
             .items
-            .iter()
-            .filter_map(|o| to_value(o, &api))
+            .into_iter()
+            .filter_map(|o| to_value(&slimmed(o), &api))
             .collect();
         if tx.send((resource, Change::Listed(items))).await.is_err() {
             return;
@@ -92,13 +99,13 @@ pub async fn run(
                         if let Some(rv) = &o.metadata.resource_version {
                             version.clone_from(rv);
                         }
-                        to_value(&o, &api).map(Change::Applied)
+                        to_value(&slimmed(o), &api).map(Change::Applied)
                     }
                     Ok(WatchEvent::Deleted(o)) => {
                         if let Some(rv) = &o.metadata.resource_version {
                             version.clone_from(rv);
                         }
-                        to_value(&o, &api).map(Change::Deleted)
+                        to_value(&slimmed(o), &api).map(Change::Deleted)
                     }
                     Ok(WatchEvent::Bookmark(b)) => {
                         version = b.metadata.resource_version;
