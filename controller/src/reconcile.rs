@@ -30,11 +30,14 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
 use crate::writer::{self, Writer};
 
+mod protocol;
 #[cfg(test)]
 mod tests;
 mod writes;
 
 pub use writes::Writes;
+
+use protocol::{Done, Job, Protocol, ViewUpdate};
 
 /// How often one write is retried after a 409 Conflict before the pod is left for later.
 const CONFLICT_RETRIES: usize = 5;
@@ -141,7 +144,7 @@ pub struct PassReport {
 #[derive(Debug)]
 pub struct Reconciler<W = Writer> {
     allocator: Allocator,
-    writer: W,
+    protocol: Protocol<W>,
     metrics: std::sync::Arc<Metrics>,
     config: ReconcilerConfig,
     leader: watch::Receiver<bool>,
@@ -178,7 +181,10 @@ fn now() -> Timestamp {
     Timestamp::now()
 }
 
-impl<W: Writes> Reconciler<W> {
+/// How many pods' writes may be in flight at once (each pod's own writes stay in order).
+const PODS_IN_FLIGHT: usize = 32;
+
+impl<W: Writes + Clone + 'static> Reconciler<W> {
     /// A reconciler writing through `writer` while `leader` says this replica leads.
     pub fn new(
         config: ReconcilerConfig,
@@ -193,7 +199,11 @@ impl<W: Writes> Reconciler<W> {
         });
         Self {
             allocator,
-            writer,
+            protocol: Protocol {
+                writer,
+                metrics: Arc::clone(&metrics),
+                leader: leader.clone(),
+            },
             metrics,
             config,
             leader,
@@ -245,6 +255,9 @@ impl<W: Writes> Reconciler<W> {
         gated.sort();
         let live: BTreeSet<&String> = gated.iter().map(|(_, k)| k).collect();
         self.remembered.retain(|k, _| live.contains(k));
+        // Decide every ready pod first (each placement committed before the next pod is
+        // decided), then carry out their writes side by side.
+        let mut jobs = Vec::new();
         for (_, key) in gated {
             if !self.leading() {
                 report.lost_leadership = true;
@@ -271,37 +284,29 @@ impl<W: Writes> Reconciler<W> {
                     self.not_placed(view, &pod, NotPlaced::Refused(why), &mut report)
                         .await;
                 }
-                PodPlan::Ungate => match self.finish(view, &pod, Instant::now()).await {
-                    Ok(()) => report.placed += 1,
+                PodPlan::Ungate => jobs.push(Job {
+                    pod,
+                    claims: Vec::new(),
+                    started: Instant::now(),
+                }),
+                PodPlan::Allocate {
+                    pending,
+                    allocated,
+                    node,
+                } => match self
+                    .decide(view, &pod, &pending, &allocated, node, &mut usage)
+                    .await
+                {
+                    Ok(job) => jobs.push(job),
                     Err(e) => {
                         report.pending += 1;
                         self.not_placed(view, &pod, e, &mut report).await;
                     }
                 },
-                PodPlan::Allocate {
-                    pending,
-                    allocated,
-                    node,
-                } => {
-                    let started = Instant::now();
-                    match self
-                        .place(view, &pod, &pending, &allocated, node, &mut usage)
-                        .await
-                    {
-                        Ok(()) => match self.finish(view, &pod, started).await {
-                            Ok(()) => report.placed += 1,
-                            Err(e) => {
-                                report.pending += 1;
-                                self.not_placed(view, &pod, e, &mut report).await;
-                            }
-                        },
-                        Err(e) => {
-                            report.pending += 1;
-                            self.not_placed(view, &pod, e, &mut report).await;
-                        }
-                    }
-                }
             }
+        }
+        for done in self.write_all(jobs).await {
+            self.apply_done(view, done, &mut report).await;
         }
         if !report.lost_leadership {
             let due = self
@@ -362,10 +367,16 @@ impl<W: Writes> Reconciler<W> {
         if !unchanged && self.leading() {
             info!(pod = %key, reason, message, "the pod's claims cannot be placed");
             let at = now();
-            if let Err(e) = self.writer.event(pod, true, reason, &message, at).await {
+            if let Err(e) = self
+                .protocol
+                .writer
+                .event(pod, true, reason, &message, at)
+                .await
+            {
                 warn!(pod = %key, error = %e, "recording the Event failed");
             }
             match self
+                .protocol
                 .writer
                 .set_condition(pod, false, reason, &message, at)
                 .await
@@ -429,8 +440,9 @@ impl<W: Writes> Reconciler<W> {
         (Arc::new(fit), summary)
     }
 
-    #[allow(clippy::too_many_lines)] // Reason: the protocol for one pod reads best in order.
-    async fn place(
+    /// Decides where the pod's pending claims go and commits it to the snapshot; the writes
+    /// are the returned job's.
+    async fn decide(
         &mut self,
         view: &mut ClusterView,
         pod: &Pod,
@@ -438,7 +450,7 @@ impl<W: Writes> Reconciler<W> {
         allocated: &[String],
         node: Option<String>,
         usage: &mut BTreeMap<String, Resources>,
-    ) -> Result<(), NotPlaced> {
+    ) -> Result<Job, NotPlaced> {
         let requests = nodefit::pod_requests(pod).map_err(|e| NotPlaced::Refused(e.to_string()))?;
         let (candidates, node_summary) =
             Self::candidates(view, pod, requests, node.as_deref(), usage);
@@ -498,7 +510,7 @@ impl<W: Writes> Reconciler<W> {
                         .collect();
                     if ours.len() == allocated.len() {
                         for k in &ours {
-                            self.release_claim(view, k).await?;
+                            self.release(view, k).await?;
                         }
                     }
                 }
@@ -518,260 +530,98 @@ impl<W: Writes> Reconciler<W> {
                 a
             })
             .collect();
-        let mut written: Vec<String> = Vec::new();
-        let mut failure = None;
-        for (claim, allocation) in claims.iter().zip(&allocations) {
-            match self.write_claim(view, pod, claim, allocation).await {
-                Ok(()) => written.push(crate::cluster::claim_path(claim)),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(failure) = failure {
-            // Undo the reservation of the claims not written, then roll back those written.
-            let unwritten: Vec<(res::ResourceClaim, Option<res::ResourceClaim>)> = claims
-                .iter()
-                .filter(|c| !written.contains(&crate::cluster::claim_path(c)))
-                .map(|c| {
-                    let current = view.claims().get(&crate::cluster::claim_path(c)).cloned();
-                    (c.clone(), current)
-                })
-                .collect();
-            if let Ok(snapshot) = view.snapshot() {
-                for (claim, current) in &unwritten {
-                    snapshot.release(&claim_key(claim));
-                    if let Some(current) = current
-                        && let Some(a) = current.status.as_ref().and_then(|s| s.allocation.as_ref())
-                    {
-                        snapshot.commit(current, a);
-                    }
-                }
-            }
-            for k in written.iter().rev() {
-                if let Err(e) = self.release_claim(view, k).await {
-                    warn!(claim = %k, error = ?e, "rolling back an allocation failed; it is released once the pod is gone");
-                }
-            }
-            return Err(failure);
-        }
         let entry = usage.entry(placement.node.clone()).or_default();
         *entry = entry.plus(requests);
-        info!(pod = %pod_key(pod), node = %placement.node, claims = written.len(), "allocated the pod's claims");
-        Ok(())
+        debug!(pod = %pod_key(pod), node = %placement.node, "placed; writing");
+        Ok(Job {
+            pod: pod.clone(),
+            claims: claims.into_iter().zip(allocations).collect(),
+            started: Instant::now(),
+        })
     }
 
-    /// Marks a claim and writes its allocation, re-reading and retrying on conflicts.
-    async fn write_claim(
-        &mut self,
-        view: &mut ClusterView,
-        pod: &Pod,
-        claim: &res::ResourceClaim,
-        allocation: &res::AllocationResult,
-    ) -> Result<(), NotPlaced> {
-        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-        let key = crate::cluster::claim_path(claim);
-        let mut current = claim.clone();
-        for attempt in 0..=CONFLICT_RETRIES {
-            if !self.leading() {
-                return Err(NotPlaced::NotLeader);
-            }
-            if attempt > 0 {
-                let (ns, name) = split_key(&key);
-                let Some(c) = self.writer.get_claim(ns, name).await? else {
-                    view.forget_claim(&key);
-                    return Err(NotPlaced::Unschedulable(format!(
-                        "ResourceClaim {key} was deleted"
-                    )));
-                };
-                view.put_written_claim(c.clone());
-                current = c;
-                if gate::is_allocated(&current) || current.metadata.deletion_timestamp.is_some() {
-                    return Err(NotPlaced::Transient(Error::Api {
-                        action: format!("allocating ResourceClaim {key}"),
-                        code: Some(409),
-                        message: "the claim was allocated or deleted meanwhile".to_owned(),
-                    }));
+    /// Carries out the jobs, at most [`PODS_IN_FLIGHT`] pods at a time.
+    async fn write_all(&self, jobs: Vec<Job>) -> Vec<Done> {
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut set = tokio::task::JoinSet::new();
+        for job in jobs {
+            while set.len() >= PODS_IN_FLIGHT {
+                if let Some(done) = set.join_next().await {
+                    push_done(&mut out, done);
                 }
             }
-            let marked = gate::is_ours(&current)
-                && current
-                    .metadata
-                    .finalizers
+            let protocol = self.protocol.clone();
+            set.spawn(async move { protocol.run(job).await });
+        }
+        while let Some(done) = set.join_next().await {
+            push_done(&mut out, done);
+        }
+        out
+    }
+
+    /// Applies what one pod's writes did to the view, the snapshot and the report.
+    async fn apply_done(&mut self, view: &mut ClusterView, done: Done, report: &mut PassReport) {
+        apply_updates(view, done.updates);
+        let Done {
+            job,
+            written,
+            pod_gone,
+            result,
+            ..
+        } = done;
+        if pod_gone {
+            // Its claims go back in the next pass's look for orphans.
+            self.released_at = None;
+            report.retry_soon = true;
+        }
+        match result {
+            Ok(()) => {
+                info!(pod = %pod_key(&job.pod), claims = job.claims.len(), "placed the pod");
+                self.remembered.remove(&pod_key(&job.pod));
+                self.metrics.outcome(Outcome::Allocated);
+                self.metrics.latency(job.started.elapsed());
+                report.placed += 1;
+            }
+            Err(e) => {
+                // The claims not written (or rolled back) give back their reservation; what
+                // the server holds for them now counts instead.
+                if let Ok(snapshot) = view.snapshot() {
+                    for (claim, _) in &job.claims {
+                        let path = crate::cluster::claim_path(claim);
+                        if written.contains(&path) {
+                            continue;
+                        }
+                        snapshot.release(&claim_key(claim));
+                    }
+                }
+                let current: Vec<res::ResourceClaim> = job
+                    .claims
                     .iter()
-                    .flatten()
-                    .any(|f| f == names::CLAIM_FINALIZER);
-            if !marked {
-                match self.writer.mark_claim(&current, pod_name).await {
-                    Ok(c) => current = c,
-                    Err(e) if writer::is_conflict(&e) => {
-                        self.metrics.conflict();
-                        continue;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            match self.writer.write_allocation(&current, allocation).await {
-                Ok(c) => {
-                    view.put_written_claim(c);
-                    return Ok(());
-                }
-                Err(e) if writer::is_conflict(&e) => {
-                    self.metrics.conflict();
-                }
-                Err(e) => {
-                    // The claim carries our mark now; keep the view in step for the rollback.
-                    view.put_written_claim(current);
-                    return Err(e.into());
-                }
-            }
-        }
-        Err(NotPlaced::Transient(Error::Api {
-            action: format!("allocating ResourceClaim {key}"),
-            code: Some(409),
-            message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
-        }))
-    }
-
-    /// Removes the gate (and flips the condition to placed if it said otherwise).
-    async fn finish(
-        &mut self,
-        view: &mut ClusterView,
-        pod: &Pod,
-        started: Instant,
-    ) -> Result<(), NotPlaced> {
-        let key = pod_key(pod);
-        let mut current = pod.clone();
-        let mut ungated = false;
-        for attempt in 0..=CONFLICT_RETRIES {
-            if !self.leading() {
-                return Err(NotPlaced::NotLeader);
-            }
-            if attempt > 0 {
-                let (ns, name) = split_key(&key);
-                let Some(p) = self.writer.get_pod(ns, name).await? else {
-                    view.forget_pod(&key);
-                    // The pod went while we allocated: give its claims back.
-                    Box::pin(self.release_orphans(view, &mut PassReport::default())).await;
-                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
-                };
-                current = p;
-                if !gate::is_gated(&current) {
-                    ungated = true;
-                    break;
-                }
-            }
-            match self.writer.ungate(&current).await {
-                Ok(p) => {
-                    current = p;
-                    ungated = true;
-                    break;
-                }
-                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
-                Err(e) if writer::is_not_found(&e) => {
-                    view.forget_pod(&key);
-                    self.release_orphans(view, &mut PassReport::default()).await;
-                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if !ungated {
-            return Err(NotPlaced::Transient(Error::Api {
-                action: format!("removing the scheduling gate of Pod {key}"),
-                code: Some(409),
-                message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
-            }));
-        }
-        let failed_before = current
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == names::CONDITION_ALLOCATED && c.status == "False")
-            });
-        if failed_before {
-            match self
-                .writer
-                .set_condition(
-                    &current,
-                    true,
-                    REASON_ALLOCATED,
-                    "the pod's claims are allocated",
-                    now(),
-                )
-                .await
-            {
-                Ok(p) => current = p,
-                Err(e) => debug!(pod = %key, error = %e, "clearing the failure condition failed"),
-            }
-        }
-        view.put_written_pod(current);
-        self.remembered.remove(&key);
-        self.metrics.outcome(Outcome::Allocated);
-        self.metrics.latency(started.elapsed());
-        Ok(())
-    }
-
-    /// Gives back one claim this controller allocated: deallocate, then unmark.
-    async fn release_claim(&mut self, view: &mut ClusterView, key: &str) -> Result<(), NotPlaced> {
-        let (ns, name) = split_key(key);
-        let mut current = match view.claims().get(key) {
-            Some(c) => c.clone(),
-            None => return Ok(()),
-        };
-        // Two steps (deallocate, unmark), each retried after a conflict; only a conflict
-        // makes the copy in hand stale enough to read the claim again.
-        let mut stale = false;
-        for _ in 0..=CONFLICT_RETRIES + 1 {
-            if !self.leading() {
-                return Err(NotPlaced::NotLeader);
-            }
-            if stale {
-                let Some(c) = self.writer.get_claim(ns, name).await? else {
-                    view.forget_claim(key);
-                    return Ok(());
-                };
-                current = c;
-                stale = false;
-            }
-            // Someone reserved it meanwhile: it is in use, not ours to take back.
-            if !gate::is_ours(&current) || gate::is_reserved(&current) {
-                view.put_written_claim(current);
-                return Ok(());
-            }
-            let step = if gate::is_allocated(&current) {
-                self.writer.clear_allocation(&current).await
-            } else {
-                self.writer.unmark_claim(&current).await
-            };
-            match step {
-                Ok(c) => {
-                    let done = !gate::is_ours(&c);
-                    current = c.clone();
-                    view.put_written_claim(c);
-                    if done {
-                        return Ok(());
+                    .filter_map(|(c, _)| view.claims().get(&crate::cluster::claim_path(c)).cloned())
+                    .collect();
+                if let Ok(snapshot) = view.snapshot() {
+                    for c in &current {
+                        if let Some(a) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+                            snapshot.commit(c, a);
+                        }
                     }
                 }
-                Err(e) if writer::is_conflict(&e) => {
-                    self.metrics.conflict();
-                    stale = true;
-                }
-                Err(e) if writer::is_not_found(&e) => {
-                    view.forget_claim(key);
-                    return Ok(());
-                }
-                Err(e) => return Err(e.into()),
+                report.pending += 1;
+                self.not_placed(view, &job.pod, e, report).await;
             }
         }
-        Err(NotPlaced::Transient(Error::Api {
-            action: format!("releasing ResourceClaim {key}"),
-            code: Some(409),
-            message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
-        }))
+    }
+
+    /// Gives back one claim this controller allocated (deallocate, then unmark), now.
+    async fn release(&mut self, view: &mut ClusterView, key: &str) -> Result<(), NotPlaced> {
+        let current = view.claims().get(key).cloned();
+        let mut updates = Vec::new();
+        let result = self
+            .protocol
+            .release_claim(key, current, &mut updates)
+            .await;
+        apply_updates(view, updates);
+        result
     }
 
     async fn release_orphans(&mut self, view: &mut ClusterView, report: &mut PassReport) {
@@ -781,7 +631,7 @@ impl<W: Writes> Reconciler<W> {
             if !self.pod_is_really_gone(view, &r).await {
                 continue;
             }
-            match self.release_claim(view, &r.claim).await {
+            match self.release(view, &r.claim).await {
                 Ok(()) => {
                     info!(claim = %r.claim, reason = %r.reason, deallocated = r.deallocate, "released the controller's claim");
                     if r.deallocate {
@@ -824,7 +674,7 @@ impl<W: Writes> Reconciler<W> {
             return true;
         };
         let (ns, _) = split_key(&release.claim);
-        match self.writer.get_pod(ns, &pod).await {
+        match self.protocol.writer.get_pod(ns, &pod).await {
             Ok(Some(p)) if gate::claim_users([&p]).contains_key(&release.claim) => {
                 view.put_written_pod(p);
                 false
@@ -856,6 +706,7 @@ impl<W: Writes> Reconciler<W> {
             for p in &u.pods {
                 if let Some(pod) = view.pods().get(p)
                     && let Err(e) = self
+                        .protocol
                         .writer
                         .event(pod, true, REASON_UNBOUND, &message, now())
                         .await
@@ -865,6 +716,26 @@ impl<W: Writes> Reconciler<W> {
             }
         }
         self.reported_unbound = keys;
+    }
+}
+
+/// Applies the server's answers a pod's writes collected.
+fn apply_updates(view: &mut ClusterView, updates: Vec<ViewUpdate>) {
+    for u in updates {
+        match u {
+            ViewUpdate::Claim(c) => view.put_written_claim(c),
+            ViewUpdate::ForgetClaim(k) => view.forget_claim(&k),
+            ViewUpdate::Pod(p) => view.put_written_pod(p),
+            ViewUpdate::ForgetPod(k) => view.forget_pod(&k),
+        }
+    }
+}
+
+fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task::JoinError>) {
+    match joined {
+        Ok(done) => out.push(done),
+        // A task only ends this way if it panicked; its pod is tried again by a later pass.
+        Err(e) => warn!(error = %e, "a pod's writes ended abnormally"),
     }
 }
 

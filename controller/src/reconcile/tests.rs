@@ -133,6 +133,8 @@ impl FakeWrites {
 
 impl Writes for FakeWrites {
     async fn get_claim(&self, namespace: &str, name: &str) -> Result<Option<res::ResourceClaim>> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         let key = format!("{namespace}/{name}");
         self.enter("get-claim", &key)?;
         Ok(self.state().claims.get(&key).cloned())
@@ -143,6 +145,8 @@ impl Writes for FakeWrites {
         claim: &res::ResourceClaim,
         pod: &str,
     ) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         self.update_claim("mark", claim, |c| {
             let f = c.metadata.finalizers.get_or_insert_with(Vec::new);
             if !f.iter().any(|x| x == names::CLAIM_FINALIZER) {
@@ -160,12 +164,16 @@ impl Writes for FakeWrites {
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
     ) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         self.update_claim("allocate", claim, |c| {
             c.status.get_or_insert_with(Default::default).allocation = Some(allocation.clone());
         })
     }
 
     async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         self.update_claim("deallocate", claim, |c| {
             if let Some(s) = c.status.as_mut() {
                 s.allocation = None;
@@ -174,6 +182,8 @@ impl Writes for FakeWrites {
     }
 
     async fn unmark_claim(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         let release = !gate::is_allocated(claim) && !gate::is_reserved(claim);
         self.update_claim("unmark", claim, |c| {
             if let Some(a) = c.metadata.annotations.as_mut() {
@@ -186,12 +196,16 @@ impl Writes for FakeWrites {
     }
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         let key = format!("{namespace}/{name}");
         self.enter("get-pod", &key)?;
         Ok(self.state().pods.get(&key).cloned())
     }
 
     async fn ungate(&self, pod: &Pod) -> Result<Pod> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         self.update_pod("ungate", pod, |p| {
             if let Some(spec) = p.spec.as_mut() {
                 let left = gate::gates_without_ours(&Pod {
@@ -215,6 +229,8 @@ impl Writes for FakeWrites {
         message: &str,
         now: Timestamp,
     ) -> Result<Pod> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         let key = key_of(&pod.metadata);
         self.state().calls.push(format!("condition {key} {reason}"));
         let _ = (allocated, message, now);
@@ -237,6 +253,8 @@ impl Writes for FakeWrites {
         _message: &str,
         _now: Timestamp,
     ) -> Result<()> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
         self.state()
             .calls
             .push(format!("event {} {reason}", key_of(&pod.metadata)));
@@ -467,4 +485,18 @@ async fn a_refused_claim_waits_for_a_change_of_itself_not_of_the_cluster() {
     r.pass(&mut view).await;
     assert_eq!(fake.calls().len(), 4, "{:?}", fake.calls());
     assert_eq!(fake.calls()[3], "mark ns/a");
+}
+
+#[tokio::test]
+async fn different_pods_writes_are_in_flight_together_each_in_protocol_order() {
+    let (mut view, fake) = cluster(2, &["a", "b"], &[("p", &["a"]), ("q", &["b"])]);
+    let (mut r, _leader) = reconciler(&fake);
+    assert_eq!(r.pass(&mut view).await.placed, 2);
+    let calls = fake.calls();
+    let at = |c: &str| calls.iter().position(|x| x == c).unwrap();
+    // Each pod's own writes keep their order...
+    assert!(at("mark ns/a") < at("allocate ns/a") && at("allocate ns/a") < at("ungate ns/p"));
+    assert!(at("mark ns/b") < at("allocate ns/b") && at("allocate ns/b") < at("ungate ns/q"));
+    // ...while the second pod's writes start before the first pod's are done.
+    assert!(at("mark ns/b") < at("ungate ns/p"), "{calls:?}");
 }
