@@ -631,9 +631,11 @@ async fn metrics_and_probes_are_served_over_http() {
         async move {
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out
@@ -641,6 +643,21 @@ async fn metrics_and_probes_are_served_over_http() {
     };
     assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(get("/nowhere").await.starts_with("HTTP/1.1 404"));
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(ops.local_addr())
+            .await
+            .unwrap();
+        s.write_all(
+            b"PUT /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+    }
     let config = config(Policy::Binpack, None);
     let task = {
         let client = client.clone();
