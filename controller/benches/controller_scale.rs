@@ -235,6 +235,17 @@ struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
+        // SIGTERM first (the controller exits cleanly, and profilers wrapped around it write
+        // their output), then SIGKILL after a grace period.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        for _ in 0..300 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -317,6 +328,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
     let took = t0.elapsed();
     let cpu = cpu_time(pid).saturating_sub(cpu_before);
     let rss = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
+    let rss_now = proc_field(pid, "status", "VmRSS:").unwrap_or(0);
     let requests = server.requests();
     let writes = requests
         .iter()
@@ -335,7 +347,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
     let last = done_at.iter().flatten().max().copied().unwrap_or(took);
     println!(
         "controller_scale nodes={nodes} gpus={} pods={pods} placed={done} latency={}ms: \
-         {:.1} pods/s (create->ungated p50 {:.2}s p99 {:.2}s), peak RSS {} MiB (after sync {} MiB, synced in {:.1}s), \
+         {:.1} pods/s (create->ungated p50 {:.2}s p99 {:.2}s), peak RSS {} MiB (after sync {} MiB, synced in {:.1}s; at the end {} MiB), \
          CPU {:.2} ms/pod, {:.2} writes/pod, {:.2} reads/pod",
         nodes * GPUS,
         latency.as_millis(),
@@ -345,6 +357,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
         rss / 1024,
         rss_synced / 1024,
         synced_after.as_secs_f64(),
+        rss_now / 1024,
         cpu.as_secs_f64() * 1000.0 / done.max(1) as f64,
         writes as f64 / done.max(1) as f64,
         reads as f64 / done.max(1) as f64,

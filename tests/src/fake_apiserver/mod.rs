@@ -288,14 +288,6 @@ impl FakeApiServer {
         self.shared.lock().managed_fields = on;
     }
 
-    /// How many stored objects of `resource` satisfy `predicate` (without copying them).
-    pub fn count(&self, resource: &str, predicate: impl Fn(&Value) -> bool) -> usize {
-        let Some(kind) = kind(resource) else {
-            return 0;
-        };
-        self.shared.lock().count(&kind, predicate)
-    }
-
     /// The names of the stored objects of `resource` that satisfy `predicate` (without
     /// copying the objects).
     pub fn names_where(&self, resource: &str, predicate: impl Fn(&Value) -> bool) -> Vec<String> {

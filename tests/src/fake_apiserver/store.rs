@@ -220,13 +220,6 @@ impl Store {
     }
 
     /// Objects of `kind`, in `namespace` when given, in key order.
-    pub(crate) fn count(&self, kind: &Kind, predicate: impl Fn(&Value) -> bool) -> usize {
-        self.objects
-            .iter()
-            .filter(|((r, _, _), v)| *r == kind.resource && predicate(v))
-            .count()
-    }
-
     pub(crate) fn names_where(
         &self,
         kind: &Kind,
