@@ -723,9 +723,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
 fn apply_updates(view: &mut ClusterView, updates: Vec<ViewUpdate>) {
     for u in updates {
         match u {
-            ViewUpdate::Claim(c) => view.put_written_claim(c),
+            ViewUpdate::Claim(c) => view.put_written_claim(*c),
             ViewUpdate::ForgetClaim(k) => view.forget_claim(&k),
-            ViewUpdate::Pod(p) => view.put_written_pod(p),
+            ViewUpdate::Pod(p) => view.put_written_pod(*p),
             ViewUpdate::ForgetPod(k) => view.forget_pod(&k),
         }
     }

@@ -21,11 +21,11 @@ use crate::writer;
 #[derive(Debug)]
 pub(super) enum ViewUpdate {
     /// The server's answer for a claim.
-    Claim(res::ResourceClaim),
+    Claim(Box<res::ResourceClaim>),
     /// A claim found gone.
     ForgetClaim(String),
     /// The server's answer for a pod.
-    Pod(Pod),
+    Pod(Box<Pod>),
     /// A pod found gone.
     ForgetPod(String),
 }
@@ -140,7 +140,7 @@ impl<W: Writes> Protocol<W> {
                         "ResourceClaim {key} was deleted"
                     )));
                 };
-                updates.push(ViewUpdate::Claim(c.clone()));
+                updates.push(ViewUpdate::Claim(Box::new(c.clone())));
                 current = c;
                 if gate::is_allocated(&current) || current.metadata.deletion_timestamp.is_some() {
                     return Err(NotPlaced::Transient(Error::Api {
@@ -169,7 +169,7 @@ impl<W: Writes> Protocol<W> {
             }
             match self.writer.write_allocation(&current, allocation).await {
                 Ok(c) => {
-                    updates.push(ViewUpdate::Claim(c.clone()));
+                    updates.push(ViewUpdate::Claim(Box::new(c.clone())));
                     return Ok(c);
                 }
                 Err(e) if writer::is_conflict(&e) => {
@@ -177,7 +177,7 @@ impl<W: Writes> Protocol<W> {
                 }
                 Err(e) => {
                     // The claim carries our mark now; keep the view in step for the rollback.
-                    updates.push(ViewUpdate::Claim(current));
+                    updates.push(ViewUpdate::Claim(Box::new(current)));
                     return Err(e.into());
                 }
             }
@@ -256,7 +256,7 @@ impl<W: Writes> Protocol<W> {
                 Err(e) => debug!(pod = %key, error = %e, "clearing the failure condition failed"),
             }
         }
-        updates.push(ViewUpdate::Pod(current));
+        updates.push(ViewUpdate::Pod(Box::new(current)));
         Ok(())
     }
 
@@ -289,7 +289,7 @@ impl<W: Writes> Protocol<W> {
             }
             // Someone reserved it meanwhile: it is in use, not ours to take back.
             if !gate::is_ours(&current) || gate::is_reserved(&current) {
-                updates.push(ViewUpdate::Claim(current));
+                updates.push(ViewUpdate::Claim(Box::new(current)));
                 return Ok(());
             }
             let step = if gate::is_allocated(&current) {
@@ -301,7 +301,7 @@ impl<W: Writes> Protocol<W> {
                 Ok(c) => {
                     let done = !gate::is_ours(&c);
                     current = c.clone();
-                    updates.push(ViewUpdate::Claim(c));
+                    updates.push(ViewUpdate::Claim(Box::new(c)));
                     if done {
                         return Ok(());
                     }

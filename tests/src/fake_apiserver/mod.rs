@@ -651,6 +651,23 @@ fn select(objects: Vec<Value>, params: &[(String, String)]) -> Result<Vec<Value>
     Ok(out)
 }
 
+/// Waits the configured request latency (every request but a watch) and write delay.
+async fn wait_latency(shared: &Shared, verb: Verb) {
+    let get = |d: &Mutex<std::time::Duration>| {
+        *d.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let mut delay = std::time::Duration::ZERO;
+    if verb != Verb::Watch {
+        delay += get(&shared.request_delay);
+    }
+    if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
+        delay += get(&shared.write_delay);
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
 async fn handle(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
@@ -709,24 +726,7 @@ async fn handle(
         Err(e) => return error_response(&StatusError::bad_request(format!("reading body: {e}"))),
     };
     let resource = target.resource_label();
-    if verb != Verb::Watch {
-        let delay = *shared
-            .request_delay
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-    }
-    if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
-        let delay = *shared
-            .write_delay
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-    }
+    wait_latency(shared, verb).await;
     let fault = shared
         .lock()
         .take_fault(verb, &resource)
