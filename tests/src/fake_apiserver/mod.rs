@@ -11,7 +11,9 @@
 //! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
-//! by a merge patch (apply creates an absent object); field managers are not tracked. Objects are
+//! by a merge patch (apply creates an absent object); `managedFields` are recorded only when a
+//! test asks ([`FakeApiServer::set_managed_fields`]), and a fixed per-request latency can be
+//! set ([`FakeApiServer::set_request_delay`]). Objects are
 //! kept as JSON exactly as written, in whatever version they were written: the fake does not
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
 //! Errors come back as `metav1.Status`. A test can queue error answers per verb and resource.
