@@ -14,14 +14,16 @@ pub mod reflector;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
+};
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
 use tessera_driver::allocator::{Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
 use tessera_driver::fragmentation::{TaskShape, Workload};
 use tessera_driver::gate;
-use tessera_driver::nodefit::{self, Resources};
+use tessera_driver::nodefit::Resources;
 use tracing::warn;
 
 pub use reflector::Change;
@@ -108,6 +110,77 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
     }
 }
 
+/// Keeps of a pod only what the controller's decisions and writes read: its identity and
+/// version, creation and deletion times, gates, claims, node constraints, containers' names and
+/// requests, overhead, and status phase, conditions (the condition patch rewrites the list) and
+/// claim statuses. Everything else (`managedFields`, labels, annotations, images, env,
+/// volumes, container statuses, ...) is dropped on the way in: at thousands of pods it is most
+/// of their size.
+fn slim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.generate_name = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        let slim = |c: &Container| Container {
+            name: c.name.clone(),
+            resources: c.resources.clone(),
+            restart_policy: c.restart_policy.clone(),
+            ..Container::default()
+        };
+        *spec = PodSpec {
+            containers: spec.containers.iter().map(slim).collect(),
+            init_containers: spec
+                .init_containers
+                .as_ref()
+                .map(|v| v.iter().map(slim).collect()),
+            affinity: spec.affinity.take().map(|a| Affinity {
+                node_affinity: a.node_affinity,
+                ..Affinity::default()
+            }),
+            node_name: spec.node_name.take(),
+            node_selector: spec.node_selector.take(),
+            overhead: spec.overhead.take(),
+            resource_claims: spec.resource_claims.take(),
+            scheduling_gates: spec.scheduling_gates.take(),
+            tolerations: spec.tolerations.take(),
+            ..PodSpec::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            phase: status.phase.take(),
+            conditions: status.conditions.take(),
+            resource_claim_statuses: status.resource_claim_statuses.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+/// Keeps of a node only what the node filter reads: name, labels, version, taints,
+/// unschedulable and allocatable amounts.
+fn slim_node(node: &mut Node) {
+    let meta = &mut node.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    if let Some(spec) = node.spec.as_mut() {
+        *spec = NodeSpec {
+            taints: spec.taints.take(),
+            unschedulable: spec.unschedulable,
+            ..NodeSpec::default()
+        };
+    }
+    if let Some(status) = node.status.as_mut() {
+        *status = NodeStatus {
+            allocatable: status.allocatable.take(),
+            ..NodeStatus::default()
+        };
+    }
+}
+
 /// The cluster as last seen; see the module docs.
 #[derive(Debug)]
 pub struct ClusterView {
@@ -123,6 +196,8 @@ pub struct ClusterView {
     generation: u64,
     workload: Workload,
     learned: BTreeSet<String>,
+    /// Each pod's requests (`None`: they do not parse), computed when the pod is stored.
+    requests: std::collections::HashMap<String, Option<Resources>>,
 }
 
 impl ClusterView {
@@ -141,6 +216,7 @@ impl ClusterView {
             generation: 0,
             workload: Workload::new(),
             learned: BTreeSet::new(),
+            requests: std::collections::HashMap::new(),
         }
     }
 
@@ -168,6 +244,20 @@ impl ClusterView {
     /// Pods by `namespace/name`.
     pub fn pods(&self) -> &BTreeMap<String, Pod> {
         &self.pods
+    }
+
+    /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
+    /// pod was stored); `None` when its requests do not parse.
+    pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
+        let key = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        match self.requests.get(&key) {
+            Some(r) => *r,
+            None => tessera_driver::nodefit::pod_requests(pod).ok(),
+        }
     }
 
     /// Nodes by name.
@@ -204,16 +294,13 @@ impl ClusterView {
         Ok(self.snapshot.insert(snapshot))
     }
 
-    /// Teaches fragmentation-aware policies the task shape of the pod `pod` (its
-    /// `namespace/name`), once per pod however often it is tried.
-    pub fn learn(&mut self, pod: &str, shape: TaskShape) {
-        if !self.learned.insert(pod.to_owned()) {
-            return;
+    /// Records that the pod `pod` (its `namespace/name`) taught the snapshot `shape`
+    /// ([`tessera_driver::allocator::Allocator::place_pod`] did), so it is not taught twice
+    /// and a rebuilt snapshot still knows it.
+    pub fn learned(&mut self, pod: &str, shape: TaskShape) {
+        if self.learned.insert(pod.to_owned()) {
+            self.workload.observe(shape);
         }
-        if let Some(snapshot) = self.snapshot.as_mut() {
-            snapshot.observe(shape.clone());
-        }
-        self.workload.observe(shape);
     }
 
     /// Whether the pod `pod` (its `namespace/name`) has taught its shape already.
@@ -227,20 +314,11 @@ impl ClusterView {
     }
 
     /// Gives placement policies each node's CPU and memory: `status.allocatable` less
-    /// `usage` (what the pods on it request). Nodes without allocatable amounts stay untracked.
+    /// `usage` (what the pods on it request, [`tessera_driver::nodefit::node_usage`]).
     pub fn track_hosts(&mut self, usage: &BTreeMap<String, Resources>) -> Result<()> {
-        let hosts: Vec<(String, _, _)> = self
-            .nodes
-            .iter()
-            .filter_map(|(name, node)| {
-                let allocatable = nodefit::node_allocatable(node).host()?;
-                let used = usage.get(name).and_then(|u| u.host()).unwrap_or_default();
-                Some((name.clone(), allocatable, used))
-            })
-            .collect();
-        let snapshot = self.snapshot()?;
-        for (name, allocatable, used) in hosts {
-            snapshot.set_host(&name, allocatable, used);
+        self.snapshot()?;
+        if let Some(snapshot) = self.snapshot.as_mut() {
+            snapshot.track_hosts(self.nodes.values(), usage);
         }
         Ok(())
     }
@@ -300,12 +378,24 @@ impl ClusterView {
         }
     }
 
-    fn upsert(&mut self, resource: Resource, value: Value) {
+    fn upsert(&mut self, resource: Resource, mut value: Value) {
+        // managedFields are often the larger part of an object and nothing reads them.
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
         let key = json_key(&value);
         let version = version_of(&value);
-        let Some(object) = Self::decode(resource, value) else {
+        let Some(mut object) = Self::decode(resource, value) else {
             return;
         };
+        match &mut object {
+            Object::Pod(p) => slim_pod(p),
+            Object::Node(n) => slim_node(n),
+            Object::ResourceSlice(s) => s.metadata.managed_fields = None,
+            Object::DeviceClass(c) => c.metadata.managed_fields = None,
+            Object::ResourceClaim(c) => c.metadata.managed_fields = None,
+            Object::ResourceClaimTemplate(_) => {}
+        }
         match object {
             Object::ResourceSlice(s) => {
                 if newer(
@@ -340,6 +430,8 @@ impl ClusterView {
                 if old.is_some_and(|o| !gate::is_done(o)) && gate::is_done(&p) {
                     self.generation += 1;
                 }
+                self.requests
+                    .insert(key.clone(), tessera_driver::nodefit::pod_requests(&p).ok());
                 self.pods.insert(key, p);
             }
             Object::Node(n) => {
@@ -364,6 +456,12 @@ impl ClusterView {
         if old.is_some_and(gate::is_allocated) && !gate::is_allocated(&claim) {
             self.generation += 1;
         }
+        // A claim being deleted is given back (its finalizer removed) by the next pass.
+        if old.is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+            && claim.metadata.deletion_timestamp.is_some()
+        {
+            self.generation += 1;
+        }
         if let Some(snapshot) = self.snapshot.as_mut() {
             if let Some(old) = old
                 && claim_key(old) != claim_key(&claim)
@@ -379,14 +477,16 @@ impl ClusterView {
     }
 
     /// Applies a claim the controller just wrote (the server's answer).
-    pub fn put_written_claim(&mut self, claim: res::ResourceClaim) {
+    pub fn put_written_claim(&mut self, mut claim: res::ResourceClaim) {
+        claim.metadata.managed_fields = None;
         let key = claim_path(&claim);
         let version = meta_version(&claim.metadata);
         self.put_claim(key, claim, version);
     }
 
     /// Applies a pod the controller just wrote (the server's answer).
-    pub fn put_written_pod(&mut self, pod: Pod) {
+    pub fn put_written_pod(&mut self, mut pod: Pod) {
+        slim_pod(&mut pod);
         let key = format!(
             "{}/{}",
             pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -396,6 +496,10 @@ impl ClusterView {
             meta_version(&pod.metadata),
             self.pods.get(&key).and_then(|o| meta_version(&o.metadata)),
         ) {
+            self.requests.insert(
+                key.clone(),
+                tessera_driver::nodefit::pod_requests(&pod).ok(),
+            );
             self.pods.insert(key, pod);
         }
     }
@@ -422,6 +526,7 @@ impl ClusterView {
             Resource::Pods => {
                 self.pods.remove(key);
                 self.learned.remove(key);
+                self.requests.remove(key);
             }
             Resource::Nodes => {
                 self.nodes.remove(key);
@@ -506,8 +611,8 @@ mod tests {
             gpu_milli: 500,
             models: None,
         };
-        view.learn("ml/p", shape.clone());
-        view.learn("ml/p", shape.clone());
+        view.learned("ml/p", shape.clone());
+        view.learned("ml/p", shape.clone());
         assert!(view.has_learned("ml/p") && !view.has_learned("ml/q"));
         assert_eq!(view.workload().seen(), 1);
         assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
@@ -520,8 +625,56 @@ mod tests {
             ),
         );
         assert_eq!(view.snapshot().unwrap().workload().seen(), 1);
-        view.learn("ml/q", shape);
-        assert_eq!(view.snapshot().unwrap().workload().seen(), 2);
+        view.learned("ml/q", shape);
+        assert_eq!(view.workload().seen(), 2);
+    }
+
+    #[test]
+    fn pods_and_nodes_keep_only_what_decisions_read() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let managed = json!([{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                              "fieldsV1": {"f:spec": {"f:containers": {}}}}]);
+        view.apply(
+            Resource::Pods,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "3",
+                             "labels": {"app": "x"}, "managedFields": managed},
+                "spec": {"schedulingGates": [{"name": "gpu.tessera.dev/allocation"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+                         "nodeSelector": {"zone": "a"},
+                         "volumes": [{"name": "v", "emptyDir": {}}],
+                         "containers": [{"name": "main", "image": "big/image:1",
+                             "env": [{"name": "A", "value": "b"}],
+                             "resources": {"requests": {"cpu": "2"}}}]},
+                "status": {"phase": "Pending", "hostIP": "10.0.0.1",
+                           "conditions": [{"type": "PodScheduled", "status": "False"}]}})),
+        );
+        let pod = serde_json::to_value(&view.pods()["ml/p"]).unwrap();
+        assert_eq!(
+            pod,
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "3"},
+                "spec": {"schedulingGates": [{"name": "gpu.tessera.dev/allocation"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+                         "nodeSelector": {"zone": "a"},
+                         "containers": [{"name": "main", "resources": {"requests": {"cpu": "2"}}}]},
+                "status": {"phase": "Pending",
+                           "conditions": [{"type": "PodScheduled", "status": "False"}]}})
+        );
+        view.apply(
+            Resource::Nodes,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "labels": {"zone": "a"}, "managedFields": managed},
+                "spec": {"podCIDR": "10.1.0.0/24", "unschedulable": true},
+                "status": {"allocatable": {"cpu": "8"}, "images": [{"names": ["a"], "sizeBytes": 1}]}})),
+        );
+        let node = serde_json::to_value(&view.nodes()["n"]).unwrap();
+        assert_eq!(
+            node,
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "labels": {"zone": "a"}},
+                "spec": {"unschedulable": true}, "status": {"allocatable": {"cpu": "8"}}})
+        );
     }
 
     #[test]

@@ -1,15 +1,18 @@
-//! The operations endpoint: `/metrics`, `/healthz` and `/readyz` over plain HTTP/1.1.
-//!
-//! Three GET routes need no HTTP framework: each connection carries one request, bounded in
-//! size and time, and is closed after the answer. `/readyz` is ready once every reflector has
-//! listed its resource (a standby replica is ready too: it only waits for the Lease).
+//! The operations endpoint: `/metrics`, `/healthz` and `/readyz` over plain HTTP/1.1, served
+//! by hyper (request parsing, keep-alive and limits are hyper's; a slow client gets the
+//! header-read timeout). `/readyz` is ready once every reflector has listed its resource (a
+//! standby replica is ready too: it only waits for the Lease).
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -17,9 +20,7 @@ use tracing::{debug, info, warn};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
 
-/// The largest request head accepted.
-const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// How long a client may take to send its request.
+/// How long a client may take to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const TEXT: &str = "text/plain; charset=utf-8";
 
@@ -53,8 +54,16 @@ impl OpsServer {
                         let metrics = Arc::clone(&metrics);
                         let synced = synced.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = handle(stream, &metrics, &synced).await {
-                                debug!(%peer, error = %e, "operations request failed");
+                            let service = hyper::service::service_fn(move |req| {
+                                let answer = respond(&req, &metrics, &synced);
+                                async move { Ok::<_, Infallible>(answer) }
+                            });
+                            let conn = hyper::server::conn::http1::Builder::new()
+                                .timer(TokioTimer::new())
+                                .header_read_timeout(READ_TIMEOUT)
+                                .serve_connection(TokioIo::new(stream), service);
+                            if let Err(e) = conn.await {
+                                debug!(%peer, error = %e, "operations connection ended with an error");
                             }
                         });
                     }
@@ -75,85 +84,39 @@ impl OpsServer {
     }
 }
 
-/// The path a request head asks for, or the status to refuse it with.
-fn route(head: &str) -> std::result::Result<&str, (u16, &'static str)> {
-    let line = head.lines().next().unwrap_or_default();
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Err((400, "Bad Request"));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err((400, "Bad Request"));
-    }
-    if method != "GET" {
-        return Err((405, "Method Not Allowed"));
-    }
-    Ok(target.split('?').next().unwrap_or(target))
-}
-
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0_u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_REQUEST_BYTES {
-            return Ok(None);
-        }
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    Ok(Some(head))
-}
-
-async fn handle(
-    mut stream: TcpStream,
+/// The answer to one request.
+fn respond(
+    req: &Request<Incoming>,
     metrics: &Metrics,
     synced: &watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream))
-        .await
-        .unwrap_or(Ok(None))?;
-    let (status, reason, content_type, body) = match head {
-        None => (400, "Bad Request", TEXT, "incomplete request\n".to_owned()),
-        Some(head) => match route(&String::from_utf8_lossy(&head)) {
-            Ok("/metrics") => match metrics.encode() {
-                Ok(text) => (200, "OK", metrics::CONTENT_TYPE, text),
-                Err(e) => (500, "Internal Server Error", TEXT, format!("{e}\n")),
+) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = if req.method() == Method::GET {
+        match req.uri().path() {
+            "/metrics" => match metrics.encode() {
+                Ok(text) => (StatusCode::OK, metrics::CONTENT_TYPE, text),
+                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("{e}\n")),
             },
-            Ok("/healthz") => (200, "OK", TEXT, "ok\n".to_owned()),
-            Ok("/readyz") if *synced.borrow() => (200, "OK", TEXT, "ok\n".to_owned()),
-            Ok("/readyz") => (
-                503,
-                "Service Unavailable",
+            "/healthz" => (StatusCode::OK, TEXT, "ok\n".to_owned()),
+            "/readyz" if *synced.borrow() => (StatusCode::OK, TEXT, "ok\n".to_owned()),
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
                 TEXT,
                 "the cluster view is not synced yet\n".to_owned(),
             ),
-            Ok(_) => (404, "Not Found", TEXT, "not found\n".to_owned()),
-            Err((status, reason)) => (status, reason, TEXT, format!("{reason}\n")),
-        },
+            _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
+        }
+    } else {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            "only GET is served\n".to_owned(),
+        )
     };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
     );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_get_requests_are_routed() {
-        assert_eq!(route("GET /readyz?verbose HTTP/1.1\r\n\r\n"), Ok("/readyz"));
-        assert_eq!(
-            route("PUT /metrics HTTP/1.1\r\n").map_err(|e| e.0),
-            Err(405)
-        );
-        assert_eq!(route("GET /metrics SPDY/3\r\n").map_err(|e| e.0), Err(400));
-    }
+    response
 }

@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_driver::allocator::{Allocator, AllocatorOptions, FailureKind, Policy, claim_key};
+use tessera_driver::allocator::{
+    Allocator, AllocatorOptions, FailureKind, Learn, Policy, claim_key,
+};
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -28,12 +30,21 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
 use crate::writer::{self, Writer};
 
+mod protocol;
+#[cfg(test)]
+mod tests;
+mod writes;
+
+pub use writes::Writes;
+
+use protocol::{Done, Job, Protocol, ViewUpdate};
+
 /// How often one write is retried after a 409 Conflict before the pod is left for later.
 const CONFLICT_RETRIES: usize = 5;
 /// Event reason on a pod whose claims cannot be placed.
 pub const REASON_FAILED: &str = "FailedAllocation";
 /// Event reason on a pod whose claims are broken in a way only their owner can fix.
-pub const REASON_REFUSED: &str = "AllocationRefused";
+pub const REASON_REFUSED: &str = names::REASON_ALLOCATION_REFUSED;
 /// Event reason on a pod whose allocation waits too long for the pod to bind.
 pub const REASON_UNBOUND: &str = "AllocationNotBound";
 /// Condition reason once a pod is placed.
@@ -73,12 +84,44 @@ impl From<Error> for NotPlaced {
     }
 }
 
-/// A pod that was not placed, and what it would take to try again.
+/// A pod that was not placed, and what it would take to try again: for a pod that does not
+/// fit, a change of the pod or of the cluster (the view's generation); for a refused pod (a
+/// failure only the owner can fix, such as a 422 from the API server), a change of the pod or
+/// of one of its claims, and nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Remembered {
     generation: u64,
     pod_version: Option<String>,
+    /// Set for a refusal: the resourceVersion of each of the pod's claims when it was refused.
+    refused_claims: Option<Vec<Option<String>>>,
     message: String,
+}
+
+impl Remembered {
+    /// Whether trying `pod` again now would only repeat the last answer.
+    fn still_holds(&self, view: &ClusterView, pod: &Pod) -> bool {
+        if self.pod_version != pod.metadata.resource_version {
+            return false;
+        }
+        match &self.refused_claims {
+            Some(versions) => *versions == claim_versions(view, pod),
+            None => self.generation == view.generation(),
+        }
+    }
+}
+
+/// The resourceVersions of the pod's claims as the view has them (`None` for a missing one).
+fn claim_versions(view: &ClusterView, pod: &Pod) -> Vec<Option<String>> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    gate::claim_names(pod)
+        .unwrap_or_default()
+        .iter()
+        .map(|n| {
+            view.claims()
+                .get(&format!("{namespace}/{n}"))
+                .and_then(|c| c.metadata.resource_version.clone())
+        })
+        .collect()
 }
 
 /// What a pass found.
@@ -97,17 +140,26 @@ pub struct PassReport {
 }
 
 /// Runs passes; holds what must survive between them (the last failure of every pod).
+/// Writes go through `W` ([`Writer`] in the service).
 #[derive(Debug)]
-pub struct Reconciler {
+pub struct Reconciler<W = Writer> {
     allocator: Allocator,
-    writer: Writer,
+    protocol: Protocol<W>,
     metrics: std::sync::Arc<Metrics>,
     config: ReconcilerConfig,
     leader: watch::Receiver<bool>,
     remembered: HashMap<String, Remembered>,
     reported_unbound: BTreeSet<String>,
     gauges_at: Option<Instant>,
+    /// The view's generation when orphans were last looked for.
+    released_at: Option<u64>,
+    /// When unbound allocations were last looked for.
+    unbound_at: Option<Instant>,
 }
+
+/// How often allocations whose pod does not bind are looked for (each look walks every pod
+/// and claim; the threshold itself is minutes).
+const UNBOUND_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often the per-device gauges are recomputed while pods are being placed (they cost a
 /// walk over every device).
@@ -129,11 +181,14 @@ fn now() -> Timestamp {
     Timestamp::now()
 }
 
-impl Reconciler {
+/// How many pods' writes may be in flight at once (each pod's own writes stay in order).
+const PODS_IN_FLIGHT: usize = 32;
+
+impl<W: Writes + Clone + 'static> Reconciler<W> {
     /// A reconciler writing through `writer` while `leader` says this replica leads.
     pub fn new(
         config: ReconcilerConfig,
-        writer: Writer,
+        writer: W,
         metrics: std::sync::Arc<Metrics>,
         leader: watch::Receiver<bool>,
     ) -> Self {
@@ -144,13 +199,19 @@ impl Reconciler {
         });
         Self {
             allocator,
-            writer,
+            protocol: Protocol {
+                writer,
+                metrics: Arc::clone(&metrics),
+                leader: leader.clone(),
+            },
             metrics,
             config,
             leader,
             remembered: HashMap::new(),
             reported_unbound: BTreeSet::new(),
             gauges_at: None,
+            released_at: None,
+            unbound_at: None,
         }
     }
 
@@ -166,7 +227,15 @@ impl Reconciler {
             report.lost_leadership = true;
             return report;
         }
-        self.release_orphans(view, &mut report).await;
+        // A claim is orphaned only by something that bumps the generation (a pod gone or
+        // finished, a claim being deleted, a resync): otherwise the walk is skipped.
+        if self.released_at != Some(view.generation()) {
+            self.released_at = Some(view.generation());
+            self.release_orphans(view, &mut report).await;
+            if report.retry_soon || report.released > 0 {
+                self.released_at = None;
+            }
+        }
         let mut usage = node_usage(view);
         if let Err(e) = view.track_hosts(&usage) {
             warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
@@ -186,6 +255,9 @@ impl Reconciler {
         gated.sort();
         let live: BTreeSet<&String> = gated.iter().map(|(_, k)| k).collect();
         self.remembered.retain(|k, _| live.contains(k));
+        // Decide every ready pod first (each placement committed before the next pod is
+        // decided), then carry out their writes side by side.
+        let mut jobs = Vec::new();
         for (_, key) in gated {
             if !self.leading() {
                 report.lost_leadership = true;
@@ -195,8 +267,7 @@ impl Reconciler {
                 continue;
             };
             if let Some(r) = self.remembered.get(&key)
-                && r.generation == view.generation()
-                && r.pod_version == pod.metadata.resource_version
+                && r.still_holds(view, pod)
             {
                 report.pending += 1;
                 continue;
@@ -213,40 +284,38 @@ impl Reconciler {
                     self.not_placed(view, &pod, NotPlaced::Refused(why), &mut report)
                         .await;
                 }
-                PodPlan::Ungate => match self.finish(view, &pod, Instant::now()).await {
-                    Ok(()) => report.placed += 1,
+                PodPlan::Ungate => jobs.push(Job {
+                    pod,
+                    claims: Vec::new(),
+                    started: Instant::now(),
+                }),
+                PodPlan::Allocate {
+                    pending,
+                    allocated,
+                    node,
+                } => match self
+                    .decide(view, &pod, &pending, &allocated, node, &mut usage)
+                    .await
+                {
+                    Ok(job) => jobs.push(job),
                     Err(e) => {
                         report.pending += 1;
                         self.not_placed(view, &pod, e, &mut report).await;
                     }
                 },
-                PodPlan::Allocate {
-                    pending,
-                    allocated,
-                    node,
-                } => {
-                    let started = Instant::now();
-                    match self
-                        .place(view, &pod, &pending, &allocated, node, &mut usage)
-                        .await
-                    {
-                        Ok(()) => match self.finish(view, &pod, started).await {
-                            Ok(()) => report.placed += 1,
-                            Err(e) => {
-                                report.pending += 1;
-                                self.not_placed(view, &pod, e, &mut report).await;
-                            }
-                        },
-                        Err(e) => {
-                            report.pending += 1;
-                            self.not_placed(view, &pod, e, &mut report).await;
-                        }
-                    }
-                }
             }
         }
+        for done in self.write_all(jobs).await {
+            self.apply_done(view, done, &mut report).await;
+        }
         if !report.lost_leadership {
-            self.report_unbound(view).await;
+            let due = self
+                .unbound_at
+                .is_none_or(|at| at.elapsed() >= UNBOUND_INTERVAL);
+            if due {
+                self.unbound_at = Some(Instant::now());
+                self.report_unbound(view).await;
+            }
         }
         let busy = report.placed > 0 || report.released > 0;
         let due = self
@@ -274,6 +343,7 @@ impl Reconciler {
         report: &mut PassReport,
     ) {
         let key = pod_key(pod);
+        let refused = matches!(why, NotPlaced::Refused(_));
         let (outcome, reason, message) = match why {
             NotPlaced::Unschedulable(m) => (Outcome::Unschedulable, REASON_FAILED, m),
             NotPlaced::Refused(m) => (Outcome::Refused, REASON_REFUSED, m),
@@ -297,10 +367,16 @@ impl Reconciler {
         if !unchanged && self.leading() {
             info!(pod = %key, reason, message, "the pod's claims cannot be placed");
             let at = now();
-            if let Err(e) = self.writer.event(pod, true, reason, &message, at).await {
+            if let Err(e) = self
+                .protocol
+                .writer
+                .event(pod, true, reason, &message, at)
+                .await
+            {
                 warn!(pod = %key, error = %e, "recording the Event failed");
             }
             match self
+                .protocol
                 .writer
                 .set_condition(pod, false, reason, &message, at)
                 .await
@@ -317,6 +393,7 @@ impl Reconciler {
             Remembered {
                 generation: view.generation(),
                 pod_version,
+                refused_claims: refused.then(|| claim_versions(view, pod)),
                 message,
             },
         );
@@ -363,8 +440,9 @@ impl Reconciler {
         (Arc::new(fit), summary)
     }
 
-    #[allow(clippy::too_many_lines)] // Reason: the protocol for one pod reads best in order.
-    async fn place(
+    /// Decides where the pod's pending claims go and commits it to the snapshot; the writes
+    /// are the returned job's.
+    async fn decide(
         &mut self,
         view: &mut ClusterView,
         pod: &Pod,
@@ -372,7 +450,7 @@ impl Reconciler {
         allocated: &[String],
         node: Option<String>,
         usage: &mut BTreeMap<String, Resources>,
-    ) -> Result<(), NotPlaced> {
+    ) -> Result<Job, NotPlaced> {
         let requests = nodefit::pod_requests(pod).map_err(|e| NotPlaced::Refused(e.to_string()))?;
         let (candidates, node_summary) =
             Self::candidates(view, pod, requests, node.as_deref(), usage);
@@ -383,33 +461,38 @@ impl Reconciler {
         let host = requests.host().unwrap_or_default();
         let refs: Vec<&res::ResourceClaim> = claims.iter().collect();
         let key = pod_key(pod);
-        if !view.has_learned(&key) {
-            let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
-            if let Some(shape) = self.allocator.task_shape(snapshot, &refs, &host) {
-                view.learn(&key, shape);
-            }
-        }
-        let outcome = if candidates.is_empty() {
-            Err((format!("no node can take the pod: {node_summary}"), false))
+        // Learn the shape once per pod, however often it is tried; commit the placement
+        // (devices and host use) before the first write, so nothing placed later in this pass
+        // can take the same devices.
+        let learn = if view.has_learned(&key) {
+            Learn::Known
         } else {
-            let all_nodes = view.nodes().len();
-            let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
-            self.allocator
-                .allocate_pod(snapshot, &refs, &candidates, &host)
-                .map_err(|u| {
-                    let excluded = if candidates.len() < all_nodes {
-                        format!(" (nodes considered: {node_summary})")
-                    } else {
-                        String::new()
-                    };
-                    // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
-                    let invalid = u
-                        .failures
-                        .iter()
-                        .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
-                    (format!("{u}{excluded}"), invalid)
-                })
+            Learn::FromClaims
         };
+        let all_nodes = view.nodes().len();
+        let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
+        let placed = self
+            .allocator
+            .place_pod(snapshot, &refs, &candidates, &host, learn);
+        if let Some(shape) = placed.learned {
+            view.learned(&key, shape);
+        }
+        let outcome = placed.result.map_err(|u| {
+            // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
+            let invalid = u
+                .failures
+                .iter()
+                .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
+            if candidates.is_empty() && !invalid {
+                return (format!("no node can take the pod: {node_summary}"), false);
+            }
+            let excluded = if candidates.len() < all_nodes {
+                format!(" (nodes considered: {node_summary})")
+            } else {
+                String::new()
+            };
+            (format!("{u}{excluded}"), invalid)
+        });
         let placement = match outcome {
             Ok(p) => p,
             Err((message, invalid)) => {
@@ -427,7 +510,7 @@ impl Reconciler {
                         .collect();
                     if ours.len() == allocated.len() {
                         for k in &ours {
-                            self.release_claim(view, k).await?;
+                            self.release(view, k).await?;
                         }
                     }
                 }
@@ -447,260 +530,98 @@ impl Reconciler {
                 a
             })
             .collect();
-        // Reserve first, so nothing placed later in this pass can take the same devices.
-        if let Ok(snapshot) = view.snapshot() {
-            for (c, a) in claims.iter().zip(&allocations) {
-                snapshot.commit(c, a);
-            }
-            snapshot.add_host_use(&placement.node, &host);
-        }
-        let mut written: Vec<String> = Vec::new();
-        let mut failure = None;
-        for (claim, allocation) in claims.iter().zip(&allocations) {
-            match self.write_claim(view, pod, claim, allocation).await {
-                Ok(()) => written.push(crate::cluster::claim_path(claim)),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(failure) = failure {
-            // Undo the reservation of the claims not written, then roll back those written.
-            let unwritten: Vec<(res::ResourceClaim, Option<res::ResourceClaim>)> = claims
-                .iter()
-                .filter(|c| !written.contains(&crate::cluster::claim_path(c)))
-                .map(|c| {
-                    let current = view.claims().get(&crate::cluster::claim_path(c)).cloned();
-                    (c.clone(), current)
-                })
-                .collect();
-            if let Ok(snapshot) = view.snapshot() {
-                for (claim, current) in &unwritten {
-                    snapshot.release(&claim_key(claim));
-                    if let Some(current) = current
-                        && let Some(a) = current.status.as_ref().and_then(|s| s.allocation.as_ref())
-                    {
-                        snapshot.commit(current, a);
-                    }
-                }
-            }
-            for k in written.iter().rev() {
-                if let Err(e) = self.release_claim(view, k).await {
-                    warn!(claim = %k, error = ?e, "rolling back an allocation failed; it is released once the pod is gone");
-                }
-            }
-            return Err(failure);
-        }
         let entry = usage.entry(placement.node.clone()).or_default();
         *entry = entry.plus(requests);
-        info!(pod = %pod_key(pod), node = %placement.node, claims = written.len(), "allocated the pod's claims");
-        Ok(())
+        debug!(pod = %pod_key(pod), node = %placement.node, "placed; writing");
+        Ok(Job {
+            pod: pod.clone(),
+            claims: claims.into_iter().zip(allocations).collect(),
+            started: Instant::now(),
+        })
     }
 
-    /// Marks a claim and writes its allocation, re-reading and retrying on conflicts.
-    async fn write_claim(
-        &mut self,
-        view: &mut ClusterView,
-        pod: &Pod,
-        claim: &res::ResourceClaim,
-        allocation: &res::AllocationResult,
-    ) -> Result<(), NotPlaced> {
-        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-        let key = crate::cluster::claim_path(claim);
-        let mut current = claim.clone();
-        for attempt in 0..=CONFLICT_RETRIES {
-            if !self.leading() {
-                return Err(NotPlaced::NotLeader);
-            }
-            if attempt > 0 {
-                let (ns, name) = split_key(&key);
-                let Some(c) = self.writer.get_claim(ns, name).await? else {
-                    view.forget_claim(&key);
-                    return Err(NotPlaced::Unschedulable(format!(
-                        "ResourceClaim {key} was deleted"
-                    )));
-                };
-                view.put_written_claim(c.clone());
-                current = c;
-                if gate::is_allocated(&current) || current.metadata.deletion_timestamp.is_some() {
-                    return Err(NotPlaced::Transient(Error::Api {
-                        action: format!("allocating ResourceClaim {key}"),
-                        code: Some(409),
-                        message: "the claim was allocated or deleted meanwhile".to_owned(),
-                    }));
+    /// Carries out the jobs, at most [`PODS_IN_FLIGHT`] pods at a time.
+    async fn write_all(&self, jobs: Vec<Job>) -> Vec<Done> {
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut set = tokio::task::JoinSet::new();
+        for job in jobs {
+            while set.len() >= PODS_IN_FLIGHT {
+                if let Some(done) = set.join_next().await {
+                    push_done(&mut out, done);
                 }
             }
-            let marked = gate::is_ours(&current)
-                && current
-                    .metadata
-                    .finalizers
+            let protocol = self.protocol.clone();
+            set.spawn(async move { protocol.run(job).await });
+        }
+        while let Some(done) = set.join_next().await {
+            push_done(&mut out, done);
+        }
+        out
+    }
+
+    /// Applies what one pod's writes did to the view, the snapshot and the report.
+    async fn apply_done(&mut self, view: &mut ClusterView, done: Done, report: &mut PassReport) {
+        apply_updates(view, done.updates);
+        let Done {
+            job,
+            written,
+            pod_gone,
+            result,
+            ..
+        } = done;
+        if pod_gone {
+            // Its claims go back in the next pass's look for orphans.
+            self.released_at = None;
+            report.retry_soon = true;
+        }
+        match result {
+            Ok(()) => {
+                info!(pod = %pod_key(&job.pod), claims = job.claims.len(), "placed the pod");
+                self.remembered.remove(&pod_key(&job.pod));
+                self.metrics.outcome(Outcome::Allocated);
+                self.metrics.latency(job.started.elapsed());
+                report.placed += 1;
+            }
+            Err(e) => {
+                // The claims not written (or rolled back) give back their reservation; what
+                // the server holds for them now counts instead.
+                if let Ok(snapshot) = view.snapshot() {
+                    for (claim, _) in &job.claims {
+                        let path = crate::cluster::claim_path(claim);
+                        if written.contains(&path) {
+                            continue;
+                        }
+                        snapshot.release(&claim_key(claim));
+                    }
+                }
+                let current: Vec<res::ResourceClaim> = job
+                    .claims
                     .iter()
-                    .flatten()
-                    .any(|f| f == names::CLAIM_FINALIZER);
-            if !marked {
-                match self.writer.mark_claim(&current, pod_name).await {
-                    Ok(c) => current = c,
-                    Err(e) if writer::is_conflict(&e) => {
-                        self.metrics.conflict();
-                        continue;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            match self.writer.write_allocation(&current, allocation).await {
-                Ok(c) => {
-                    view.put_written_claim(c);
-                    return Ok(());
-                }
-                Err(e) if writer::is_conflict(&e) => {
-                    self.metrics.conflict();
-                }
-                Err(e) => {
-                    // The claim carries our mark now; keep the view in step for the rollback.
-                    view.put_written_claim(current);
-                    return Err(e.into());
-                }
-            }
-        }
-        Err(NotPlaced::Transient(Error::Api {
-            action: format!("allocating ResourceClaim {key}"),
-            code: Some(409),
-            message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
-        }))
-    }
-
-    /// Removes the gate (and flips the condition to placed if it said otherwise).
-    async fn finish(
-        &mut self,
-        view: &mut ClusterView,
-        pod: &Pod,
-        started: Instant,
-    ) -> Result<(), NotPlaced> {
-        let key = pod_key(pod);
-        let mut current = pod.clone();
-        let mut ungated = false;
-        for attempt in 0..=CONFLICT_RETRIES {
-            if !self.leading() {
-                return Err(NotPlaced::NotLeader);
-            }
-            if attempt > 0 {
-                let (ns, name) = split_key(&key);
-                let Some(p) = self.writer.get_pod(ns, name).await? else {
-                    view.forget_pod(&key);
-                    // The pod went while we allocated: give its claims back.
-                    Box::pin(self.release_orphans(view, &mut PassReport::default())).await;
-                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
-                };
-                current = p;
-                if !gate::is_gated(&current) {
-                    ungated = true;
-                    break;
-                }
-            }
-            match self.writer.ungate(&current).await {
-                Ok(p) => {
-                    current = p;
-                    ungated = true;
-                    break;
-                }
-                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
-                Err(e) if writer::is_not_found(&e) => {
-                    view.forget_pod(&key);
-                    self.release_orphans(view, &mut PassReport::default()).await;
-                    return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if !ungated {
-            return Err(NotPlaced::Transient(Error::Api {
-                action: format!("removing the scheduling gate of Pod {key}"),
-                code: Some(409),
-                message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
-            }));
-        }
-        let failed_before = current
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == names::CONDITION_ALLOCATED && c.status == "False")
-            });
-        if failed_before {
-            match self
-                .writer
-                .set_condition(
-                    &current,
-                    true,
-                    REASON_ALLOCATED,
-                    "the pod's claims are allocated",
-                    now(),
-                )
-                .await
-            {
-                Ok(p) => current = p,
-                Err(e) => debug!(pod = %key, error = %e, "clearing the failure condition failed"),
-            }
-        }
-        view.put_written_pod(current);
-        self.remembered.remove(&key);
-        self.metrics.outcome(Outcome::Allocated);
-        self.metrics.latency(started.elapsed());
-        Ok(())
-    }
-
-    /// Gives back one claim this controller allocated: deallocate, then unmark.
-    async fn release_claim(&mut self, view: &mut ClusterView, key: &str) -> Result<(), NotPlaced> {
-        let (ns, name) = split_key(key);
-        let mut current = match view.claims().get(key) {
-            Some(c) => c.clone(),
-            None => return Ok(()),
-        };
-        for attempt in 0..=CONFLICT_RETRIES {
-            if !self.leading() {
-                return Err(NotPlaced::NotLeader);
-            }
-            if attempt > 0 {
-                let Some(c) = self.writer.get_claim(ns, name).await? else {
-                    view.forget_claim(key);
-                    return Ok(());
-                };
-                current = c;
-            }
-            // Someone reserved it meanwhile: it is in use, not ours to take back.
-            if !gate::is_ours(&current) || gate::is_reserved(&current) {
-                view.put_written_claim(current);
-                return Ok(());
-            }
-            let step = if gate::is_allocated(&current) {
-                self.writer.clear_allocation(&current).await
-            } else {
-                self.writer.unmark_claim(&current).await
-            };
-            match step {
-                Ok(c) => {
-                    let done = !gate::is_ours(&c);
-                    current = c.clone();
-                    view.put_written_claim(c);
-                    if done {
-                        return Ok(());
+                    .filter_map(|(c, _)| view.claims().get(&crate::cluster::claim_path(c)).cloned())
+                    .collect();
+                if let Ok(snapshot) = view.snapshot() {
+                    for c in &current {
+                        if let Some(a) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+                            snapshot.commit(c, a);
+                        }
                     }
                 }
-                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
-                Err(e) if writer::is_not_found(&e) => {
-                    view.forget_claim(key);
-                    return Ok(());
-                }
-                Err(e) => return Err(e.into()),
+                report.pending += 1;
+                self.not_placed(view, &job.pod, e, report).await;
             }
         }
-        Err(NotPlaced::Transient(Error::Api {
-            action: format!("releasing ResourceClaim {key}"),
-            code: Some(409),
-            message: format!("still conflicting after {CONFLICT_RETRIES} retries"),
-        }))
+    }
+
+    /// Gives back one claim this controller allocated (deallocate, then unmark), now.
+    async fn release(&mut self, view: &mut ClusterView, key: &str) -> Result<(), NotPlaced> {
+        let current = view.claims().get(key).cloned();
+        let mut updates = Vec::new();
+        let result = self
+            .protocol
+            .release_claim(key, current, &mut updates)
+            .await;
+        apply_updates(view, updates);
+        result
     }
 
     async fn release_orphans(&mut self, view: &mut ClusterView, report: &mut PassReport) {
@@ -710,7 +631,7 @@ impl Reconciler {
             if !self.pod_is_really_gone(view, &r).await {
                 continue;
             }
-            match self.release_claim(view, &r.claim).await {
+            match self.release(view, &r.claim).await {
                 Ok(()) => {
                     info!(claim = %r.claim, reason = %r.reason, deallocated = r.deallocate, "released the controller's claim");
                     if r.deallocate {
@@ -753,7 +674,7 @@ impl Reconciler {
             return true;
         };
         let (ns, _) = split_key(&release.claim);
-        match self.writer.get_pod(ns, &pod).await {
+        match self.protocol.writer.get_pod(ns, &pod).await {
             Ok(Some(p)) if gate::claim_users([&p]).contains_key(&release.claim) => {
                 view.put_written_pod(p);
                 false
@@ -785,6 +706,7 @@ impl Reconciler {
             for p in &u.pods {
                 if let Some(pod) = view.pods().get(p)
                     && let Err(e) = self
+                        .protocol
                         .writer
                         .event(pod, true, REASON_UNBOUND, &message, now())
                         .await
@@ -797,39 +719,35 @@ impl Reconciler {
     }
 }
 
-/// What pods already take of every node: bound pods where they run, and unbound pods whose
-/// claims are allocated on the node their allocation names (kube-scheduler will bind them
-/// there, so they must count before they do).
-fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
-    let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
-    for pod in view.pods().values() {
-        if gate::is_done(pod) {
-            continue;
-        }
-        let bound = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty());
-        let node = bound.or_else(|| {
-            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-            gate::claim_names(pod).ok()?.iter().find_map(|n| {
-                view.claims()
-                    .get(&format!("{namespace}/{n}"))
-                    .and_then(|c| c.status.as_ref()?.allocation.as_ref())
-                    .and_then(gate::allocation_node)
-            })
-        });
-        let Some(node) = node else { continue };
-        match nodefit::pod_requests(pod) {
-            Ok(r) => {
-                let entry = usage.entry(node).or_default();
-                *entry = entry.plus(r);
-            }
-            Err(e) => {
-                debug!(pod = %pod_key(pod), error = %e, "not counting a pod with invalid requests");
-            }
+/// Applies the server's answers a pod's writes collected.
+fn apply_updates(view: &mut ClusterView, updates: Vec<ViewUpdate>) {
+    for u in updates {
+        match u {
+            ViewUpdate::Claim(c) => view.put_written_claim(*c),
+            ViewUpdate::ForgetClaim(k) => view.forget_claim(&k),
+            ViewUpdate::Pod(p) => view.put_written_pod(*p),
+            ViewUpdate::ForgetPod(k) => view.forget_pod(&k),
         }
     }
-    usage
+}
+
+fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task::JoinError>) {
+    match joined {
+        Ok(done) => out.push(done),
+        // A task only ends this way if it panicked; its pod is tried again by a later pass.
+        Err(e) => warn!(error = %e, "a pod's writes ended abnormally"),
+    }
+}
+
+/// What pods already take of every node ([`nodefit::node_usage`] over the view).
+fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
+    nodefit::node_usage(
+        view.pods().values(),
+        |namespace, name| {
+            view.claims()
+                .get(&format!("{namespace}/{name}"))
+                .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+        },
+        |pod| view.pod_requests(pod),
+    )
 }

@@ -27,6 +27,8 @@ use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
 use crate::writer::Writer;
 
+/// How many reflected changes may wait for the view.
+const EVENT_QUEUE: usize = 64;
 /// Pause before a pass retries what failed for a passing reason (API errors, lost races).
 const RETRY_SOON: Duration = Duration::from_secs(1);
 
@@ -92,7 +94,9 @@ pub async fn run_with(
         leader_config.validate()?;
         tasks.spawn(leader::run(client.clone(), leader_config, leading_tx));
     }
-    let (tx, mut rx) = mpsc::channel(1024);
+    // A short queue: events wait in the watch streams (as bytes) rather than here as decoded
+    // objects, which bounds the controller's peak memory when thousands arrive at once.
+    let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
     for resource in Resource::ALL {
         let api = match resource {
             Resource::Slices => apiserver::resource(version, "ResourceSlice", "resourceslices"),

@@ -47,6 +47,7 @@
 
 mod capacity;
 pub(crate) mod nodeselect;
+mod place;
 mod policy;
 mod reason;
 mod request;
@@ -61,6 +62,7 @@ use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, No
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
+pub use place::{Learn, PodPlacement};
 pub use policy::{DeviceView, NodeView, PlacementPolicy, PodAsk, Policy, ScoreInput};
 pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable, Wanted};
 pub use snapshot::{Snapshot, claim_key, claim_name};
@@ -192,8 +194,8 @@ impl Allocator {
 
     /// Places a pod that requests `host` CPU and memory and has `claims` (possibly none) on
     /// one of `candidates`: only nodes with that much free (where the snapshot tracks it,
-    /// [`Snapshot::set_host`]) are considered. The caller commits the claims and adds the
-    /// host use ([`Snapshot::add_host_use`]).
+    /// [`Snapshot::set_host`]) are considered. Nothing is committed: callers that place pods
+    /// one after another use [`Allocator::place_pod`], which does.
     #[allow(clippy::too_many_lines)] // Reason: the whole decision in one place: prepare, order, search, build.
     pub fn allocate_pod(
         &self,

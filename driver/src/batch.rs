@@ -7,9 +7,11 @@
 //! snapshot before the next claim is tried, so later claims see earlier ones as used.
 //!
 //! Placement policies see what the cluster view offers them in a controller: each Node's
-//! `status.allocatable` CPU and memory less what the pods bound to it (`spec.nodeName`) and
-//! the pods placed earlier in the batch request, and the task shapes of the pods seen so far,
-//! each learned as its turn comes (never a pod still to come).
+//! `status.allocatable` CPU and memory less what the pods bound to it (`spec.nodeName`), the
+//! unbound pods whose allocated claims name it, and the pods placed earlier in the batch
+//! request ([`crate::nodefit::node_usage`], the controller's rule), and the task shapes of the
+//! pods seen so far, each learned as its turn comes (never a pod still to come). Each pod is
+//! placed by [`Allocator::place_pod`], as in the controller and the trace replay.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,7 +20,7 @@ use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
-use crate::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
+use crate::allocator::{Allocator, AllocatorOptions, Learn, Policy, Snapshot};
 use crate::error::Result;
 use crate::names;
 use crate::nodefit::{self, Resources};
@@ -186,29 +188,6 @@ fn outcome(
     }
 }
 
-/// Tracks the CPU and memory of every Node object that reports allocatable amounts, less what
-/// the pods bound to it request (a pod whose requests do not parse is skipped here; it is
-/// refused where it is placed).
-fn track_hosts(snapshot: &mut Snapshot, input: &BatchInput<'_>) {
-    let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
-    for pod in input.pods {
-        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-        if let (Some(node), Ok(r)) = (bound, nodefit::pod_requests(pod)) {
-            let entry = used.entry(node).or_default();
-            *entry = entry.plus(r);
-        }
-    }
-    for node in input.nodes {
-        let Some(name) = node.metadata.name.as_deref() else {
-            continue;
-        };
-        if let Some(allocatable) = nodefit::node_allocatable(node).host() {
-            let used = used.get(name).and_then(|r| r.host()).unwrap_or_default();
-            snapshot.set_host(name, allocatable, used);
-        }
-    }
-}
-
 /// Allocates every pending claim of `input`, returning one outcome per pending claim in input
 /// order.
 pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<Vec<ClaimOutcome>> {
@@ -223,7 +202,20 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
         input.classes,
         &allocated,
     )?;
-    track_hosts(&mut snapshot, input);
+    let by_key: BTreeMap<(String, String), &res::AllocationResult> = allocated
+        .iter()
+        .filter_map(|c| Some((key(&c.metadata), c.status.as_ref()?.allocation.as_ref()?)))
+        .collect();
+    let usage = nodefit::node_usage(
+        input.pods,
+        |namespace, name| {
+            by_key
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .copied()
+        },
+        |pod| nodefit::pod_requests(pod).ok(),
+    );
+    snapshot.track_hosts(input.nodes, &usage);
     let allocator = Allocator::new(AllocatorOptions {
         driver_name: options.driver_name.clone(),
         policy: options.policy,
@@ -263,14 +255,11 @@ pub fn allocate_batch(input: &BatchInput<'_>, options: &BatchOptions) -> Result<
                 continue;
             }
         };
-        if let Some(shape) = allocator.task_shape(&snapshot, &group, &host) {
-            snapshot.observe(shape);
-        }
-        match allocator.allocate_pod(&snapshot, &group, &candidates, &host) {
+        let placed =
+            allocator.place_pod(&mut snapshot, &group, &candidates, &host, Learn::FromClaims);
+        match placed.result {
             Ok(placement) => {
-                snapshot.add_host_use(&placement.node, &host);
                 for (c, result) in group.iter().zip(placement.allocations) {
-                    snapshot.commit(c, &result);
                     outcomes.insert(key(&c.metadata), outcome(c, Ok((&placement.node, result))));
                 }
             }

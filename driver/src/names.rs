@@ -150,6 +150,10 @@ pub const CONTROLLER_COMPONENT: &str = "tessera-controller";
 /// Pod condition the controller sets on a gated pod it cannot place (status `False`, with the
 /// allocator's reason) and once it placed it (status `True`).
 pub const CONDITION_ALLOCATED: &str = "gpu.tessera.dev/Allocated";
+/// Reason of [`CONDITION_ALLOCATED`] (and of the Event) when the controller refused a pod's
+/// claims for a fault only their owner can fix; it tries again only when the pod or one of its
+/// claims changes.
+pub const REASON_ALLOCATION_REFUSED: &str = "AllocationRefused";
 /// Name of the Lease the controller replicas elect their leader on.
 pub const LEADER_LEASE: &str = "tessera-controller";
 /// Annotation the pod webhook puts on a pod it rewrote from device-plugin resource names: the

@@ -205,6 +205,43 @@ pub fn pod_requests(pod: &Pod) -> Result<Resources> {
         }))
 }
 
+/// What pods already take of every node: bound pods where they run, and unbound pods whose
+/// claims are allocated on the node their allocation names (kube-scheduler will bind them
+/// there, so they count before they do). Finished and deleted pods take nothing. `allocated`
+/// answers the allocation of a claim by namespace and name, when it has one; `requests` a
+/// pod's [`pod_requests`] (callers that see the same pods often keep them), `None` for a pod
+/// whose requests do not parse (it is skipped here and refused where it is placed).
+pub fn node_usage<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    allocated: impl Fn(&str, &str) -> Option<&'a k8s_openapi::api::resource::v1::AllocationResult>,
+    requests: impl Fn(&Pod) -> Option<Resources>,
+) -> BTreeMap<String, Resources> {
+    let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
+    for pod in pods {
+        if crate::gate::is_done(pod) {
+            continue;
+        }
+        let bound = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
+        let node = bound.or_else(|| {
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+            crate::gate::claim_names(pod)
+                .ok()?
+                .iter()
+                .find_map(|n| allocated(namespace, n).and_then(crate::gate::allocation_node))
+        });
+        let Some(node) = node else { continue };
+        if let Some(r) = requests(pod) {
+            let entry = usage.entry(node).or_default();
+            *entry = entry.plus(r);
+        }
+    }
+    usage
+}
+
 /// What a node offers pods: `status.allocatable` (cpu, memory, pods). A node that reports no
 /// allocatable amounts (as in offline input) is treated as unlimited.
 pub fn node_allocatable(node: &Node) -> Resources {

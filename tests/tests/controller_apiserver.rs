@@ -545,7 +545,7 @@ async fn a_claim_the_server_refuses_to_change_is_reported_not_retried_forever() 
     let (server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(1, 2, false), "8").await;
     // As for a claim with non-canonical opaque JSON: every metadata change is refused.
-    server.inject(Verb::Patch, "resourceclaims", 422, 1);
+    server.inject(Verb::Patch, "resourceclaims", 422, 100);
     let running = start_controller(&client, config(Policy::FirstFit, None));
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("broken", 1)).await;
     create_pod(&client, &gated_pod("p", &["broken"], &[], "1")).await;
@@ -566,6 +566,49 @@ async fn a_claim_the_server_refuses_to_change_is_reported_not_retried_forever() 
         attempts, 1,
         "a refused claim is not retried until something changes"
     );
+    // Changes elsewhere (pods come and go, a node joins) do not make the refusal pass.
+    for i in 0..5 {
+        let mut other = gated_pod(&format!("unrelated-{i}"), &[], &[], "1");
+        other.spec.as_mut().unwrap().scheduling_gates = None;
+        create_pod(&client, &other).await;
+        delete_pod(&client, &format!("unrelated-{i}")).await;
+    }
+    server
+        .create(
+            "nodes",
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "late-node"}}),
+        )
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let claim_patches = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "resourceclaims" && r.verb == Verb::Patch)
+            .count()
+    };
+    assert_eq!(
+        claim_patches(),
+        1,
+        "unrelated changes retried a refused claim"
+    );
+    assert!(
+        running.metrics.encode().unwrap().contains(
+            "tessera_controller_allocations_total{outcome=\"refused\",policy=\"first-fit\"} 1"
+        ),
+        "{}",
+        running.metrics.encode().unwrap()
+    );
+    // A change of the claim itself is worth one more try.
+    server
+        .set_status("resourceclaims", Some(NS), "broken", &serde_json::json!({}))
+        .unwrap();
+    eventually(WAIT, "the changed claim is tried once more", || async {
+        claim_patches() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(claim_patches(), 2);
     assert!(gate::is_gated(&pods(&client).await["p"]));
     running.stop().await;
 }
@@ -588,9 +631,11 @@ async fn metrics_and_probes_are_served_over_http() {
         async move {
             use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out
@@ -598,6 +643,21 @@ async fn metrics_and_probes_are_served_over_http() {
     };
     assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(get("/nowhere").await.starts_with("HTTP/1.1 404"));
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(ops.local_addr())
+            .await
+            .unwrap();
+        s.write_all(
+            b"PUT /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+    }
     let config = config(Policy::Binpack, None);
     let task = {
         let client = client.clone();

@@ -27,6 +27,8 @@ pub enum Change {
 
 /// Longest pause between failed attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How many objects one list request asks for (the server hands out the rest page by page).
+const LIST_PAGE: u32 = 500;
 /// How long one watch request lasts before the server ends it (and it is resumed).
 const WATCH_TIMEOUT_SECONDS: u32 = 290;
 
@@ -45,6 +47,13 @@ fn to_value(object: &DynamicObject, api: &ApiResource) -> Option<Value> {
     serde_json::to_value(object).ok().map(|v| with_type(v, api))
 }
 
+/// Drops what nothing reads before the object is copied on (managedFields are often most of
+/// an object's size).
+fn slimmed(mut object: DynamicObject) -> DynamicObject {
+    object.metadata.managed_fields = None;
+    object
+}
+
 /// Reflects `resource` (served as `api`) into `tx` until `tx` is closed.
 pub async fn run(
     client: kube::Client,
@@ -55,21 +64,35 @@ pub async fn run(
     let objects: Api<DynamicObject> = Api::all_with(client, &api);
     let mut backoff = Duration::from_millis(100);
     'list: loop {
-        let list = match objects.list(&ListParams::default()).await {
-            Ok(list) => list,
-            Err(e) => {
-                warn!(resource = resource.as_str(), error = %e, "listing failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
+        // Listed a page at a time, so a large list is never in memory whole and undecoded.
+        let mut items = Vec::new();
+        let mut continue_token: Option<String> = None;
+        let mut version;
+        loop {
+            let mut params = ListParams::default().limit(LIST_PAGE);
+            if let Some(token) = &continue_token {
+                params = params.continue_token(token);
             }
-        };
-        let mut version = list.metadata.resource_version.clone().unwrap_or_default();
-        let items = list
-            .items
-            .iter()
-            .filter_map(|o| to_value(o, &api))
-            .collect();
+            let page = match objects.list(&params).await {
+                Ok(page) => page,
+                Err(e) => {
+                    warn!(resource = resource.as_str(), error = %e, "listing failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue 'list;
+                }
+            };
+            version = page.metadata.resource_version.clone().unwrap_or_default();
+            continue_token = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+            items.extend(
+                page.items
+                    .into_iter()
+                    .filter_map(|o| to_value(&slimmed(o), &api)),
+            );
+            if continue_token.is_none() {
+                break;
+            }
+        }
         if tx.send((resource, Change::Listed(items))).await.is_err() {
             return;
         }
@@ -92,13 +115,13 @@ pub async fn run(
                         if let Some(rv) = &o.metadata.resource_version {
                             version.clone_from(rv);
                         }
-                        to_value(&o, &api).map(Change::Applied)
+                        to_value(&slimmed(o), &api).map(Change::Applied)
                     }
                     Ok(WatchEvent::Deleted(o)) => {
                         if let Some(rv) = &o.metadata.resource_version {
                             version.clone_from(rv);
                         }
-                        to_value(&o, &api).map(Change::Deleted)
+                        to_value(&slimmed(o), &api).map(Change::Deleted)
                     }
                     Ok(WatchEvent::Bookmark(b)) => {
                         version = b.metadata.resource_version;

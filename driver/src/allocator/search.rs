@@ -327,40 +327,84 @@ impl<'a> Search<'a> {
             }
         }
         if !spec.all {
-            self.order(spec, &mut list);
+            // Topology groups count only devices this request could still take: a busy GPU
+            // must not make its island look big enough.
+            // (An error here only means "not free"; the search reports it if it gets there.)
+            let topology = spec.count > 1 && self.policy.prefers_topology();
+            let free: Vec<bool> = list
+                .iter()
+                .map(|&dev| {
+                    !topology || matches!(dynamic_outcome(self.snap, spec, dev), Ok(Outcome::Fits))
+                })
+                .collect();
+            self.order(spec, &mut list, &free);
         }
         let list = Rc::new(list);
         self.cands.insert((c, r, a), Rc::clone(&list));
         Ok(list)
     }
 
-    fn order(&self, spec: &ReqSpec, list: &mut [usize]) {
+    /// Orders a request's candidates: for a multi-device request (where the policy prefers
+    /// topology) first the devices of an NVLink island with enough free devices for the
+    /// whole request, island by island (the island holding the best-scored free device
+    /// first), then likewise by NUMA node, then by the policy's device score and position.
+    /// `free` says, per candidate, whether it has room for the request now.
+    fn order(&self, spec: &ReqSpec, list: &mut [usize], free: &[bool]) {
         let topology = spec.count > 1 && self.policy.prefers_topology();
-        let group_ok = |key: &dyn Fn(usize) -> Option<&'a String>, dev: usize| -> bool {
-            key(dev)
-                .is_some_and(|g| list.iter().filter(|&&d| key(d) == Some(g)).count() >= spec.count)
-        };
         let snap = self.snap;
-        let mut keyed: Vec<(bool, bool, i64, usize, usize)> = list
+        let scores: Vec<i64> = list
             .iter()
             .enumerate()
             .map(|(pos, &dev)| {
-                let island = topology && group_ok(&|d| snap.devices[d].nvlink.as_ref(), dev);
-                let numa = topology && group_ok(&|d| snap.devices[d].numa.as_ref(), dev);
                 let view = DeviceView {
                     position: pos,
                     used_permille: snap.fullness(dev),
                     gpu: self.scoring.gpu_devices.iter().position(|&d| d == dev),
                 };
-                let score = self
-                    .policy
-                    .device_score(&view, self.scoring.node, self.scoring.input);
-                (!island, !numa, score, pos, dev)
+                self.policy
+                    .device_score(&view, self.scoring.node, self.scoring.input)
+            })
+            .collect();
+        // Per group: how many free candidates it holds and the best (score, position) among them.
+        let groups = |key: &dyn Fn(usize) -> Option<&'a String>| {
+            let mut map: HashMap<&'a String, (usize, (i64, usize))> = HashMap::new();
+            if topology {
+                for (pos, &dev) in list.iter().enumerate() {
+                    if let (true, Some(g)) = (free[pos], key(dev)) {
+                        let slot = map.entry(g).or_insert((0, (i64::MAX, usize::MAX)));
+                        slot.0 += 1;
+                        slot.1 = slot.1.min((scores[pos], pos));
+                    }
+                }
+            }
+            map
+        };
+        let island_key = |d: usize| snap.devices[d].nvlink.as_ref();
+        let numa_key = |d: usize| snap.devices[d].numa.as_ref();
+        let islands = groups(&island_key);
+        let numas = groups(&numa_key);
+        let rank = |map: &HashMap<&'a String, (usize, (i64, usize))>, g: Option<&'a String>| {
+            g.and_then(|g| map.get(g))
+                .filter(|(n, _)| *n >= spec.count)
+                .map_or((true, (i64::MAX, usize::MAX)), |(_, best)| (false, *best))
+        };
+        let mut keyed: Vec<_> = list
+            .iter()
+            .enumerate()
+            .map(|(pos, &dev)| {
+                (
+                    !free[pos],
+                    rank(&islands, island_key(dev)),
+                    rank(&numas, numa_key(dev)),
+                    scores[pos],
+                    pos,
+                    dev,
+                )
             })
             .collect();
         keyed.sort_unstable();
         for (slot, k) in list.iter_mut().zip(keyed) {
-            *slot = k.4;
+            *slot = k.5;
         }
     }
 
@@ -735,8 +779,16 @@ pub(crate) fn classify(
     dev: usize,
 ) -> Result<Outcome, Abort> {
     let o = static_outcome(snap, cache, spec, dev)?;
-    if o != Outcome::Fits || spec.admin {
+    if o != Outcome::Fits {
         return Ok(o);
+    }
+    dynamic_outcome(snap, spec, dev)
+}
+
+/// How a device that passed the static checks fares against committed use only.
+fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcome, Abort> {
+    if spec.admin {
+        return Ok(Outcome::Fits);
     }
     let entry = &snap.devices[dev];
     let u = &snap.uses[dev];

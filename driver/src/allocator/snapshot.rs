@@ -46,7 +46,7 @@ pub(crate) struct DeviceEntry {
     pub(crate) multi: bool,
     /// Published by Tessera's driver.
     pub(crate) tessera: bool,
-    /// A Tessera GPU with `sharing=shared`.
+    /// A Tessera GPU many claims may share: `allowMultipleAllocations`, or `sharing=shared`.
     pub(crate) tessera_shared: bool,
     /// Tessera memory capacity in bytes (0 when not declared).
     pub(crate) memory: u64,
@@ -486,9 +486,13 @@ impl Snapshot {
         let object = format!("{object}: device {}", device.name);
         let capacity = capacity::parse_device_capacity(device, driver, &object)?;
         let tessera = driver == self.tessera_driver;
+        // The API field is the truth: a device that allows multiple allocations is shared
+        // whatever its informational `sharing` attribute says; without the field (1.32,
+        // 1.33) the attribute is all there is.
         let tessera_shared = tessera
-            && attr_text(device, driver, names::ATTR_SHARING).as_deref()
-                == Some(names::SHARING_SHARED);
+            && (device.allow_multiple_allocations == Some(true)
+                || attr_text(device, driver, names::ATTR_SHARING).as_deref()
+                    == Some(names::SHARING_SHARED));
         let memory = capacity
             .get(&capacity::qualify(names::CAP_MEMORY, driver))
             .and_then(|c| c.value.as_units())

@@ -1056,3 +1056,156 @@ fn the_record_carries_the_tier_from_the_claim_or_the_class() {
     let rec = recorded_devices(&p.allocations[0]);
     assert_eq!(rec[0]["tier"], "batch");
 }
+
+#[test]
+fn a_device_that_allows_multiple_allocations_is_shareable_without_the_sharing_attribute() {
+    let bare = |name: &str| {
+        let mut d = gpu(name, "", "x", true);
+        d.attributes.as_mut().unwrap().remove("sharing");
+        d
+    };
+    let slices = vec![slice("a-0", "a", vec![bare("gpu-0")])];
+    let classes = vec![class("any", r#"device.driver == "gpu.tessera.dev""#)];
+    let mut snap = Snapshot::new(&slices, &classes, &[]).unwrap();
+    let a = alloc(Policy::FirstFit);
+    // A GpuShare (Tessera's own form) and a native capacity request both share the GPU.
+    let opaque = with_config(
+        claim("s1", vec![exact("gpu", "any", 1)]),
+        share_config("20Gi", Some(30)),
+    );
+    let p = place(&mut snap, &a, &opaque, &[node("a")]).unwrap();
+    assert_eq!(devices_of(&p.allocations[0]), ["a/gpu-0"]);
+    let mut req = exact("gpu", "any", 1);
+    req.exactly.as_mut().unwrap().capacity = Some(res::CapacityRequirements {
+        requests: Some([("memory".to_owned(), q("40Gi"))].into()),
+    });
+    let p = place(&mut snap, &a, &claim("s2", vec![req]), &[node("a")]).unwrap();
+    assert_eq!(devices_of(&p.allocations[0]), ["a/gpu-0"]);
+    // 60Gi of 80Gi are booked: a 30Gi share no longer fits, for lack of room, not of sharing.
+    let err = a
+        .allocate(
+            &snap,
+            &[&with_config(
+                claim("s3", vec![exact("gpu", "any", 1)]),
+                share_config("30Gi", None),
+            )],
+            &[node("a")],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("1 too full"), "{err}");
+}
+
+/// An 8 x A100 node: NVLink islands gpu-0..3 and gpu-4..7, NUMA nodes 0 and 1 likewise.
+fn eight_gpu_node() -> Vec<res::ResourceSlice> {
+    let devices = (0..8)
+        .map(|i| {
+            let half = if i < 4 { "0" } else { "1" };
+            let mut d = gpu(
+                &format!("gpu-{i}"),
+                "exclusive",
+                &format!("island-{half}"),
+                false,
+            );
+            let attrs = d.attributes.as_mut().unwrap();
+            attrs.insert("numaNode".to_owned(), attr_s(half));
+            attrs.insert(
+                "index".to_owned(),
+                res::DeviceAttribute {
+                    int: Some(i),
+                    ..Default::default()
+                },
+            );
+            d
+        })
+        .collect();
+    vec![slice("a-0", "a", devices)]
+}
+
+#[test]
+fn a_multi_gpu_claim_prefers_one_island_of_free_gpus_under_every_policy() {
+    for policy in Policy::ALL {
+        let mut snap = Snapshot::new(&eight_gpu_node(), &classes(), &[]).unwrap();
+        let a = alloc(policy);
+        let busy = place(
+            &mut snap,
+            &alloc(Policy::FirstFit),
+            &claim("busy", vec![exact("gpu", "gpu.tessera.dev", 3)]),
+            &[node("a")],
+        )
+        .unwrap();
+        assert_eq!(
+            devices_of(&busy.allocations[0]),
+            ["a/gpu-0", "a/gpu-1", "a/gpu-2"]
+        );
+        let p = a
+            .allocate(
+                &snap,
+                &[&claim("two", vec![exact("gpu", "gpu.tessera.dev", 2)])],
+                &[node("a")],
+            )
+            .unwrap();
+        let got = devices_of(&p.allocations[0]);
+        if policy == Policy::FirstFit {
+            // first-fit is kube-scheduler's device order, device for device.
+            assert_eq!(got, ["a/gpu-3", "a/gpu-4"]);
+        } else {
+            let island: Vec<bool> = got
+                .iter()
+                .map(|d| ["a/gpu-4", "a/gpu-5", "a/gpu-6", "a/gpu-7"].contains(&d.as_str()))
+                .collect();
+            assert_eq!(island, [true, true], "{policy:?} picked {got:?}");
+        }
+    }
+}
+
+#[test]
+fn without_an_island_a_multi_gpu_claim_prefers_one_numa_node() {
+    // Islands of two (0-1, 2-3, 4-5, 6-7); gpu-0, gpu-2 and gpu-4 busy: no island has two free
+    // GPUs but NUMA node 1 (gpu-5, gpu-6, gpu-7) does.
+    let mut slices = eight_gpu_node();
+    for (i, d) in slices[0]
+        .spec
+        .devices
+        .as_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        d.attributes.as_mut().unwrap().insert(
+            "nvlinkDomain".to_owned(),
+            attr_s(&format!("pair-{}", i / 2)),
+        );
+    }
+    for policy in Policy::ALL.into_iter().filter(|p| *p != Policy::FirstFit) {
+        let mut snap = Snapshot::new(&slices, &classes(), &[]).unwrap();
+        for (n, dev) in [0, 2, 4].into_iter().enumerate() {
+            let mut c = claim(
+                &format!("busy{n}"),
+                vec![exact("gpu", "gpu.tessera.dev", 1)],
+            );
+            c.spec.devices.as_mut().unwrap().requests.as_mut().unwrap()[0]
+                .exactly
+                .as_mut()
+                .unwrap()
+                .selectors = Some(vec![res::DeviceSelector {
+                cel: Some(res::CELDeviceSelector {
+                    expression: format!(r#"device.attributes["gpu.tessera.dev"].index == {dev}"#),
+                }),
+            }]);
+            let one = place(&mut snap, &alloc(Policy::FirstFit), &c, &[node("a")]).unwrap();
+            assert_eq!(devices_of(&one.allocations[0]), [format!("a/gpu-{dev}")]);
+        }
+        let p = alloc(policy)
+            .allocate(
+                &snap,
+                &[&claim("two", vec![exact("gpu", "gpu.tessera.dev", 2)])],
+                &[node("a")],
+            )
+            .unwrap();
+        let got = devices_of(&p.allocations[0]);
+        let numa1 = got
+            .iter()
+            .all(|d| ["a/gpu-5", "a/gpu-6", "a/gpu-7"].contains(&d.as_str()));
+        assert!(numa1, "{policy:?} picked {got:?}");
+    }
+}

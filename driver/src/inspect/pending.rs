@@ -25,6 +25,9 @@ pub enum Verdict {
     Unplaceable,
     /// Its claims are allocated; the controller still has to remove the gate.
     Allocated,
+    /// The controller refused its claims for a fault only their owner can fix (the message
+    /// says which); it tries again when the pod or one of its claims changes.
+    Refused,
 }
 
 /// One of the pod's claims.
@@ -136,6 +139,14 @@ pub fn explain_pod(
         explanation.verdict = Verdict::WaitingForClaims;
         "gated by Tessera and waiting for its claims to exist (see claims)"
             .clone_into(&mut explanation.message);
+        return Ok(explanation);
+    }
+    if let Some(why) = refusal(pod) {
+        explanation.verdict = Verdict::Refused;
+        explanation.message = format!(
+            "gated by Tessera; the controller refused its claims: {why} (only their owner can fix \
+             this: the controller tries again when the pod or one of its claims changes)"
+        );
         return Ok(explanation);
     }
     if pending.is_empty() {
@@ -274,6 +285,24 @@ fn resolve_claims(
     (resolved_pod, states, pending, missing)
 }
 
+/// The controller's refusal recorded on the pod: its condition, false with reason
+/// `AllocationRefused`, and the message.
+fn refusal(pod: &core::Pod) -> Option<String> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| {
+            c.type_ == names::CONDITION_ALLOCATED
+                && c.status == "False"
+                && c.reason.as_deref() == Some(names::REASON_ALLOCATION_REFUSED)
+        })
+        .map(|c| {
+            c.message
+                .clone()
+                .unwrap_or_else(|| "no reason given".to_owned())
+        })
+}
+
 /// The pod's conditions that are not true, as `type: reason: message`.
 fn unmet_conditions(pod: &core::Pod) -> Vec<String> {
     pod.status
@@ -341,5 +370,36 @@ mod tests {
         );
         assert_eq!(e.verdict, Verdict::Allocated);
         assert!(e.message.contains("controller"));
+    }
+
+    #[test]
+    fn a_pod_the_controller_refused_says_so_and_why() {
+        let pod: core::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [], "schedulingGates": [{"name": names::SCHEDULING_GATE}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+            "status": {"conditions": [{"type": names::CONDITION_ALLOCATED, "status": "False",
+                "reason": names::REASON_ALLOCATION_REFUSED,
+                "message": "API server: marking ResourceClaim ns/c: field is immutable"}]},
+        }))
+        .unwrap();
+        let claim: res::ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
+        }))
+        .unwrap();
+        let cluster = ClusterObjects {
+            classes: &[],
+            slices: &[],
+            claims: &[claim],
+            nodes: &[],
+        };
+        let e = explain_pod(names::DEFAULT_DRIVER_NAME, Policy::FirstFit, &pod, &cluster).unwrap();
+        assert_eq!(e.verdict, Verdict::Refused);
+        assert!(
+            e.message.contains("refused") && e.message.contains("field is immutable"),
+            "{}",
+            e.message
+        );
     }
 }

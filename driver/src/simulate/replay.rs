@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::cluster::{Cluster, claim_for};
 use super::order::arrival_order;
 use super::trace::TracePod;
-use crate::allocator::{Allocator, AllocatorOptions, DEFAULT_MAX_STEPS, Policy, Snapshot};
+use crate::allocator::{Allocator, AllocatorOptions, DEFAULT_MAX_STEPS, Learn, Policy, Snapshot};
 use crate::error::{Error, Result};
 use crate::fragmentation::{
     HostResources, NodeState, Typical, WHOLE_GPU, Workload, node_fragmentation,
@@ -304,8 +304,6 @@ pub fn replay(
             progress(seq, order.len());
         }
         let pod = &pods[i];
-        // The policy learns the task as it arrives: never a task still to come.
-        snap.observe(pod.shape());
         ledger.arrived += pod.gpu_demand();
         if pod.num_gpu > 0 {
             smallest = Some(smallest.map_or(pod.host, |s| HostResources {
@@ -318,18 +316,19 @@ pub fn replay(
             result.rounded_pods += 1;
         }
         let claims: Vec<&_> = claim.iter().map(|(c, _)| c).collect();
-        let placed = allocator.allocate_pod(&snap, &claims, &cluster.candidates, &pod.host);
-        if let Ok(placement) = placed {
-            {
-                for (c, a) in claims.iter().zip(&placement.allocations) {
-                    snap.commit(c, a);
-                }
-                snap.add_host_use(&placement.node, &pod.host);
-                ledger.allocated += pod.gpu_demand();
-                if let Some(&idx) = node_index.get(placement.node.as_str()) {
-                    let value = fragmentation_of(&snap, &placement.node, measure.typical());
-                    ledger.update_node(idx, value);
-                }
+        // The policy learns the task as it arrives: never a task still to come.
+        let placed = allocator.place_pod(
+            &mut snap,
+            &claims,
+            &cluster.candidates,
+            &pod.host,
+            Learn::Shape(pod.shape()),
+        );
+        if let Ok(placement) = placed.result {
+            ledger.allocated += pod.gpu_demand();
+            if let Some(&idx) = node_index.get(placement.node.as_str()) {
+                let value = fragmentation_of(&snap, &placement.node, measure.typical());
+                ledger.update_node(idx, value);
             }
         } else {
             record_failure(

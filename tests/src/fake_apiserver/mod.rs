@@ -11,7 +11,9 @@
 //! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
-//! by a merge patch (apply creates an absent object); field managers are not tracked. Objects are
+//! by a merge patch (apply creates an absent object); `managedFields` are recorded only when a
+//! test asks ([`FakeApiServer::set_managed_fields`]), and a fixed per-request latency can be
+//! set ([`FakeApiServer::set_request_delay`]). Objects are
 //! kept as JSON exactly as written, in whatever version they were written: the fake does not
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
 //! Errors come back as `metav1.Status`. A test can queue error answers per verb and resource.
@@ -146,6 +148,9 @@ struct Shared {
     store: Mutex<Store>,
     /// How long every write waits before it is carried out (a slow server).
     write_delay: Mutex<std::time::Duration>,
+    /// How long every request but a watch waits before it is answered (a real server's
+    /// round trip: authentication, admission, etcd).
+    request_delay: Mutex<std::time::Duration>,
     versions: Mutex<Vec<String>>,
     changed: watch::Sender<u64>,
 }
@@ -191,6 +196,7 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
             write_delay: Mutex::new(std::time::Duration::ZERO),
+            request_delay: Mutex::new(std::time::Duration::ZERO),
             versions: Mutex::new(versions.iter().map(|v| (*v).to_owned()).collect()),
             changed,
         });
@@ -267,6 +273,37 @@ impl FakeApiServer {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
     }
 
+    /// Makes every later request but a watch wait `delay` before it is answered, as a real
+    /// API server's round trip does.
+    pub fn set_request_delay(&self, delay: std::time::Duration) {
+        *self
+            .shared
+            .request_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
+    /// Makes every later write record `metadata.managedFields` (who wrote which fields, with
+    /// the writer's `User-Agent` as manager), so objects are served about as large as a real
+    /// API server serves them.
+    pub fn set_managed_fields(&self, on: bool) {
+        self.shared.lock().managed_fields = on;
+    }
+
+    /// The names of the stored objects of `resource` that satisfy `predicate` (without
+    /// copying the objects).
+    pub fn names_where(&self, resource: &str, predicate: impl Fn(&Value) -> bool) -> Vec<String> {
+        let Some(kind) = kind(resource) else {
+            return Vec::new();
+        };
+        self.shared.lock().names_where(&kind, predicate)
+    }
+
+    /// Forgets the request log (long benchmarks would otherwise keep every request).
+    pub fn clear_requests(&self) {
+        self.shared.lock().requests.clear();
+    }
+
     /// Every request on a served resource answered so far (discovery and unknown paths
     /// excluded).
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -284,7 +321,11 @@ impl FakeApiServer {
                 .unwrap_or("default")
                 .to_owned()
         });
-        let result = self.shared.lock().create(&kind, namespace.as_ref(), object);
+        let result = {
+            let mut store = self.shared.lock();
+            "kubectl-create".clone_into(&mut store.manager);
+            store.create(&kind, namespace.as_ref(), object)
+        };
         self.notify();
         result
     }
@@ -300,13 +341,17 @@ impl FakeApiServer {
         let kind = kind(resource)
             .ok_or_else(|| StatusError::bad_request(format!("unknown resource {resource}")))?;
         let namespace = namespace.map(str::to_owned);
-        let result = self.shared.lock().update(
-            &kind,
-            namespace.as_ref(),
-            name,
-            json!({ "status": status.clone() }),
-            true,
-        );
+        let result = {
+            let mut store = self.shared.lock();
+            "status-writer".clone_into(&mut store.manager);
+            store.update(
+                &kind,
+                namespace.as_ref(),
+                name,
+                json!({ "status": status.clone() }),
+                true,
+            )
+        };
         self.notify();
         result
     }
@@ -608,6 +653,23 @@ fn select(objects: Vec<Value>, params: &[(String, String)]) -> Result<Vec<Value>
     Ok(out)
 }
 
+/// Waits the configured request latency (every request but a watch) and write delay.
+async fn wait_latency(shared: &Shared, verb: Verb) {
+    let get = |d: &Mutex<std::time::Duration>| {
+        *d.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let mut delay = std::time::Duration::ZERO;
+    if verb != Verb::Watch {
+        delay += get(&shared.request_delay);
+    }
+    if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
+        delay += get(&shared.write_delay);
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
 async fn handle(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
@@ -649,6 +711,12 @@ async fn handle(
             ));
         }
     };
+    let manager = req
+        .headers()
+        .get(hyper::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|a| a.split('/').next().unwrap_or(a).to_owned())
+        .unwrap_or_default();
     let content_type = req
         .headers()
         .get(hyper::header::CONTENT_TYPE)
@@ -660,15 +728,7 @@ async fn handle(
         Err(e) => return error_response(&StatusError::bad_request(format!("reading body: {e}"))),
     };
     let resource = target.resource_label();
-    if !matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
-        let delay = *shared
-            .write_delay
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-    }
+    wait_latency(shared, verb).await;
     let fault = shared
         .lock()
         .take_fault(verb, &resource)
@@ -688,7 +748,10 @@ async fn handle(
         None if verb == Verb::Watch => {
             return watch_response(shared, &target, &params, stopped);
         }
-        None => serve(shared, &target, verb, &params, &content_type, &body),
+        None => {
+            shared.lock().manager = manager;
+            serve(shared, &target, verb, &params, &content_type, &body)
+        }
     };
     let (code, response) = match outcome {
         Ok((code, value)) => (code, json_response(code, &value)),

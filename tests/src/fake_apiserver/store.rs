@@ -86,6 +86,78 @@ pub(crate) struct Store {
     uid_counter: u64,
     pub(crate) faults: BTreeMap<(Verb, String), VecDeque<u16>>,
     pub(crate) requests: Vec<RecordedRequest>,
+    /// Whether writes record `metadata.managedFields`, as a real server does.
+    pub(crate) managed_fields: bool,
+    /// Who the write being carried out comes from (its `User-Agent`), for `managedFields`.
+    pub(crate) manager: String,
+}
+
+/// The `fieldsV1` set of a JSON value: every field as `f:<name>`, list items as `i:<index>`,
+/// leaves as `{}` (the shape, and about the size, of what a real API server records).
+fn fields_v1(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (format!("f:{k}"), fields_v1(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Object(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (format!("i:{i}"), fields_v1(v)))
+                .collect(),
+        ),
+        _ => json!({}),
+    }
+}
+
+impl Store {
+    /// Records who wrote what in `metadata.managedFields` (one entry per manager, operation
+    /// and subresource, replaced by that manager's next write), when enabled.
+    fn manage(&self, object: &mut Value, old: Option<&Value>, subresource: Option<&str>) {
+        if !self.managed_fields {
+            return;
+        }
+        let mut entries: Vec<Value> = old
+            .and_then(|o| o.pointer("/metadata/managedFields"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let manager = if self.manager.is_empty() {
+            "unknown"
+        } else {
+            self.manager.as_str()
+        };
+        let operation = "Update";
+        entries.retain(|e| {
+            !(e["manager"] == manager
+                && e["operation"] == operation
+                && e.get("subresource").and_then(Value::as_str) == subresource)
+        });
+        let mut written = object.clone();
+        if let Some(Value::Object(meta)) = written.get_mut("metadata") {
+            meta.retain(|k, _| {
+                matches!(
+                    k.as_str(),
+                    "labels" | "annotations" | "finalizers" | "ownerReferences"
+                )
+            });
+        }
+        let mut entry = json!({
+            "manager": manager,
+            "operation": operation,
+            "apiVersion": object.get("apiVersion").cloned().unwrap_or(Value::Null),
+            "time": now(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields_v1(&written),
+        });
+        if let Some(sub) = subresource {
+            entry["subresource"] = json!(sub);
+        }
+        entries.push(entry);
+        set_meta(object, "managedFields", Value::Array(entries));
+    }
 }
 
 fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
@@ -148,6 +220,18 @@ impl Store {
     }
 
     /// Objects of `kind`, in `namespace` when given, in key order.
+    pub(crate) fn names_where(
+        &self,
+        kind: &Kind,
+        predicate: impl Fn(&Value) -> bool,
+    ) -> Vec<String> {
+        self.objects
+            .iter()
+            .filter(|((r, _, _), v)| *r == kind.resource && predicate(v))
+            .map(|((_, _, name), _)| name.clone())
+            .collect()
+    }
+
     pub(crate) fn list(&self, kind: &Kind, namespace: Option<&String>) -> Vec<Value> {
         self.objects
             .iter()
@@ -212,6 +296,7 @@ impl Store {
             // Status is written through its subresource only.
             map.remove("status");
         }
+        self.manage(&mut object, None, None);
         self.record(kind, namespace, "ADDED", &object);
         self.objects.insert(key, object.clone());
         Ok(object)
@@ -302,6 +387,7 @@ impl Store {
         }
         let rv = self.bump();
         set_meta(&mut new, "resourceVersion", json!(rv.to_string()));
+        self.manage(&mut new, Some(&old), status.then_some("status"));
         if new.pointer("/metadata/deletionTimestamp").is_some() && !has_finalizers(&new) {
             // The last finalizer of an object being deleted is gone: the object goes.
             self.objects

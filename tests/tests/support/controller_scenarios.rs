@@ -114,10 +114,26 @@ pub(crate) async fn seed(
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => panic!("creating Node {}: {e}", node.name),
         }
-        let status =
-            json!({"status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"}}});
+        let status = json!({"status": {
+            "allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "played by the test"}],
+        }});
         nodes
             .patch_status(&node.name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        // A real API server taints every new Node `node.kubernetes.io/not-ready:NoSchedule`;
+        // kube-controller-manager's node lifecycle controller lifts it once the kubelet
+        // reports Ready. There is neither here, so the test lifts it, or no pod fits anywhere
+        // (for the controller as for kube-scheduler).
+        let untainted = json!({"spec": {"taints": null}});
+        nodes
+            .patch(
+                &node.name,
+                &PatchParams::default(),
+                &Patch::Merge(&untainted),
+            )
             .await
             .unwrap();
         for slice in slices::render(node, &options).unwrap() {

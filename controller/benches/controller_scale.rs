@@ -1,0 +1,384 @@
+//! The controller at scale, as a separate process: pods/s, create-to-ungated latency, peak RSS
+//! and CPU per placed pod of `tessera-controller` against the in-process fake API server.
+//!
+//! Run: `cargo bench -p tessera-controller --bench controller_scale` (both sizes), or with
+//! `TESSERA_BENCH_NODES=500` (and optionally `TESSERA_BENCH_PODS`, `TESSERA_BENCH_LATENCY_MS`,
+//! default 2) for one. The objects are those of issue 15's measurement on a real control plane:
+//! N Ready nodes (96 CPU, 512Gi, 110 pods), one ResourceSlice per node with 8 A100-80G devices
+//! (NVLink islands of 4, two NUMA nodes, `sharing=shared`, memory and compute capacities with
+//! request policies, `allowMultipleAllocations`), and gated pods that each use one claim from a
+//! ResourceClaimTemplate: 70 % shares (memory 5-40Gi step 5, compute 5-50 step 5), 25 % whole
+//! GPUs (memory 80Gi, compute 100), 5 % two GPUs with `matchAttribute: nvlinkDomain`. The bench
+//! plays kube-controller-manager (it creates each pod's claim and records it in the pod's
+//! status). The fake serves every object with `managedFields`, as a real server does, and
+//! answers every request after a fixed latency.
+//!
+//! The controller runs as its own process (the `tessera-controller` binary, default flags but
+//! no leader election; `TESSERA_BENCH_CONTROLLER=path` runs another build), so its peak RSS (`VmHWM`) and CPU time (`utime + stime`) are its own;
+//! CPU per pod counts from the first pod created to the last gate removed.
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::cast_precision_loss,
+    clippy::too_many_lines,
+    reason = "a benchmark binary that prints its numbers, its run read top to bottom"
+)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tessera_driver::apiversion::{self, ApiVersion};
+use tessera_driver::inventory::Inventory;
+use tessera_driver::names;
+use tessera_driver::slices::{self, RenderOptions};
+use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
+
+const GPUS: usize = 8;
+
+fn inventory(nodes: usize) -> Inventory {
+    use std::fmt::Write as _;
+    let mut text = String::from("nodes:\n");
+    for i in 0..nodes {
+        let _ = write!(
+            text,
+            "- name: node-{i:04}\n  mode: shared\n  numaNodes: 2\n  gpus:\n  - model: a100-80g\n    count: {GPUS}\n    nvlinkIslandSize: 4\n"
+        );
+    }
+    Inventory::from_yaml(&text).unwrap()
+}
+
+fn seed(server: &FakeApiServer, inventory: &Inventory) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    for file in ["gpu.yaml", "shared-gpu.yaml"] {
+        let text = std::fs::read_to_string(repo.join("deviceclasses").join(file)).unwrap();
+        let value: Value = serde_yaml::from_str(&text).unwrap();
+        server.create("deviceclasses", value).unwrap();
+    }
+    let options = RenderOptions {
+        consumable_capacity: true,
+        ..RenderOptions::default()
+    };
+    for node in &inventory.nodes {
+        server
+            .create(
+                "nodes",
+                json!({"apiVersion": "v1", "kind": "Node",
+                       "metadata": {"name": node.name, "labels": {
+                           names::LABEL_HOSTNAME: node.name,
+                           "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}),
+            )
+            .unwrap();
+        server
+            .set_status(
+                "nodes",
+                None,
+                &node.name,
+                &json!({
+                    "capacity": {"cpu": "96", "memory": "512Gi", "pods": "110"},
+                    "allocatable": {"cpu": "96", "memory": "512Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "kubelet is posting ready status",
+                                    "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                    "nodeInfo": {"kubeletVersion": "v1.36.2", "containerRuntimeVersion": "containerd://2.1.0",
+                                 "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "architecture": "amd64",
+                                 "operatingSystem": "linux", "machineID": "x", "systemUUID": "x", "bootID": "x",
+                                 "kubeProxyVersion": ""},
+                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                  {"type": "Hostname", "address": node.name}],
+                }),
+            )
+            .unwrap();
+        for slice in slices::render(node, &options).unwrap() {
+            server
+                .create(
+                    "resourceslices",
+                    apiversion::encode_slice(&slice, ApiVersion::V1).unwrap(),
+                )
+                .unwrap();
+        }
+    }
+}
+
+/// A deterministic sequence (xorshift), so every run asks for the same pods.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The claim template's spec for pod `i`: a share, a whole GPU or two GPUs on one island.
+fn claim_spec(rng: &mut Rng) -> Value {
+    let roll = rng.below(100);
+    let class = names::CLASS_SHARED_GPU;
+    if roll < 70 {
+        let memory = 5 * (1 + rng.below(8));
+        let compute = 5 * (1 + rng.below(10));
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class,
+            "capacity": {"requests": {"memory": format!("{memory}Gi"), "compute": compute.to_string()}}}}]}})
+    } else if roll < 95 {
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class,
+            "capacity": {"requests": {"memory": "80Gi", "compute": "100"}}}}]}})
+    } else {
+        json!({"devices": {
+            "requests": [{"name": "gpus", "exactly": {"deviceClassName": class, "count": 2,
+                "capacity": {"requests": {"memory": "80Gi", "compute": "100"}}}}],
+            "constraints": [{"requests": ["gpus"],
+                "matchAttribute": format!("{}/{}", names::DEFAULT_DRIVER_NAME, names::ATTR_NVLINK_DOMAIN)}]}})
+    }
+}
+
+/// Creates gated pod `i` and, as kube-controller-manager would, its claim from the template,
+/// then records the claim's name in the pod's status.
+fn create_pod(server: &FakeApiServer, i: usize, spec: &Value) {
+    let name = format!("p{i:05}");
+    let claim = format!("{name}-gpu");
+    let pod = server
+        .create(
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": "default",
+                                "labels": {"app": "bench", "tier": "gpu"}},
+                   "spec": {"schedulingGates": [{"name": names::SCHEDULING_GATE}],
+                            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+                            "restartPolicy": "Never",
+                            "terminationGracePeriodSeconds": 30,
+                            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "imagePullPolicy": "IfNotPresent",
+                                "env": [{"name": "MODE", "value": "bench"}],
+                                "resources": {"requests": {"cpu": "1", "memory": "4Gi"},
+                                              "claims": [{"name": "gpu"}]}}]}}),
+        )
+        .unwrap();
+    let uid = pod["metadata"]["uid"].clone();
+    server
+        .create(
+            "resourceclaims",
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": claim, "namespace": "default",
+                                "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
+                                    "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+                   "spec": spec.clone()}),
+        )
+        .unwrap();
+    server
+        .set_status(
+            "pods",
+            Some("default"),
+            &name,
+            &json!({"phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                                    "message": "Scheduling is blocked due to non-empty scheduling gates"}],
+                    "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}),
+        )
+        .unwrap();
+}
+
+fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The process's user plus system CPU time.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
+    let total = ticks(11) + ticks(12);
+    // Linux reports in clock ticks of 1/100 s on every common configuration.
+    Duration::from_millis(total * 10)
+}
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        // SIGTERM first (the controller exits cleanly, and profilers wrapped around it write
+        // their output), then SIGKILL after a grace period.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        for _ in 0..300 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+async fn run(nodes: usize, pods: usize, latency: Duration) {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    server.set_managed_fields(true);
+    seed(&server, &inventory(nodes));
+    server.set_request_delay(latency);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    // TESSERA_BENCH_CONTROLLER runs another build (e.g. an older one, for before/after).
+    let program = std::env::var("TESSERA_BENCH_CONTROLLER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tessera-controller").to_owned());
+    let child = Command::new(program)
+        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(["--leader-elect=false", "--metrics-addr", &metrics_addr])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tessera-controller starts");
+    let pid = child.id();
+    let child = Killed(child);
+    let started = Instant::now();
+    while !get(&metrics_addr, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")) {
+        assert!(
+            started.elapsed() < Duration::from_mins(10),
+            "the controller never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let synced_after = started.elapsed();
+    let rss_synced = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
+    server.clear_requests();
+    let cpu_before = cpu_time(pid);
+    let t0 = Instant::now();
+    // Pods are created as fast as the store takes them (the controller, another process,
+    // starts on them at once), then watched until every gate is gone.
+    let creator = {
+        let mut rng = Rng(0x5eed_1234_abcd_ef01);
+        let specs: Vec<Value> = (0..pods).map(|_| claim_spec(&mut rng)).collect();
+        let mut created = Vec::with_capacity(pods);
+        for (i, spec) in specs.into_iter().enumerate() {
+            create_pod(&server, i, &spec);
+            created.push(t0.elapsed());
+        }
+        created
+    };
+    let mut done_at: Vec<Option<Duration>> = vec![None; pods];
+    let mut done = 0;
+    let deadline = Duration::from_mins(30);
+    while done < pods && t0.elapsed() < deadline {
+        let now = t0.elapsed();
+        for name in server.names_where("pods", |o| {
+            o.pointer("/spec/schedulingGates")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+        }) {
+            if let Some(i) = name.strip_prefix('p').and_then(|n| n.parse::<usize>().ok())
+                && i < pods
+                && done_at[i].is_none()
+            {
+                done_at[i] = Some(now);
+                done += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = t0.elapsed();
+    let cpu = cpu_time(pid).saturating_sub(cpu_before);
+    let rss = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
+    let rss_now = proc_field(pid, "status", "VmRSS:").unwrap_or(0);
+    let requests = server.requests();
+    let writes = requests
+        .iter()
+        .filter(|r| !matches!(r.verb, Verb::Get | Verb::List | Verb::Watch))
+        .count();
+    let reads = requests
+        .iter()
+        .filter(|r| matches!(r.verb, Verb::Get | Verb::List))
+        .count();
+    let mut latencies: Vec<Duration> = done_at
+        .iter()
+        .zip(&creator)
+        .filter_map(|(d, c)| d.map(|d| d.saturating_sub(*c)))
+        .collect();
+    latencies.sort();
+    let last = done_at.iter().flatten().max().copied().unwrap_or(took);
+    println!(
+        "controller_scale nodes={nodes} gpus={} pods={pods} placed={done} latency={}ms: \
+         {:.1} pods/s (create->ungated p50 {:.2}s p99 {:.2}s), peak RSS {} MiB (after sync {} MiB, synced in {:.1}s; at the end {} MiB), \
+         CPU {:.2} ms/pod, {:.2} writes/pod, {:.2} reads/pod",
+        nodes * GPUS,
+        latency.as_millis(),
+        done as f64 / last.as_secs_f64(),
+        percentile(&latencies, 50).as_secs_f64(),
+        percentile(&latencies, 99).as_secs_f64(),
+        rss / 1024,
+        rss_synced / 1024,
+        synced_after.as_secs_f64(),
+        rss_now / 1024,
+        cpu.as_secs_f64() * 1000.0 / done.max(1) as f64,
+        writes as f64 / done.max(1) as f64,
+        reads as f64 / done.max(1) as f64,
+    );
+    drop(child);
+}
+
+fn main() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    let latency = Duration::from_millis(env("TESSERA_BENCH_LATENCY_MS").unwrap_or(2) as u64);
+    let sizes: Vec<(usize, usize)> = match env("TESSERA_BENCH_NODES") {
+        Some(n) => vec![(n, env("TESSERA_BENCH_PODS").unwrap_or(n * 5))],
+        None => vec![(500, 3000), (1000, 5000)],
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for (nodes, pods) in sizes {
+        runtime.block_on(run(nodes, pods, latency));
+    }
+}

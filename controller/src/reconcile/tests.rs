@@ -1,0 +1,502 @@
+//! The reconcile loop against an in-memory API (`FakeWrites`): the gate protocol's writes in
+//! order, conflicts re-read and retried, a failure half-way rolled back, a refusal that waits
+//! for a change of the pod or its claims. No HTTP server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+use tessera_driver::allocator::Policy;
+use tessera_driver::{gate, names};
+use tokio::sync::watch;
+
+use super::*;
+use crate::cluster::{Change, ClusterView, Resource};
+
+/// One call the reconciler made, as `verb namespace/name`.
+type Call = String;
+
+#[derive(Debug, Default)]
+struct State {
+    claims: BTreeMap<String, res::ResourceClaim>,
+    pods: BTreeMap<String, Pod>,
+    version: u64,
+    calls: Vec<Call>,
+    /// Answers queued per verb and object: the next such call fails with the code.
+    failures: Vec<(&'static str, String, u16)>,
+    /// Verbs answered 422 for this claim, always (as for a claim the server cannot change).
+    immutable: Option<String>,
+}
+
+/// The API server in memory: stores claims and pods, checks resourceVersion preconditions,
+/// records every call, answers queued failures.
+#[derive(Debug, Clone, Default)]
+struct FakeWrites(Arc<Mutex<State>>);
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn api_error(verb: &str, key: &str, code: u16) -> Error {
+    Error::Api {
+        action: format!("{verb} {key}"),
+        code: Some(code),
+        message: format!("injected {code}"),
+    }
+}
+
+impl FakeWrites {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap()
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    fn fail(&self, verb: &'static str, key: &str, code: u16) {
+        self.state().failures.push((verb, key.to_owned(), code));
+    }
+
+    /// Records the call and answers an injected failure, if one is due.
+    fn enter(&self, verb: &'static str, key: &str) -> Result<()> {
+        let mut s = self.state();
+        s.calls.push(format!("{verb} {key}"));
+        if s.immutable.as_deref() == Some(key) && verb != "get-claim" {
+            return Err(api_error(verb, key, 422));
+        }
+        if let Some(pos) = s
+            .failures
+            .iter()
+            .position(|(v, k, _)| *v == verb && k == key)
+        {
+            let (_, _, code) = s.failures.remove(pos);
+            return Err(api_error(verb, key, code));
+        }
+        Ok(())
+    }
+
+    fn update_claim(
+        &self,
+        verb: &'static str,
+        claim: &res::ResourceClaim,
+        change: impl FnOnce(&mut res::ResourceClaim),
+    ) -> Result<res::ResourceClaim> {
+        let key = key_of(&claim.metadata);
+        self.enter(verb, &key)?;
+        let mut s = self.state();
+        s.version += 1;
+        let version = s.version.to_string();
+        let stored = s
+            .claims
+            .get_mut(&key)
+            .ok_or_else(|| api_error(verb, &key, 404))?;
+        if stored.metadata.resource_version != claim.metadata.resource_version {
+            return Err(api_error(verb, &key, 409));
+        }
+        change(stored);
+        stored.metadata.resource_version = Some(version);
+        Ok(stored.clone())
+    }
+
+    fn update_pod(
+        &self,
+        verb: &'static str,
+        pod: &Pod,
+        change: impl FnOnce(&mut Pod),
+    ) -> Result<Pod> {
+        let key = key_of(&pod.metadata);
+        self.enter(verb, &key)?;
+        let mut s = self.state();
+        s.version += 1;
+        let version = s.version.to_string();
+        let stored = s
+            .pods
+            .get_mut(&key)
+            .ok_or_else(|| api_error(verb, &key, 404))?;
+        if stored.metadata.resource_version != pod.metadata.resource_version {
+            return Err(api_error(verb, &key, 409));
+        }
+        change(stored);
+        stored.metadata.resource_version = Some(version);
+        Ok(stored.clone())
+    }
+}
+
+impl Writes for FakeWrites {
+    async fn get_claim(&self, namespace: &str, name: &str) -> Result<Option<res::ResourceClaim>> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        let key = format!("{namespace}/{name}");
+        self.enter("get-claim", &key)?;
+        Ok(self.state().claims.get(&key).cloned())
+    }
+
+    async fn mark_claim(
+        &self,
+        claim: &res::ResourceClaim,
+        pod: &str,
+    ) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        self.update_claim("mark", claim, |c| {
+            let f = c.metadata.finalizers.get_or_insert_with(Vec::new);
+            if !f.iter().any(|x| x == names::CLAIM_FINALIZER) {
+                f.push(names::CLAIM_FINALIZER.to_owned());
+            }
+            c.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(names::ANNOTATION_ALLOCATED_BY.to_owned(), pod.to_owned());
+        })
+    }
+
+    async fn write_allocation(
+        &self,
+        claim: &res::ResourceClaim,
+        allocation: &res::AllocationResult,
+    ) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        self.update_claim("allocate", claim, |c| {
+            c.status.get_or_insert_with(Default::default).allocation = Some(allocation.clone());
+        })
+    }
+
+    async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        self.update_claim("deallocate", claim, |c| {
+            if let Some(s) = c.status.as_mut() {
+                s.allocation = None;
+            }
+        })
+    }
+
+    async fn unmark_claim(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        let release = !gate::is_allocated(claim) && !gate::is_reserved(claim);
+        self.update_claim("unmark", claim, |c| {
+            if let Some(a) = c.metadata.annotations.as_mut() {
+                a.remove(names::ANNOTATION_ALLOCATED_BY);
+            }
+            if release && let Some(f) = c.metadata.finalizers.as_mut() {
+                f.retain(|x| x != names::CLAIM_FINALIZER);
+            }
+        })
+    }
+
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        let key = format!("{namespace}/{name}");
+        self.enter("get-pod", &key)?;
+        Ok(self.state().pods.get(&key).cloned())
+    }
+
+    async fn ungate(&self, pod: &Pod) -> Result<Pod> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        self.update_pod("ungate", pod, |p| {
+            if let Some(spec) = p.spec.as_mut() {
+                let left = gate::gates_without_ours(&Pod {
+                    spec: Some(spec.clone()),
+                    ..Pod::default()
+                });
+                spec.scheduling_gates = (!left.is_empty()).then(|| {
+                    left.into_iter()
+                        .map(|name| k8s_openapi::api::core::v1::PodSchedulingGate { name })
+                        .collect()
+                });
+            }
+        })
+    }
+
+    async fn set_condition(
+        &self,
+        pod: &Pod,
+        allocated: bool,
+        reason: &str,
+        message: &str,
+        now: Timestamp,
+    ) -> Result<Pod> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        let key = key_of(&pod.metadata);
+        self.state().calls.push(format!("condition {key} {reason}"));
+        let _ = (allocated, message, now);
+        let mut s = self.state();
+        s.version += 1;
+        let version = s.version.to_string();
+        let stored = s
+            .pods
+            .get_mut(&key)
+            .ok_or_else(|| api_error("condition", &key, 404))?;
+        stored.metadata.resource_version = Some(version);
+        Ok(stored.clone())
+    }
+
+    async fn event(
+        &self,
+        pod: &Pod,
+        _warning: bool,
+        reason: &str,
+        _message: &str,
+        _now: Timestamp,
+    ) -> Result<()> {
+        // A real server answers later: let other pods\' writes run meanwhile.
+        tokio::task::yield_now().await;
+        self.state()
+            .calls
+            .push(format!("event {} {reason}", key_of(&pod.metadata)));
+        Ok(())
+    }
+}
+
+const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
+
+fn slice(node: &str, gpus: usize) -> Value {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| {
+            json!({"name": format!("gpu-{i}"),
+                   "attributes": {"type": {"string": "gpu"}, "index": {"int": i}},
+                   "capacity": {"memory": {"value": "80Gi"}}})
+        })
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+           "metadata": {"name": format!("{node}-gpus"), "resourceVersion": "1"},
+           "spec": {"driver": DRIVER, "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices}})
+}
+
+fn claim_json(name: &str, version: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                        "resourceVersion": version},
+           "spec": {"devices": {"requests": [{"name": "gpu",
+               "exactly": {"deviceClassName": "gpu"}}]}}})
+}
+
+fn pod_json(name: &str, claims: &[&str]) -> Value {
+    let refs: Vec<Value> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"name": format!("c{i}"), "resourceClaimName": c}))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1",
+                        "creationTimestamp": "2026-01-01T00:00:00Z"},
+           "spec": {"schedulingGates": [{"name": names::SCHEDULING_GATE}],
+                    "resourceClaims": refs,
+                    "containers": [{"name": "c", "image": "x"}]}})
+}
+
+/// A view of one node with `gpus` whole GPUs, the objects also stored in the fake.
+fn cluster(gpus: usize, claims: &[&str], pods: &[(&str, &[&str])]) -> (ClusterView, FakeWrites) {
+    let fake = FakeWrites::default();
+    let mut view = ClusterView::new(DRIVER);
+    view.apply(
+        Resource::Nodes,
+        Change::Listed(vec![json!({"apiVersion": "v1", "kind": "Node",
+                                   "metadata": {"name": "n1", "resourceVersion": "1"}})]),
+    );
+    view.apply(Resource::Slices, Change::Listed(vec![slice("n1", gpus)]));
+    view.apply(
+        Resource::Classes,
+        Change::Listed(vec![json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu", "resourceVersion": "1"},
+            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}})]),
+    );
+    let claims: Vec<Value> = claims.iter().map(|c| claim_json(c, "1")).collect();
+    let pods: Vec<Value> = pods.iter().map(|(p, c)| pod_json(p, c)).collect();
+    {
+        let mut s = fake.state();
+        for c in &claims {
+            let c: res::ResourceClaim = serde_json::from_value(c.clone()).unwrap();
+            s.claims.insert(key_of(&c.metadata), c);
+        }
+        for p in &pods {
+            let p: Pod = serde_json::from_value(p.clone()).unwrap();
+            s.pods.insert(key_of(&p.metadata), p);
+        }
+        s.version = 100;
+    }
+    view.apply(Resource::Claims, Change::Listed(claims));
+    view.apply(Resource::Pods, Change::Listed(pods));
+    (view, fake)
+}
+
+fn reconciler(fake: &FakeWrites) -> (Reconciler<FakeWrites>, watch::Sender<bool>) {
+    let (tx, rx) = watch::channel(true);
+    let r = Reconciler::new(
+        ReconcilerConfig {
+            driver_name: DRIVER.to_owned(),
+            policy: Policy::FirstFit,
+            unbound_after: Duration::from_hours(1),
+        },
+        fake.clone(),
+        Arc::new(Metrics::new("first-fit")),
+        rx,
+    );
+    (r, tx)
+}
+
+#[tokio::test]
+async fn a_gated_pod_gets_its_three_writes_in_protocol_order() {
+    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
+    let (mut r, _leader) = reconciler(&fake);
+    let report = r.pass(&mut view).await;
+    assert_eq!(report.placed, 1);
+    assert_eq!(fake.calls(), ["mark ns/a", "allocate ns/a", "ungate ns/p"]);
+    let stored = fake.state().claims["ns/a"].clone();
+    assert!(gate::is_allocated(&stored) && gate::is_ours(&stored));
+    assert!(!gate::is_gated(&fake.state().pods["ns/p"]));
+    // The view holds what the server answered: a second pass writes nothing.
+    let again = r.pass(&mut view).await;
+    assert_eq!((again.placed, fake.calls().len()), (0, 3));
+}
+
+#[tokio::test]
+async fn two_pods_never_get_the_same_gpu_and_the_third_waits_with_a_reason() {
+    let (mut view, fake) = cluster(
+        2,
+        &["a", "b", "c"],
+        &[("p", &["a"]), ("q", &["b"]), ("r", &["c"])],
+    );
+    let (mut r, _leader) = reconciler(&fake);
+    let report = r.pass(&mut view).await;
+    assert_eq!((report.placed, report.pending), (2, 1));
+    let s = fake.state();
+    let device = |k: &str| {
+        s.claims[k]
+            .status
+            .as_ref()
+            .unwrap()
+            .allocation
+            .as_ref()
+            .unwrap()
+            .devices
+            .as_ref()
+            .unwrap()
+            .results
+            .as_ref()
+            .unwrap()[0]
+            .device
+            .clone()
+    };
+    assert_ne!(device("ns/a"), device("ns/b"));
+    assert!(
+        s.calls.contains(&format!("event ns/r {REASON_FAILED}")),
+        "{:?}",
+        s.calls
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_is_re_read_and_retried() {
+    let (mut view, fake) = cluster(1, &["a"], &[("p", &["a"])]);
+    fake.fail("allocate", "ns/a", 409);
+    let (mut r, _leader) = reconciler(&fake);
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert_eq!(
+        fake.calls(),
+        [
+            "mark ns/a",
+            "allocate ns/a",
+            "get-claim ns/a",
+            "allocate ns/a",
+            "ungate ns/p"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_failure_on_the_second_claim_rolls_back_the_first() {
+    let (mut view, fake) = cluster(2, &["a", "b"], &[("p", &["a", "b"])]);
+    fake.fail("mark", "ns/b", 500);
+    let (mut r, _leader) = reconciler(&fake);
+    let report = r.pass(&mut view).await;
+    assert!(report.retry_soon && report.placed == 0);
+    assert_eq!(
+        fake.calls(),
+        [
+            "mark ns/a",
+            "allocate ns/a",
+            "mark ns/b",
+            "deallocate ns/a",
+            "unmark ns/a"
+        ]
+    );
+    let a = fake.state().claims["ns/a"].clone();
+    assert!(!gate::is_allocated(&a) && !gate::is_ours(&a));
+    assert!(a.metadata.finalizers.iter().flatten().next().is_none());
+    // The next pass (the service retries soon) places the pod.
+    view.bump();
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert!(!gate::is_gated(&fake.state().pods["ns/p"]));
+}
+
+#[tokio::test]
+async fn a_refused_claim_waits_for_a_change_of_itself_not_of_the_cluster() {
+    let (mut view, fake) = cluster(2, &["a", "other"], &[("p", &["a"])]);
+    fake.state().immutable = Some("ns/a".to_owned());
+    let (mut r, _leader) = reconciler(&fake);
+    let report = r.pass(&mut view).await;
+    assert_eq!((report.placed, report.pending), (0, 1));
+    assert_eq!(
+        fake.calls(),
+        [
+            "mark ns/a".to_owned(),
+            format!("event ns/p {REASON_REFUSED}"),
+            format!("condition ns/p {REASON_REFUSED}"),
+        ]
+    );
+    // Unrelated changes: a resync, another claim changing, a pod going.
+    view.bump();
+    view.apply(
+        Resource::Claims,
+        Change::Applied(claim_json("other", "200")),
+    );
+    view.apply(Resource::Pods, Change::Applied(pod_json("gone", &[])));
+    view.apply(Resource::Pods, Change::Deleted(pod_json("gone", &[])));
+    for _ in 0..3 {
+        r.pass(&mut view).await;
+    }
+    assert_eq!(fake.calls().len(), 3, "{:?}", fake.calls());
+    // The claim itself changed: one more try (refused again, the same message not repeated).
+    view.apply(Resource::Claims, Change::Applied(claim_json("a", "300")));
+    fake.state()
+        .claims
+        .get_mut("ns/a")
+        .unwrap()
+        .metadata
+        .resource_version = Some("300".into());
+    r.pass(&mut view).await;
+    r.pass(&mut view).await;
+    assert_eq!(fake.calls().len(), 4, "{:?}", fake.calls());
+    assert_eq!(fake.calls()[3], "mark ns/a");
+}
+
+#[tokio::test]
+async fn different_pods_writes_are_in_flight_together_each_in_protocol_order() {
+    let (mut view, fake) = cluster(2, &["a", "b"], &[("p", &["a"]), ("q", &["b"])]);
+    let (mut r, _leader) = reconciler(&fake);
+    assert_eq!(r.pass(&mut view).await.placed, 2);
+    let calls = fake.calls();
+    let at = |c: &str| calls.iter().position(|x| x == c).unwrap();
+    // Each pod's own writes keep their order...
+    assert!(at("mark ns/a") < at("allocate ns/a") && at("allocate ns/a") < at("ungate ns/p"));
+    assert!(at("mark ns/b") < at("allocate ns/b") && at("allocate ns/b") < at("ungate ns/q"));
+    // ...while the second pod's writes start before the first pod's are done.
+    assert!(at("mark ns/b") < at("ungate ns/p"), "{calls:?}");
+}
