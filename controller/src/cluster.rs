@@ -23,6 +23,7 @@ use tessera_driver::allocator::{Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
 use tessera_driver::fragmentation::{TaskShape, Workload};
 use tessera_driver::gate;
+use tessera_driver::names;
 use tessera_driver::nodefit::Resources;
 use tracing::warn;
 
@@ -113,14 +114,19 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
 /// Keeps of a pod only what the controller's decisions and writes read: its identity and
 /// version, creation and deletion times, gates, claims, node constraints, containers' names and
 /// requests, overhead, and status phase, conditions (the condition patch rewrites the list) and
-/// claim statuses. Everything else (`managedFields`, labels, annotations, images, env,
+/// claim statuses, and the device-plugin request the pod webhook recorded (the templates the
+/// pod needs are made from it). Everything else (`managedFields`, labels, other annotations,
+/// images, env,
 /// volumes, container statuses, ...) is dropped on the way in: at thousands of pods it is most
 /// of their size.
 fn slim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.labels = None;
-    meta.annotations = None;
+    meta.annotations = meta.annotations.take().and_then(|mut all| {
+        let recorded = all.remove(names::ANNOTATION_DEVICE_PLUGIN_REQUEST)?;
+        Some([(names::ANNOTATION_DEVICE_PLUGIN_REQUEST.to_owned(), recorded)].into())
+    });
     meta.owner_references = None;
     meta.generate_name = None;
     if let Some(spec) = pod.spec.as_mut() {
@@ -565,6 +571,27 @@ mod tests {
                 {"request": "gpu", "driver": "gpu.tessera.dev", "pool": n, "device": "gpu-0"}]}}});
         }
         c
+    }
+
+    #[test]
+    fn a_slim_pod_keeps_the_device_plugin_request_and_drops_other_annotations() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml", "annotations": {
+                names::ANNOTATION_DEVICE_PLUGIN_REQUEST: "{\"containers\":[]}",
+                "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            }},
+        }))
+        .unwrap();
+        slim_pod(&mut pod);
+        let kept = pod.metadata.annotations.unwrap();
+        assert_eq!(kept.len(), 1);
+        assert!(kept.contains_key(names::ANNOTATION_DEVICE_PLUGIN_REQUEST));
+        let mut plain: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "q", "namespace": "ml", "annotations": {"a": "b"}},
+        }))
+        .unwrap();
+        slim_pod(&mut plain);
+        assert_eq!(plain.metadata.annotations, None);
     }
 
     #[test]
