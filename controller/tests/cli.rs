@@ -1,23 +1,10 @@
 //! The `tessera` command as a user runs it: real binary, real files, exit codes.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap()
-}
+mod support;
+use support::{repo, tessera};
 
 /// Runs `tessera` with `args`, which must succeed, and parses what it prints as JSON.
 fn tessera_json(args: &[&str]) -> serde_json::Value {

@@ -3,26 +3,13 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 use tessera_driver::inventory::Inventory;
 use tessera_driver::slices::{self, RenderOptions};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap()
-}
+mod support;
+use support::tessera;
 
 /// Three nodes: whole V100s, shared A10s and L20s, an A100 40 GB cut into 1g.5gb instances.
 const INVENTORY: &str = "

@@ -2,23 +2,11 @@
 //! object and the field; nothing is accepted that the API server would refuse.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap()
-}
+mod support;
+use support::{repo, tessera};
 
 fn write_temp(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tessera-hostile-{}", std::process::id()));
