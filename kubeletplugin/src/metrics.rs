@@ -22,8 +22,9 @@ use crate::claims::ClaimRef;
 use crate::error::{Error, Result};
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
-/// The content type of the text exposition format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of what `/metrics` serves: `prometheus_client` writes the OpenMetrics text
+/// format (it ends with `# EOF`), not the Prometheus 0.0.4 text format.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
@@ -464,5 +465,12 @@ mod tests {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
         assert!(text.contains("# TYPE tessera_kubelet_plugin_call_duration_seconds histogram"));
+    }
+
+    #[test]
+    fn the_content_type_names_the_format_served() {
+        let text = Metrics::new().encode().unwrap();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(CONTENT_TYPE.starts_with("application/openmetrics-text; version=1.0.0"));
     }
 }
