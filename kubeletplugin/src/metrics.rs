@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// The content type of what `/metrics` serves: `prometheus_client` writes the text format of
-/// OpenMetrics 1.0 (it ends with `# EOF`), not the Prometheus 0.0.4 text format.
+/// `OpenMetrics` 1.0 (it ends with `# EOF`), not the Prometheus 0.0.4 text format.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
