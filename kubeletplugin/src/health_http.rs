@@ -1,15 +1,18 @@
-//! The operations endpoint: `/metrics`, `/healthz` and `/readyz` over plain HTTP/1.1.
-//!
-//! Three fixed GET routes do not need an HTTP framework: each connection carries one request
-//! and is closed after the answer. Requests are bounded (size and time) so a stuck or hostile
-//! client cannot hold the plugin's memory.
+//! The operations endpoint: `/metrics`, `/healthz` and `/readyz` over plain HTTP/1.1, served
+//! by hyper (request parsing and limits are hyper's). Each connection carries one request and
+//! is closed after the answer; the request head is bounded in size and time and no request
+//! body is read, so a stuck or hostile client cannot hold the plugin's memory.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -18,10 +21,11 @@ use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
 use crate::registration::KubeletVerdict;
 
-/// Longest request head read; anything longer is refused.
+/// Largest read buffer for a request head (hyper's smallest allowed); a longer head is refused.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// How long a client may take to send its request.
+/// How long a client may take to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// What `/readyz` answers from: the plugin serves its sockets once this exists, and is ready
 /// when kubelet's last verdict registered it.
@@ -77,8 +81,19 @@ impl OpsServer {
                             let metrics = Arc::clone(&metrics);
                             let readiness = readiness.clone();
                             tokio::spawn(async move {
-                                if let Err(e) = handle(stream, &metrics, &readiness).await {
-                                    debug!(%peer, error = %e, "operations request failed");
+                                let service = hyper::service::service_fn(move |req| {
+                                    let answer =
+                                        respond(req.method(), req.uri().path(), &metrics, &readiness);
+                                    async move { Ok::<_, Infallible>(answer) }
+                                });
+                                let conn = hyper::server::conn::http1::Builder::new()
+                                    .timer(TokioTimer::new())
+                                    .header_read_timeout(READ_TIMEOUT)
+                                    .max_buf_size(MAX_REQUEST_BYTES)
+                                    .keep_alive(false)
+                                    .serve_connection(TokioIo::new(stream), service);
+                                if let Err(e) = conn.await {
+                                    debug!(%peer, error = %e, "operations connection ended with an error");
                                 }
                             });
                         }
@@ -106,83 +121,86 @@ impl OpsServer {
     }
 }
 
-/// The route a request head asks for, or the status to refuse it with.
-fn route(head: &str) -> std::result::Result<&str, (u16, &'static str)> {
-    let line = head.lines().next().unwrap_or_default();
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Err((400, "Bad Request"));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err((400, "Bad Request"));
-    }
-    if method != "GET" {
-        return Err((405, "Method Not Allowed"));
-    }
-    Ok(target.split('?').next().unwrap_or(target))
-}
-
-async fn handle(mut stream: TcpStream, metrics: &Metrics, readiness: &Readiness) -> Result<()> {
-    let io = |e| Error::io("serving", "operations endpoint", e);
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0_u8; 1024];
-    let read = tokio::time::timeout(READ_TIMEOUT, async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            if head.len() > MAX_REQUEST_BYTES {
-                return Ok(false);
-            }
-            let n = stream.read(&mut buf).await?;
-            if n == 0 {
-                return Ok(false);
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        Ok::<_, std::io::Error>(true)
-    })
-    .await;
-    let complete = match read {
-        Ok(result) => result.map_err(io)?,
-        Err(_) => false,
-    };
-    let head = String::from_utf8_lossy(&head);
-    let (status, reason, content_type, body) = if complete {
-        match route(&head) {
-            Ok("/metrics") => match metrics.encode() {
-                Ok(text) => (200, "OK", metrics::CONTENT_TYPE, text),
-                Err(e) => (500, "Internal Server Error", TEXT, format!("{e}\n")),
+/// The answer to a request for `path` with `method`.
+fn respond(
+    method: &Method,
+    path: &str,
+    metrics: &Metrics,
+    readiness: &Readiness,
+) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = if method == Method::GET {
+        match path {
+            "/metrics" => match metrics.encode() {
+                Ok(text) => (StatusCode::OK, metrics::CONTENT_TYPE, text),
+                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("{e}\n")),
             },
-            Ok("/healthz") => (200, "OK", TEXT, "ok\n".to_owned()),
-            Ok("/readyz") => match readiness.check() {
-                Ok(()) => (200, "OK", TEXT, "ok\n".to_owned()),
-                Err(why) => (503, "Service Unavailable", TEXT, format!("{why}\n")),
+            "/healthz" => (StatusCode::OK, TEXT, "ok\n".to_owned()),
+            "/readyz" => match readiness.check() {
+                Ok(()) => (StatusCode::OK, TEXT, "ok\n".to_owned()),
+                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
             },
-            Ok(_) => (404, "Not Found", TEXT, "not found\n".to_owned()),
-            Err((status, reason)) => (status, reason, TEXT, format!("{reason}\n")),
+            _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
         }
     } else {
-        (400, "Bad Request", TEXT, "incomplete request\n".to_owned())
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            "Method Not Allowed\n".to_owned(),
+        )
     };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
     );
-    stream.write_all(response.as_bytes()).await.map_err(io)?;
-    stream.shutdown().await.map_err(io)
+    response
 }
-
-const TEXT: &str = "text/plain; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn status_and_type(method: &Method, path: &str, readiness: &Readiness) -> (StatusCode, String) {
+        let response = respond(method, path, &Metrics::new(), readiness);
+        let content_type = response.headers()[hyper::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        (response.status(), content_type)
+    }
+
     #[test]
     fn routes_get_requests_only() {
-        assert_eq!(route("GET /metrics HTTP/1.1\r\n\r\n"), Ok("/metrics"));
-        assert_eq!(route("GET /readyz?verbose HTTP/1.0\r\n\r\n"), Ok("/readyz"));
-        assert_eq!(route("POST /metrics HTTP/1.1\r\n").unwrap_err().0, 405);
-        assert_eq!(route("GET /metrics SPDY/3\r\n").unwrap_err().0, 400);
-        assert_eq!(route("nonsense").unwrap_err().0, 400);
+        let (verdict, registration) = watch::channel(None);
+        let readiness = Readiness::new(registration);
+        assert_eq!(
+            status_and_type(&Method::GET, "/metrics", &readiness),
+            (StatusCode::OK, metrics::CONTENT_TYPE.to_owned())
+        );
+        assert_eq!(
+            status_and_type(&Method::GET, "/healthz", &readiness),
+            (StatusCode::OK, TEXT.to_owned())
+        );
+        assert_eq!(
+            status_and_type(&Method::GET, "/readyz", &readiness).0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        verdict.send_replace(Some(KubeletVerdict {
+            registered: true,
+            error: String::new(),
+        }));
+        assert_eq!(
+            status_and_type(&Method::GET, "/readyz", &readiness).0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status_and_type(&Method::GET, "/nope", &readiness).0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            status_and_type(&Method::POST, "/metrics", &readiness).0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
     }
 }

@@ -83,14 +83,21 @@ async fn connect(socket: &Path) -> Channel {
     }
 }
 
-/// One GET over a fresh connection: status and body.
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+/// One request over a fresh connection (the server closes it after the answer): status, head
+/// and body.
+fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response[9..12].parse().unwrap();
-    let body = response.split_once("\r\n\r\n").unwrap().1.to_owned();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+/// One GET over a fresh connection: status and body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let (status, _, body) = request(addr, "GET", path);
     (status, body)
 }
 
@@ -184,6 +191,27 @@ async fn metrics_health_readiness_and_inventory_watch() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("not registered"), "{body}");
     assert_eq!(get(addr, "/nope").0, 404);
+    assert_eq!(request(addr, "POST", "/metrics").0, 405);
+    let (status, head, _) = request(addr, "GET", "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        "{head}"
+    );
+    assert!(head.contains("connection: close"), "{head}");
+    // A request head over the 8 KiB bound is refused, not buffered: 431, or a reset when the
+    // server closes with the rest of the head unread.
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let filler = "a".repeat(16 * 1024);
+    let sent = write!(
+        stream,
+        "GET /healthz HTTP/1.1\r\nHost: test\r\nX-Filler: {filler}\r\n\r\n"
+    );
+    let mut response = String::new();
+    match sent.and_then(|()| stream.read_to_string(&mut response)) {
+        Ok(_) => assert!(response.starts_with("HTTP/1.1 431 "), "{response}"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
 
     registration
         .notify_registration_status(reg::RegistrationStatus {
