@@ -1,5 +1,7 @@
 //! The `AdmissionReview` v1 wire format (`admission.k8s.io/v1`), as far as Tessera reads and
-//! writes it. k8s-openapi has no types for it, so these are written from the API's field names.
+//! writes it. k8s-openapi has no types for it, so these are written from the API's field names;
+//! kube-core's `admission` types are not used because they would change the answers' JSON
+//! (docs/admission.md, "Answers").
 
 use k8s_openapi::ByteString;
 use serde::{Deserialize, Serialize};
