@@ -27,6 +27,8 @@ use k8s_openapi::api::resource::v1 as res;
 
 use std::collections::BTreeMap;
 
+use crate::cdi;
+
 use crate::config::{self, TesseraConfig, Tier};
 use crate::error::{Error, Result};
 use crate::inventory::{Gpu, Inventory, NodeInventory};
@@ -204,6 +206,22 @@ pub fn prepare_on_node(
         name: claim.metadata.name.clone().unwrap_or_default(),
         devices,
     })
+}
+
+/// Everything the node makes for `claim` on `node`, decided at once: its devices with their
+/// shares ([`prepare_on_node`]) and their rendering for `enforcement` ([`cdi::render`]),
+/// including the environment images written for a device plugin read
+/// ([`cdi::device_plugin_env`]). The kubelet plugin writes what this returns.
+pub fn prepare_and_render(
+    claim: &res::ResourceClaim,
+    driver: &str,
+    node: &NodeInventory,
+    enforcement: &cdi::Enforcement,
+) -> Result<(PreparedClaim, cdi::Rendered)> {
+    let prepared = prepare_on_node(claim, driver, node)?;
+    let mut rendered = cdi::render(&prepared, enforcement)?;
+    cdi::device_plugin_env::add_device_plugin_env(&mut rendered.spec, claim, &prepared, node);
+    Ok((prepared, rendered))
 }
 
 /// Like [`prepare_on_node`], on the node the allocation's devices are on.

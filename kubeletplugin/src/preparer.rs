@@ -3,7 +3,7 @@
 //!
 //! A prepare call answers from the checkpoint when the claim is already prepared; otherwise it
 //! fetches the claim on the async runtime, then does everything else on one blocking worker:
-//! `tessera_driver::prepare` maps the allocation onto the node, `cdi::render` decides the spec,
+//! `tessera_driver::prepare::prepare_and_render` maps the allocation onto the node and decides the spec,
 //! host directories and MPS daemon at once, and the writes below follow.
 //!
 //! Order of writes for prepare: checkpoint "prepare started" (with the devices it will hold),
@@ -22,7 +22,7 @@ use tessera_driver::cdi::{self, Enforcement};
 use tessera_driver::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
-use tessera_driver::prepare::prepare_on_node;
+use tessera_driver::prepare::prepare_and_render;
 use tessera_driver::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tracing::{debug, info, warn};
 
@@ -232,52 +232,7 @@ impl CdiPreparer {
             _ => Ok(None),
         }
     }
-}
 
-fn poisoned(what: &str) -> Error {
-    Error::Task(format!("a thread panicked while holding the {what}"))
-}
-
-/// What every claim's CDI spec file name starts with.
-fn cdi_spec_prefix() -> String {
-    format!("{}-{}_", names::CDI_VENDOR, names::CDI_CLASS)
-}
-
-fn answer(devices: &[HeldDevice]) -> Vec<KubeletDevice> {
-    devices
-        .iter()
-        .map(|d| KubeletDevice {
-            requests: vec![d.request.clone()],
-            pool: d.pool.clone(),
-            device: d.device.clone(),
-            cdi_ids: d.cdi_ids.clone(),
-            share_id: d.share_id.clone(),
-        })
-        .collect()
-}
-
-#[tonic::async_trait]
-impl ClaimPreparer for CdiPreparer {
-    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        claim.validate()?;
-        if let Some(devices) = self.prepared(&claim)? {
-            debug!(%claim, "already prepared");
-            return Ok(devices);
-        }
-        let object = self.source.claim(&claim).await?;
-        tokio::task::spawn_blocking(move || self.prepare_fetched(&claim, &object))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))?
-    }
-
-    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
-        tokio::task::spawn_blocking(move || self.unprepare_blocking(&claim))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))?
-    }
-}
-
-impl CdiPreparer {
     /// Prepares a claim from its fetched object (what [`ClaimPreparer::prepare`] does once the
     /// claim is fetched). Blocking.
     pub fn prepare_fetched(
@@ -293,13 +248,19 @@ impl CdiPreparer {
         // The inventory stays read-locked until the claim is recorded, so an inventory change
         // (`reconfigure`) sees every claim prepared against the old one.
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
-        let prepared = prepare_on_node(object, &self.config.driver_name, &node)?;
-        let cdi::Rendered {
-            mut spec,
-            host_dirs,
-            mps_daemon: daemon,
-        } = cdi::render(&prepared, &self.config.enforcement)?;
-        cdi::device_plugin_env::add_device_plugin_env(&mut spec, object, &prepared, &node);
+        let (
+            prepared,
+            cdi::Rendered {
+                spec,
+                host_dirs,
+                mps_daemon: daemon,
+            },
+        ) = prepare_and_render(
+            object,
+            &self.config.driver_name,
+            &node,
+            &self.config.enforcement,
+        )?;
         let spec = spec.to_json()?;
         {
             let mut record = self.lock()?;
@@ -368,5 +329,48 @@ impl CdiPreparer {
         }
         info!(%claim, "unprepared");
         Ok(())
+    }
+}
+
+fn poisoned(what: &str) -> Error {
+    Error::Task(format!("a thread panicked while holding the {what}"))
+}
+
+/// What every claim's CDI spec file name starts with.
+fn cdi_spec_prefix() -> String {
+    format!("{}-{}_", names::CDI_VENDOR, names::CDI_CLASS)
+}
+
+fn answer(devices: &[HeldDevice]) -> Vec<KubeletDevice> {
+    devices
+        .iter()
+        .map(|d| KubeletDevice {
+            requests: vec![d.request.clone()],
+            pool: d.pool.clone(),
+            device: d.device.clone(),
+            cdi_ids: d.cdi_ids.clone(),
+            share_id: d.share_id.clone(),
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl ClaimPreparer for CdiPreparer {
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
+        claim.validate()?;
+        if let Some(devices) = self.prepared(&claim)? {
+            debug!(%claim, "already prepared");
+            return Ok(devices);
+        }
+        let object = self.source.claim(&claim).await?;
+        tokio::task::spawn_blocking(move || self.prepare_fetched(&claim, &object))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
+    }
+
+    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.unprepare_blocking(&claim))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
     }
 }
