@@ -257,26 +257,35 @@ mod tests {
     const ONE: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n";
     const SHARED: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n";
 
+    /// A preparer for what `discovery` finds, keeping its files under `dir`.
+    fn preparer(
+        dir: &std::path::Path,
+        discovery: &FakeDiscovery,
+        claims: FakeClaimSource,
+    ) -> Arc<CdiPreparer> {
+        Arc::new(
+            CdiPreparer::new(
+                CdiPreparerConfig {
+                    driver_name: "gpu.tessera.dev".to_owned(),
+                    cdi_dir: dir.join("cdi"),
+                    state_dir: dir.join("state"),
+                    enforcement: Enforcement::None,
+                    boot_id: "b".to_owned(),
+                },
+                discovery.discover().unwrap(),
+                Arc::new(claims),
+            )
+            .unwrap(),
+        )
+    }
+
     #[test]
     fn poll_takes_changes_and_keeps_the_inventory_on_bad_files() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("inventory.yaml");
         std::fs::write(&file, ONE).unwrap();
         let discovery = FakeDiscovery::new(&file, "n");
-        let preparer = Arc::new(
-            CdiPreparer::new(
-                CdiPreparerConfig {
-                    driver_name: "gpu.tessera.dev".to_owned(),
-                    cdi_dir: dir.path().join("cdi"),
-                    state_dir: dir.path().join("state"),
-                    enforcement: Enforcement::None,
-                    boot_id: "b".to_owned(),
-                },
-                discovery.discover().unwrap(),
-                Arc::new(FakeClaimSource::new()),
-            )
-            .unwrap(),
-        );
+        let preparer = preparer(dir.path(), &discovery, FakeClaimSource::new());
         let metrics = Arc::new(Metrics::new());
         let mut poller = InventoryPoller::new(
             Some(file.clone()),
@@ -329,19 +338,10 @@ status:
         let file = dir.path().join("inventory.yaml");
         std::fs::write(&file, ONE).unwrap();
         let discovery = FakeDiscovery::new(&file, "n");
-        let preparer = Arc::new(
-            CdiPreparer::new(
-                CdiPreparerConfig {
-                    driver_name: "gpu.tessera.dev".to_owned(),
-                    cdi_dir: dir.path().join("cdi"),
-                    state_dir: dir.path().join("state"),
-                    enforcement: Enforcement::None,
-                    boot_id: "b".to_owned(),
-                },
-                discovery.discover().unwrap(),
-                Arc::new(FakeClaimSource::from_yaml(WHOLE_GPU_0, "claims").unwrap()),
-            )
-            .unwrap(),
+        let preparer = preparer(
+            dir.path(),
+            &discovery,
+            FakeClaimSource::from_yaml(WHOLE_GPU_0, "claims").unwrap(),
         );
         let mut poller = InventoryPoller::new(
             Some(file.clone()),
