@@ -120,9 +120,7 @@ async fn sample(inventory: &Inventory) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     std::fs::write(&path, server.kubeconfig()).unwrap();
-    let client = tessera_controller::apiserver::client(Some(&path))
-        .await
-        .unwrap();
+    let client = tessera_kubeapi::client(Some(&path)).await.unwrap();
     let metrics = Arc::new(Metrics::new("binpack"));
     let (synced_tx, mut synced) = watch::channel(false);
     let config = ControllerConfig {

@@ -181,7 +181,7 @@ impl Args {
         if let Some(leader) = &config.leader {
             leader.validate()?;
         }
-        let client = crate::apiserver::client(self.kubeconfig.as_deref()).await?;
+        let client = tessera_kubeapi::client(self.kubeconfig.as_deref()).await?;
         let webhook = match (self.webhook_addr, self.webhook_cert_dir) {
             (Some(addr), Some(cert_dir)) => {
                 let mut webhook_config = WebhookConfig::new(addr, cert_dir);

@@ -23,7 +23,6 @@ use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::names;
 use tracing::{info, warn};
 
-use crate::apiserver;
 use crate::error::{Error, Result};
 
 /// What one [`TemplateKeeper::sync`] did.
@@ -75,7 +74,11 @@ impl TemplateKeeper {
     ) -> Self {
         Self {
             client,
-            api: apiserver::resource(version, "ResourceClaimTemplate", "resourceclaimtemplates"),
+            api: tessera_kubeapi::resource(
+                version,
+                "ResourceClaimTemplate",
+                "resourceclaimtemplates",
+            ),
             version,
             options,
             relist,

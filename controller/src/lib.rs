@@ -2,7 +2,6 @@
 //! protocol, leader election, admission webhook, metrics) and the `tessera` CLI (offline demo,
 //! allocate, validate; live inspect), thin adapters around the pure core in `tessera-driver`.
 
-pub mod apiserver;
 pub mod args;
 pub mod cli;
 pub mod cluster;

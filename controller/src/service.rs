@@ -11,14 +11,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::ApiResource;
+use kube::runtime::watcher::DefaultBackoff;
 use tessera_driver::admission::device_plugin_names;
 use tessera_driver::allocator::Policy;
+use tessera_driver::apiversion::ApiVersion;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::apiserver;
-use crate::cluster::{ClusterView, Resource, reflector};
+use crate::cluster::{Change, ClusterView, Resource, reflector};
 use crate::device_plugin_templates::{SyncReport, TemplateKeeper};
 use crate::error::Result;
 use crate::health_http::OpsServer;
@@ -85,7 +86,7 @@ pub async fn run_with(
     synced_tx: watch::Sender<bool>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let version = apiserver::served_resource_version(&client).await?;
+    let version = tessera_kubeapi::served_resource_version(&client).await?;
     info!(%version, policy = %config.policy, driver = %config.driver_name, "starting the controller");
     let mut tasks = JoinSet::new();
     let (leading_tx, mut leading) = watch::channel(config.leader.is_none());
@@ -97,16 +98,7 @@ pub async fn run_with(
     // A short queue: events wait in the watch streams (as bytes) rather than here as decoded
     // objects, which bounds the controller's peak memory when thousands arrive at once.
     let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
-    for resource in Resource::ALL {
-        let api = match resource {
-            Resource::Slices => apiserver::resource(version, "ResourceSlice", "resourceslices"),
-            Resource::Classes => apiserver::resource(version, "DeviceClass", "deviceclasses"),
-            Resource::Claims => apiserver::resource(version, "ResourceClaim", "resourceclaims"),
-            Resource::Pods => ApiResource::erase::<Pod>(&()),
-            Resource::Nodes => ApiResource::erase::<Node>(&()),
-        };
-        tasks.spawn(reflector::run(client.clone(), resource, api, tx.clone()));
-    }
+    spawn_reflectors(&mut tasks, &client, version, &tx);
     drop(tx);
     let mut view = ClusterView::new(&config.driver_name);
     let mut reconciler = Reconciler::new(
@@ -181,6 +173,36 @@ pub async fn run_with(
     }
     tasks.abort_all();
     Ok(())
+}
+
+/// Starts one reflector per resource, each feeding `tx` and backing off with kube-runtime's
+/// `DefaultBackoff`; resource.k8s.io kinds are watched in the served `version`.
+fn spawn_reflectors(
+    tasks: &mut JoinSet<()>,
+    client: &kube::Client,
+    version: ApiVersion,
+    tx: &mpsc::Sender<(Resource, Change)>,
+) {
+    for resource in Resource::ALL {
+        let api = match resource {
+            Resource::Slices => {
+                tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices")
+            }
+            Resource::Classes => tessera_kubeapi::resource(version, "DeviceClass", "deviceclasses"),
+            Resource::Claims => {
+                tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims")
+            }
+            Resource::Pods => ApiResource::erase::<Pod>(&()),
+            Resource::Nodes => ApiResource::erase::<Node>(&()),
+        };
+        tasks.spawn(reflector::run(
+            client.clone(),
+            resource,
+            api,
+            tx.clone(),
+            DefaultBackoff::default(),
+        ));
+    }
 }
 
 /// One sync of the device-plugin claim templates; `false` when it failed (retry soon).

@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 use tessera_driver::{gate, names};
 
-use crate::apiserver;
 use crate::error::{Error, Result};
 
 /// Whether an error is the server's 409 Conflict.
@@ -59,7 +58,7 @@ impl Writer {
     pub fn new(client: kube::Client, version: ApiVersion) -> Self {
         Self {
             client,
-            claims: apiserver::resource(version, "ResourceClaim", "resourceclaims"),
+            claims: tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
         }
     }
 

@@ -21,7 +21,7 @@ type Task = JoinHandle<()>;
 /// The NVML library and the GPUs' health, shared by discovery and the event watcher.
 pub type NvmlParts = (Arc<dyn NvmlLibrary>, Arc<Mutex<GpuHealthTracker>>);
 
-use crate::apiserver::{self, ApiClaimSource};
+use crate::apiserver::ApiClaimSource;
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
 use crate::health_stream::{self, HealthReporter};
@@ -350,7 +350,7 @@ impl Args {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let client = match &self.fake_claims {
             Some(_) => None,
-            None => Some(apiserver::client(self.kubeconfig.as_deref()).await?),
+            None => Some(tessera_kubeapi::client(self.kubeconfig.as_deref()).await?),
         };
         let (flags, choice) = self.initial_modes(client.as_ref()).await?;
         let (backend, nvml) = self.discovery()?;

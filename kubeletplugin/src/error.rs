@@ -160,3 +160,27 @@ impl Error {
 
 /// The plugin's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The shared API client's errors keep their meaning here: a configuration error stays one,
+/// an API error keeps its action and status code.
+impl From<tessera_kubeapi::Error> for Error {
+    fn from(error: tessera_kubeapi::Error) -> Self {
+        match error {
+            tessera_kubeapi::Error::Config(message) => Self::Config(message),
+            tessera_kubeapi::Error::Api {
+                action,
+                code,
+                message,
+            } => Self::Api {
+                action,
+                code,
+                message,
+            },
+            other => Self::Api {
+                action: "reaching the API server".to_owned(),
+                code: other.api_code(),
+                message: other.to_string(),
+            },
+        }
+    }
+}

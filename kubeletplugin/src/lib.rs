@@ -7,7 +7,7 @@
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
 //! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs.
 //! * [`claims`]: `ClaimSource`, where allocations come from.
-//! * [`apiserver`]: the API client and `ApiClaimSource`; [`publisher`]: `SlicePublisher`, which
+//! * [`apiserver`]: `ApiClaimSource` (the client itself is `tessera_kubeapi`'s); [`publisher`]: `SlicePublisher`, which
 //!   [`slice_watch`] keeps published.
 //! * [`health_stream`]: the DRA health API, following the inventory's health.
 //! * [`discovery`]: `GpuDiscovery`, which GPUs the node has; [`nvml`]: its NVML backend.

@@ -29,7 +29,6 @@ use tokio::sync::{Mutex, Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::apiserver;
 use crate::error::{Error, Result};
 use crate::slice_watch;
 
@@ -167,7 +166,7 @@ impl SlicePublisher {
         if let Some(v) = self.state.lock().await.version {
             return Ok(v);
         }
-        let v = apiserver::served_resource_version(&self.client).await?;
+        let v = tessera_kubeapi::served_resource_version(&self.client).await?;
         info!(version = %v, "API server serves resource.k8s.io");
         self.state.lock().await.version = Some(v);
         Ok(v)
@@ -261,7 +260,7 @@ impl SlicePublisher {
         let owner = self.owner().await?;
         let api: Api<DynamicObject> = Api::all_with(
             self.client.clone(),
-            &apiserver::resource(version, "ResourceSlice", "resourceslices"),
+            &tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices"),
         );
         let existing = self.stored(&api).await?;
         let seen = existing

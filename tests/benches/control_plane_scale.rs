@@ -284,7 +284,7 @@ async fn seed(client: &kube::Client, inventory: &Inventory, demands: &[Demand]) 
 }
 
 fn pod(i: usize, demand: Demand, gated: bool) -> Pod {
-    let gates = if gated {
+    let scheduling_gates = if gated {
         json!([{"name": names::SCHEDULING_GATE}])
     } else {
         json!([])
@@ -292,7 +292,7 @@ fn pod(i: usize, demand: Demand, gated: bool) -> Pod {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("p{i:05}"), "namespace": "default",
                      "labels": {"app": "bench"}},
-        "spec": {"schedulingGates": gates,
+        "spec": {"schedulingGates": scheduling_gates,
                  "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": demand.template()}],
                  "restartPolicy": "Never",
                  "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
@@ -328,7 +328,7 @@ async fn watch_bound(api: Api<Pod>, t0: Instant, bound: Arc<Mutex<BTreeMap<Strin
                 Ok(WatchEvent::Deleted(_)) => {}
                 Ok(WatchEvent::Error(_)) | Err(_) => {
                     // Gone or broken: start again from now (bound pods seen so far stay).
-                    version = "0".to_owned();
+                    "0".clone_into(&mut version);
                     break;
                 }
             }
@@ -393,7 +393,7 @@ fn controller_binary() -> PathBuf {
 
 async fn run(assets: &Path, mode: Mode, nodes: usize, pods: usize) {
     let mut cluster = envtest_cluster::start_cluster(assets).await;
-    let client = tessera_controller::apiserver::client(Some(&cluster.kubeconfig))
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
         .await
         .unwrap();
     let kubeconfig = cluster.kubeconfig.to_str().unwrap().to_owned();

@@ -20,9 +20,7 @@ async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::Tem
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     std::fs::write(&path, server.kubeconfig()).unwrap();
-    let client = tessera_controller::apiserver::client(Some(&path))
-        .await
-        .unwrap();
+    let client = tessera_kubeapi::client(Some(&path)).await.unwrap();
     (server, client, dir)
 }
 

@@ -12,7 +12,6 @@ mod scenarios;
 use std::time::Duration;
 
 use scenarios::*;
-use tessera_controller::apiserver;
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::gate;
@@ -30,8 +29,12 @@ async fn the_gate_protocol_against_a_real_api_server() {
         }
     };
     let mut cluster = envtest::start_cluster(&assets).await;
-    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = apiserver::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     place_several_pods(&client, version).await;
     if version != ApiVersion::V1 {
         eprintln!("kube-scheduler binding check needs resource.k8s.io/v1 (1.34+); skipped");
@@ -85,7 +88,11 @@ async fn device_plugin_templates_against_a_real_api_server() {
         }
     };
     let cluster = envtest::start_cluster(&assets).await;
-    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = apiserver::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     device_plugin_pods_get_their_templates(&client, version).await;
 }

@@ -8,7 +8,6 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use tessera_driver::apiversion::ApiVersion;
-use tessera_kubelet_plugin::apiserver;
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
 use tokio_stream::StreamExt as _;
 
@@ -20,7 +19,7 @@ fn claims(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(
         client.clone(),
         ns,
-        &apiserver::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
     )
 }
 
@@ -65,7 +64,7 @@ async fn crud_selectors_patches_and_status() {
     assert_eq!(listed.items.iter().map(name).collect::<Vec<_>>(), ["a"]);
     let all: Api<DynamicObject> = Api::all_with(
         client.clone(),
-        &apiserver::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
     );
     let everywhere = all
         .list(&ListParams::default().labels("app in (x)"))

@@ -12,7 +12,6 @@ use scenarios::{DRIVER, NODE};
 use serde_json::json;
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::names;
-use tessera_kubelet_plugin::apiserver;
 use tessera_kubelet_plugin::publisher::SlicePublisher;
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
 
@@ -21,7 +20,7 @@ async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::Tem
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-    let client = apiserver::client(Some(&kubeconfig)).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&kubeconfig)).await.unwrap();
     (server, client, dir)
 }
 
@@ -56,7 +55,7 @@ async fn publishes_on_a_v1beta1_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_without_dra_is_an_error_not_a_crash() {
     let (_server, client, _dir) = start(&[]).await;
-    let err = apiserver::served_resource_version(&client)
+    let err = tessera_kubeapi::served_resource_version(&client)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("1.32"), "{err}");
@@ -167,7 +166,7 @@ async fn the_fake_server_watches_and_enforces_resource_versions() {
     let (_server, client, _dir) = start(&["v1"]).await;
     let api: Api<DynamicObject> = Api::all_with(
         client.clone(),
-        &apiserver::resource(ApiVersion::V1, "ResourceSlice", "resourceslices"),
+        &tessera_kubeapi::resource(ApiVersion::V1, "ResourceSlice", "resourceslices"),
     );
     let mut stream = Box::pin(api.watch(&WatchParams::default(), "0").await.unwrap());
     let slice: DynamicObject = serde_json::from_value(json!({

@@ -11,8 +11,6 @@ mod envtest;
 #[path = "support/apiserver_scenarios.rs"]
 mod scenarios;
 
-use tessera_kubelet_plugin::apiserver;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_and_prepare_against_a_real_api_server() {
     let assets = match envtest::assets() {
@@ -26,8 +24,12 @@ async fn publish_and_prepare_against_a_real_api_server() {
         }
     };
     let cluster = envtest::start_cluster(&assets).await;
-    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = apiserver::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     scenarios::publish_and_check_shape(&client, version).await;
     scenarios::republish_after_inventory_change(&client, version).await;
     scenarios::slices_come_back(&client, version).await;

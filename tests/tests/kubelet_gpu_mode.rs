@@ -54,9 +54,7 @@ async fn labels_choose_modes_over_flags_and_changes_are_republished() {
 
     let client = {
         let path = plugin.path("kubeconfig");
-        tessera_kubelet_plugin::apiserver::client(Some(&path))
-            .await
-            .unwrap()
+        tessera_kubeapi::client(Some(&path)).await.unwrap()
     };
     Api::<Node>::all(client)
         .patch(

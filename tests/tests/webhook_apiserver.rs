@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use tessera_controller::apiserver;
 use tessera_controller::webhook::{
     Admission, AdmissionLookup, ApiAdmissionLookup, FakeAdmissionLookup, Hook,
 };
@@ -81,7 +80,7 @@ async fn seeded(version: &str) -> (FakeApiServer, Admission, tempfile::TempDir) 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, server.kubeconfig()).unwrap();
-    let client = apiserver::client(Some(&kubeconfig)).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&kubeconfig)).await.unwrap();
     let lookup: Arc<dyn AdmissionLookup> = Arc::new(ApiAdmissionLookup::new(client).await.unwrap());
     let admission = Admission::new(lookup, names::DEFAULT_DRIVER_NAME, Duration::from_secs(10));
     (server, admission, dir)

@@ -13,7 +13,6 @@ use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::inspect::{self, ClusterObjects, ClusterView, PodExplanation};
 
-use crate::apiserver;
 use crate::cli::input::Objects;
 use crate::error::{Error, Result};
 
@@ -63,8 +62,8 @@ pub async fn inspect(
     format: InspectFormat,
     out: &mut String,
 ) -> Result<()> {
-    let client = apiserver::client(kubeconfig).await?;
-    let version = apiserver::served_resource_version(&client).await?;
+    let client = tessera_kubeapi::client(kubeconfig).await?;
+    let version = tessera_kubeapi::served_resource_version(&client).await?;
     match target {
         Target::Cluster => {
             let objects = fetch(&client, version, true).await?;
@@ -124,8 +123,10 @@ async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result
         ("ResourceSlice", "resourceslices"),
         ("ResourceClaim", "resourceclaims"),
     ] {
-        let api: Api<DynamicObject> =
-            Api::all_with(client.clone(), &apiserver::resource(version, kind, plural));
+        let api: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &tessera_kubeapi::resource(version, kind, plural),
+        );
         let action = format!("listing {plural}");
         let listed = api
             .list(&ListParams::default())

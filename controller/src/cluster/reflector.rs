@@ -1,153 +1,49 @@
-//! A reflector: lists a resource, then watches it from the list's resourceVersion, and hands
-//! every change to the cluster view over a channel. When the watch ends it resumes from the
-//! last resourceVersion seen; when the server says that version is gone (410) it lists again.
-//! Errors never end it: it backs off and tries again until the receiver is gone.
+//! A reflector: hands every change of one resource to the cluster view over a channel, until
+//! the receiver is gone. The watching itself is kube-runtime's watcher behind
+//! [`tessera_kubeapi::changes`]: lists a page at a time, watches with bookmarks from the
+//! list's resourceVersion, resumes a watch the server ended from the last version seen, lists
+//! again when the server says that version is gone (410), and pauses after every error with
+//! the backoff it is given (kube-runtime's `DefaultBackoff` in the service: 0.8 s doubling to
+//! 30 s, with jitter). A (re)list reaches the view as one [`Change::Listed`], which is also
+//! what marks the resource synced for the controller's first pass.
 
-use std::time::Duration;
-
-use kube::api::{Api, DynamicObject, ListParams, WatchEvent, WatchParams};
 use kube::core::ApiResource;
-use serde_json::Value;
+use kube::runtime::utils::Backoff;
+use tessera_kubeapi::WatchOptions;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
-use tracing::{debug, warn};
+use tracing::warn;
+
+pub use tessera_kubeapi::Change;
 
 use super::Resource;
 
-/// One change of one resource.
-#[derive(Debug, Clone)]
-pub enum Change {
-    /// The complete current state (after a list): objects not in it are gone.
-    Listed(Vec<Value>),
-    /// An object was added or modified.
-    Applied(Value),
-    /// An object was deleted.
-    Deleted(Value),
-}
-
-/// Longest pause between failed attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// How many objects one list request asks for (the server hands out the rest page by page).
-const LIST_PAGE: u32 = 500;
-/// How long one watch request lasts before the server ends it (and it is resumed).
-const WATCH_TIMEOUT_SECONDS: u32 = 290;
-
-fn with_type(mut value: Value, api: &ApiResource) -> Value {
-    // List items may come without apiVersion and kind; the decoders need them.
-    if let Value::Object(map) = &mut value {
-        map.entry("apiVersion")
-            .or_insert_with(|| Value::String(api.api_version.clone()));
-        map.entry("kind")
-            .or_insert_with(|| Value::String(api.kind.clone()));
-    }
-    value
-}
-
-fn to_value(object: &DynamicObject, api: &ApiResource) -> Option<Value> {
-    serde_json::to_value(object).ok().map(|v| with_type(v, api))
-}
-
-/// Drops what nothing reads before the object is copied on (managedFields are often most of
-/// an object's size).
-fn slimmed(mut object: DynamicObject) -> DynamicObject {
-    object.metadata.managed_fields = None;
-    object
-}
-
-/// Reflects `resource` (served as `api`) into `tx` until `tx` is closed.
+/// Reflects `resource` (served as `api`) into `tx` until `tx` is closed, pausing after each
+/// error for `backoff`'s next delay.
 pub async fn run(
     client: kube::Client,
     resource: Resource,
     api: ApiResource,
     tx: mpsc::Sender<(Resource, Change)>,
+    backoff: impl Backoff + 'static,
 ) {
-    let objects: Api<DynamicObject> = Api::all_with(client, &api);
-    let mut backoff = Duration::from_millis(100);
-    'list: loop {
-        // Listed a page at a time, so a large list is never in memory whole and undecoded.
-        let mut items = Vec::new();
-        let mut continue_token: Option<String> = None;
-        let mut version;
-        loop {
-            let mut params = ListParams::default().limit(LIST_PAGE);
-            if let Some(token) = &continue_token {
-                params = params.continue_token(token);
-            }
-            let page = match objects.list(&params).await {
-                Ok(page) => page,
-                Err(e) => {
-                    warn!(resource = resource.as_str(), error = %e, "listing failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue 'list;
-                }
-            };
-            version = page.metadata.resource_version.clone().unwrap_or_default();
-            continue_token = page.metadata.continue_.clone().filter(|c| !c.is_empty());
-            items.extend(
-                page.items
-                    .into_iter()
-                    .filter_map(|o| to_value(&slimmed(o), &api)),
-            );
-            if continue_token.is_none() {
-                break;
-            }
-        }
-        if tx.send((resource, Change::Listed(items))).await.is_err() {
-            return;
-        }
-        loop {
-            let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
-            let stream = match objects.watch(&params, &version).await {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(resource = resource.as_str(), error = %e, "watching failed; listing again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue 'list;
-                }
-            };
-            backoff = Duration::from_millis(100);
-            let mut stream = Box::pin(stream);
-            while let Some(event) = stream.next().await {
-                let change = match event {
-                    Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
-                        if let Some(rv) = &o.metadata.resource_version {
-                            version.clone_from(rv);
-                        }
-                        to_value(&slimmed(o), &api).map(Change::Applied)
-                    }
-                    Ok(WatchEvent::Deleted(o)) => {
-                        if let Some(rv) = &o.metadata.resource_version {
-                            version.clone_from(rv);
-                        }
-                        to_value(&slimmed(o), &api).map(Change::Deleted)
-                    }
-                    Ok(WatchEvent::Bookmark(b)) => {
-                        version = b.metadata.resource_version;
-                        None
-                    }
-                    Ok(WatchEvent::Error(e)) => {
-                        debug!(resource = resource.as_str(), code = e.code, message = %e.message, "watch ended by the server");
-                        if e.code == 410 {
-                            continue 'list;
-                        }
-                        break;
-                    }
-                    Err(e) => {
-                        debug!(resource = resource.as_str(), error = %e, "watch stream failed");
-                        break;
-                    }
-                };
-                if let Some(change) = change
-                    && tx.send((resource, change)).await.is_err()
-                {
+    let changes = tessera_kubeapi::changes(client, &api, &WatchOptions::default(), backoff);
+    let mut changes = std::pin::pin!(changes);
+    loop {
+        let next = tokio::select! {
+            next = changes.next() => next,
+            () = tx.closed() => return,
+        };
+        match next {
+            Some(Ok(change)) => {
+                if tx.send((resource, change)).await.is_err() {
                     return;
                 }
             }
-            if tx.is_closed() {
-                return;
+            Some(Err(e)) => {
+                warn!(resource = resource.as_str(), error = %e, "watch failed; backing off and going on");
             }
+            None => return,
         }
     }
 }

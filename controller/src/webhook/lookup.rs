@@ -10,7 +10,6 @@ use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DynamicObject};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 
-use crate::apiserver;
 use crate::error::{Error, Result};
 
 /// The future a lookup returns: the object, `None` when it does not exist, or an error.
@@ -55,7 +54,7 @@ impl std::fmt::Debug for ApiAdmissionLookup {
 impl ApiAdmissionLookup {
     /// A lookup through `client`, after asking which resource.k8s.io version it serves.
     pub async fn new(client: kube::Client) -> Result<Self> {
-        let version = apiserver::served_resource_version(&client).await?;
+        let version = tessera_kubeapi::served_resource_version(&client).await?;
         Ok(Self::with_version(client, version))
     }
 
@@ -79,7 +78,7 @@ impl ApiAdmissionLookup {
         if let Some(v) = self.cached_version() {
             return Ok(v);
         }
-        let v = apiserver::served_resource_version(&self.client).await?;
+        let v = tessera_kubeapi::served_resource_version(&self.client).await?;
         self.set_version(Some(v));
         Ok(v)
     }
@@ -92,7 +91,7 @@ impl ApiAdmissionLookup {
         name: &str,
     ) -> Result<Option<Object>> {
         let version = self.version().await?;
-        let resource = apiserver::resource(version, kind, plural);
+        let resource = tessera_kubeapi::resource(version, kind, plural);
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
             None => Api::all_with(self.client.clone(), &resource),

@@ -15,7 +15,7 @@ use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::cdi::Enforcement;
 use tessera_driver::inventory::{Inventory, NodeInventory};
 use tessera_driver::names;
-use tessera_kubelet_plugin::apiserver::{self, ApiClaimSource};
+use tessera_kubelet_plugin::apiserver::ApiClaimSource;
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::publisher::{PublisherConfig, SlicePublisher};
 use tessera_kubelet_plugin::server::{self, PluginConfig};
@@ -68,7 +68,7 @@ pub(crate) fn fast_config() -> PublisherConfig {
 pub(crate) fn slices_api(client: &kube::Client, version: ApiVersion) -> Api<DynamicObject> {
     Api::all_with(
         client.clone(),
-        &apiserver::resource(version, "ResourceSlice", "resourceslices"),
+        &tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices"),
     )
 }
 
@@ -94,7 +94,9 @@ pub(crate) async fn stored_slices(
 pub(crate) async fn publish_and_check_shape(client: &kube::Client, version: ApiVersion) {
     let node_uid = create_node(client).await;
     assert_eq!(
-        apiserver::served_resource_version(client).await.unwrap(),
+        tessera_kubeapi::served_resource_version(client)
+            .await
+            .unwrap(),
         version
     );
     let slice_publisher = SlicePublisher::new(client.clone(), fast_config());
@@ -219,7 +221,7 @@ pub(crate) async fn create_allocated_claim(
     let api: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         "default",
-        &apiserver::resource(version, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
     );
     let (claim, status) = allocated_claim(version, name);
     let mut created = api

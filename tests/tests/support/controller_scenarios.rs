@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tessera_controller::apiserver;
 use tessera_controller::leader::LeaderConfig;
 use tessera_controller::metrics::Metrics;
 use tessera_controller::service::{self, ControllerConfig};
@@ -60,14 +59,17 @@ fn dynamic(
     kind: &str,
     plural: &str,
 ) -> Api<DynamicObject> {
-    Api::all_with(client.clone(), &apiserver::resource(version, kind, plural))
+    Api::all_with(
+        client.clone(),
+        &tessera_kubeapi::resource(version, kind, plural),
+    )
 }
 
 pub(crate) fn claims_api(client: &kube::Client, version: ApiVersion) -> Api<DynamicObject> {
     Api::namespaced_with(
         client.clone(),
         NS,
-        &apiserver::resource(version, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
     )
 }
 
@@ -605,7 +607,7 @@ pub(crate) async fn templates(
     let api: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         NS,
-        &apiserver::resource(version, "ResourceClaimTemplate", "resourceclaimtemplates"),
+        &tessera_kubeapi::resource(version, "ResourceClaimTemplate", "resourceclaimtemplates"),
     );
     let mut found = BTreeMap::new();
     for item in api.list(&ListParams::default()).await.unwrap().items {

@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tessera_controller::apiserver;
-
 const TOKEN: &str = "tessera-envtest-token";
 
 pub(crate) fn free_port() -> u16 {
@@ -169,14 +167,14 @@ pub(crate) async fn start_cluster(assets: &Path) -> Cluster {
     )
     .unwrap();
 
-    let client = apiserver::client(Some(&kubeconfig)).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&kubeconfig)).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         // Ready for the scenarios: DRA discovered and the default namespace created.
         let namespace = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
             .get("default")
             .await;
-        let served = apiserver::served_resource_version(&client).await;
+        let served = tessera_kubeapi::served_resource_version(&client).await;
         if namespace.is_ok() && served.is_ok() {
             break;
         }

@@ -1,0 +1,62 @@
+//! The API client, from a kubeconfig or the pod's service account.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// A client from `kubeconfig`, or from the pod's service account when `None`.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
+    let config_error =
+        |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("{what}: {e}"));
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| config_error(&format!("reading kubeconfig {}", path.display()), &e))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| config_error(&format!("kubeconfig {}", path.display()), &e))?
+        }
+        None => kube::Config::incluster().map_err(|e| {
+            config_error(
+                "in-cluster configuration (use --kubeconfig outside a pod)",
+                &e,
+            )
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| Error::api("building the API client", &e))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The TLS stack (rustls with ring) builds a client for an HTTPS server; nothing panics
+    /// choosing a crypto provider.
+    #[tokio::test]
+    async fn https_kubeconfig_builds_a_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+             server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\n\
+             contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             current-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+        )
+        .unwrap();
+        let client = client(Some(&path)).await.unwrap();
+        // Nothing listens there: an error, not a panic.
+        let err = crate::served_resource_version(&client).await.unwrap_err();
+        assert!(matches!(err, Error::Api { code: None, .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_is_a_config_error() {
+        let Err(err) = client(Some(Path::new("/nonexistent/kubeconfig"))).await else {
+            panic!("a missing kubeconfig built a client");
+        };
+        assert!(matches!(err, Error::Config(_)), "{err}");
+    }
+}

@@ -1,0 +1,210 @@
+//! Watches as a stream of [`Change`]s, with kube-runtime's watcher doing the protocol: a list
+//! a page at a time, then a watch from the list's resourceVersion with bookmarks; a watch the
+//! server ends is resumed from the last version seen (a bookmark's included), and one the
+//! server answers with 410 Gone is listed again. Every error is handed on and followed by a
+//! pause from the caller's backoff (kube-runtime's `DefaultBackoff` in the binaries), so a
+//! failing server is never polled in a tight loop.
+//!
+//! kube-runtime announces a (re)list as `Init`, one `InitApply` per object, then `InitDone`;
+//! the objects are gathered and handed on as one [`Change::Listed`], the complete current
+//! state, so a consumer can drop whatever it holds that the list no longer has.
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject};
+use kube::core::ApiResource;
+use kube::runtime::utils::{Backoff, StreamBackoff};
+use kube::runtime::watcher::{self, Event, ExponentialBackoff, watcher};
+use serde_json::Value;
+use tokio_stream::{Stream, StreamExt as _};
+
+use crate::error::{Error, Result};
+
+/// One change of one watched resource.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The complete current state (after a list): objects not in it are gone.
+    Listed(Vec<Value>),
+    /// An object was added or modified.
+    Applied(Value),
+    /// An object was deleted.
+    Deleted(Value),
+}
+
+/// How a watch asks the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Only objects matching this field selector (e.g. `spec.nodeName=n1`).
+    pub field_selector: Option<String>,
+    /// How many objects one list request asks for (the server hands out the rest page by page).
+    pub page_size: u32,
+    /// How long one watch request lasts before the server ends it (and it is resumed).
+    pub timeout_seconds: u32,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        Self {
+            field_selector: None,
+            page_size: 500,
+            timeout_seconds: 290,
+        }
+    }
+}
+
+impl WatchOptions {
+    fn watcher_config(&self) -> watcher::Config {
+        let config = watcher::Config::default()
+            .page_size(self.page_size)
+            .timeout(self.timeout_seconds);
+        match &self.field_selector {
+            Some(fields) => config.fields(fields),
+            None => config,
+        }
+    }
+}
+
+/// Fills in `apiVersion` and `kind` (list items may come without them; decoders need them) and
+/// drops `managedFields`, which nothing in Tessera reads and which are often most of an
+/// object's size.
+fn to_value(object: DynamicObject, api: &ApiResource) -> Option<Value> {
+    let mut value = serde_json::to_value(object).ok()?;
+    if let Value::Object(map) = &mut value {
+        map.entry("apiVersion")
+            .or_insert_with(|| Value::String(api.api_version.clone()));
+        map.entry("kind")
+            .or_insert_with(|| Value::String(api.kind.clone()));
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.remove("managedFields");
+        }
+    }
+    Some(value)
+}
+
+/// What went wrong in one step of the watch, as an [`Error::Api`].
+fn watch_error(api: &ApiResource, error: &watcher::Error) -> Error {
+    let (action, code, message) = match error {
+        watcher::Error::InitialListFailed(e) => ("listing", status_code(e), e.to_string()),
+        watcher::Error::WatchStartFailed(e) => ("starting to watch", status_code(e), e.to_string()),
+        watcher::Error::WatchFailed(e) => ("watching", status_code(e), e.to_string()),
+        watcher::Error::WatchError(status) => {
+            ("watching", Some(status.code), status.message.clone())
+        }
+        watcher::Error::NoResourceVersion => ("watching", None, error.to_string()),
+    };
+    Error::Api {
+        action: format!("{action} {}", api.plural),
+        code,
+        message,
+    }
+}
+
+fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// A backoff for [`changes`] whose pauses start at `initial` and double up to `max`, with
+/// jitter (kube-runtime's exponential backoff; `DefaultBackoff` is the same from 0.8 s to
+/// 30 s, reset after two quiet minutes).
+pub fn backoff(initial: Duration, max: Duration) -> impl Backoff + use<> {
+    ExponentialBackoff::from(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(initial)
+            .with_max_delay(max)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times(),
+    )
+}
+
+/// The changes of every object of `api` (cluster-wide) matching `options`, forever: the stream
+/// never ends by itself. Errors are yielded (the caller logs them or acts on them) and each is
+/// followed by a pause of `backoff`'s next delay; any other item resets `backoff`.
+pub fn changes<B: Backoff + 'static>(
+    client: kube::Client,
+    api: &ApiResource,
+    options: &WatchOptions,
+    backoff: B,
+) -> impl Stream<Item = Result<Change>> + Send + use<B> {
+    let objects: Api<DynamicObject> = Api::all_with(client, api);
+    let events = StreamBackoff::new(watcher(objects, options.watcher_config()), backoff);
+    let api = api.clone();
+    // Objects of a list in progress, handed on whole at its end.
+    let mut listing: Vec<Value> = Vec::new();
+    events.filter_map(move |event| match event {
+        Ok(Event::Init) => {
+            listing = Vec::new();
+            None
+        }
+        Ok(Event::InitApply(object)) => {
+            listing.extend(to_value(object, &api));
+            None
+        }
+        Ok(Event::InitDone) => Some(Ok(Change::Listed(std::mem::take(&mut listing)))),
+        Ok(Event::Apply(object)) => to_value(object, &api).map(|v| Ok(Change::Applied(v))),
+        Ok(Event::Delete(object)) => to_value(object, &api).map(|v| Ok(Change::Deleted(v))),
+        Err(e) => Some(Err(watch_error(&api, &e))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn values_carry_their_type_and_no_managed_fields() {
+        let api = crate::resource(
+            tessera_driver::apiversion::ApiVersion::V1,
+            "ResourceSlice",
+            "resourceslices",
+        );
+        let object: DynamicObject = serde_json::from_value(json!({
+            "metadata": {"name": "s", "resourceVersion": "7",
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"driver": "gpu.tessera.dev"},
+        }))
+        .unwrap();
+        assert_eq!(
+            to_value(object, &api).unwrap(),
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                   "metadata": {"name": "s", "resourceVersion": "7"},
+                   "spec": {"driver": "gpu.tessera.dev"}})
+        );
+    }
+
+    #[test]
+    fn the_backoff_grows_to_its_cap_and_resets() {
+        let (initial, max) = (Duration::from_millis(10), Duration::from_millis(80));
+        let mut pauses = backoff(initial, max);
+        let first: Vec<Duration> = pauses.by_ref().take(8).collect();
+        assert_eq!(first.len(), 8, "the backoff never gives up");
+        // Jitter adds up to one more delay; the cap holds before it.
+        assert!(
+            first.iter().all(|d| *d >= initial && *d <= 2 * max),
+            "{first:?}"
+        );
+        assert!(first[7] >= max, "{first:?}");
+        pauses.reset();
+        assert!(pauses.next().unwrap() < 2 * initial);
+    }
+
+    #[test]
+    fn options_reach_the_watcher() {
+        let options = WatchOptions {
+            field_selector: Some("spec.nodeName=n1".to_owned()),
+            page_size: 50,
+            timeout_seconds: 60,
+        };
+        let config = options.watcher_config();
+        assert_eq!(config.field_selector.as_deref(), Some("spec.nodeName=n1"));
+        assert_eq!(config.page_size, Some(50));
+        assert_eq!(config.timeout, Some(60));
+        assert!(config.bookmarks, "bookmarks are asked for");
+    }
+}
