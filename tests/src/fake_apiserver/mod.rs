@@ -6,7 +6,9 @@
 //! chooses), and for Nodes, Pods, Events, DeviceClasses, ResourceSlices, ResourceClaims,
 //! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field selectors), watch (`?watch=true`,
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
-//! current state and an initial-events-end bookmark first), create, update (PUT, with a
+//! current state and an initial-events-end bookmark first; `allowWatchBookmarks=true` gets
+//! bookmarks when a test sends them; a watch from before the compacted history gets 410 Gone;
+//! lists come a page at a time with `limit` and `continue`; see `watches`), create, update (PUT, with a
 //! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
 //! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
@@ -20,6 +22,7 @@
 
 mod patch;
 mod store;
+mod watches;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -35,6 +38,7 @@ use tokio::task::JoinHandle;
 
 use store::Store;
 pub use store::{RecordedRequest, StatusError};
+use watches::WatchControl;
 
 /// The resource.k8s.io group.
 pub const RESOURCE_GROUP: &str = "resource.k8s.io";
@@ -153,6 +157,8 @@ struct Shared {
     request_delay: Mutex<std::time::Duration>,
     versions: Mutex<Vec<String>>,
     changed: watch::Sender<u64>,
+    /// Ending watches, bookmarks, compaction ([`FakeApiServer::end_watches`] and beside it).
+    watches: WatchControl,
 }
 
 impl Shared {
@@ -199,6 +205,7 @@ impl FakeApiServer {
             request_delay: Mutex::new(std::time::Duration::ZERO),
             versions: Mutex::new(versions.iter().map(|v| (*v).to_owned()).collect()),
             changed,
+            watches: WatchControl::new(),
         });
         let (stop, stopped) = watch::channel(false);
         let accept_shared = Arc::clone(&shared);
@@ -746,6 +753,7 @@ async fn handle(
             format!("injected {code} for {verb:?} {resource}"),
         )),
         None if verb == Verb::Watch => {
+            shared.watches.wait_until_let_through().await;
             return watch_response(shared, &target, &params, stopped);
         }
         None => {
@@ -804,13 +812,18 @@ fn serve(
                     store.delete(kind, ns.as_ref(), n)?;
                 }
             }
+            let (items, next, rv) = watches::page(selected, params, store.rv)?;
+            let mut metadata = json!({"resourceVersion": rv.to_string()});
+            if let Some(token) = next {
+                metadata["continue"] = Value::String(token);
+            }
             Ok((
                 200,
                 json!({
                     "kind": format!("{}List", kind.kind),
                     "apiVersion": target.api_version(),
-                    "metadata": {"resourceVersion": store.rv.to_string()},
-                    "items": selected,
+                    "metadata": metadata,
+                    "items": items,
                 }),
             ))
         }
@@ -891,6 +904,7 @@ fn watch_response(
     let start = param("resourceVersion").filter(|v| !v.is_empty() && v != "0");
     // A streaming list: the current state, then a bookmark marking its end, then changes.
     let initial_events = param("sendInitialEvents").is_some_and(|v| v == "true");
+    let allow_bookmarks = param("allowWatchBookmarks").is_some_and(|v| v == "true");
     let api_version = target.api_version();
     let timeout = param("timeoutSeconds")
         .and_then(|s| s.parse::<u64>().ok())
@@ -919,6 +933,11 @@ fn watch_response(
         },
         None => None,
     };
+    // Listening before the request is logged: a test that saw it logged may end it.
+    let mut changed = shared.changed.subscribe();
+    let mut ended = shared.watches.ended.subscribe();
+    let mut bookmarks = shared.watches.bookmarks.subscribe();
+    let compacted = shared.watches.compacted();
     {
         let mut store = shared.lock();
         store.requests.push(RecordedRequest {
@@ -928,7 +947,6 @@ fn watch_response(
             code: 200,
         });
     }
-    let mut changed = shared.changed.subscribe();
     tokio::spawn(async move {
         let deadline = tokio::time::sleep(std::time::Duration::from_secs(timeout));
         tokio::pin!(deadline);
@@ -938,6 +956,12 @@ fn watch_response(
             Ok(Frame::data(Bytes::from(text)))
         };
         let mut sent_up_to = if let Some(rv) = start_rv.filter(|_| !initial_events) {
+            if rv < compacted {
+                let mut text = watches::expired(rv, compacted).to_string();
+                text.push('\n');
+                let _ = tx.send(Ok(Frame::data(Bytes::from(text)))).await;
+                return;
+            }
             rv
         } else {
             // No resourceVersion: the current state first, as synthetic ADDED events.
@@ -965,7 +989,11 @@ fn watch_response(
             }
             rv
         };
+        let mut bookmark_due = false;
         loop {
+            if ended.has_changed().unwrap_or(true) {
+                return;
+            }
             let events: Vec<(&'static str, Value)> = {
                 let store = shared.lock();
                 let events = store
@@ -988,8 +1016,25 @@ fn watch_response(
                     return;
                 }
             }
+            if std::mem::take(&mut bookmark_due) && allow_bookmarks {
+                let mark = watches::bookmark(kind.kind, &api_version, sent_up_to);
+                if tx.send(line("BOOKMARK", &mark)).await.is_err() {
+                    return;
+                }
+                shared
+                    .watches
+                    .bookmarks_sent
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             tokio::select! {
                 r = changed.changed() => if r.is_err() { return },
+                r = bookmarks.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    bookmark_due = true;
+                }
+                _ = ended.changed() => return,
                 () = &mut deadline => return,
                 _ = stopped.wait_for(|s| *s) => return,
                 () = tx.closed() => return,
