@@ -384,3 +384,68 @@ async fn a_slice_that_lost_its_label_is_put_right_not_created_again() {
         names::KUBELET_PLUGIN_MANAGER
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_deleted_while_the_watch_was_away_comes_back_after_the_410_relist() {
+    use std::time::{Duration, Instant};
+    let (server, client, _dir) = start(&["v1"]).await;
+    scenarios::create_node(&client).await;
+    let publisher = std::sync::Arc::new(SlicePublisher::new(
+        client.clone(),
+        scenarios::fast_config(),
+    ));
+    let (_inventory, receiver) = tokio::sync::watch::channel(scenarios::node_inventory());
+    let running = std::sync::Arc::clone(&publisher).spawn(receiver);
+    let watches = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.verb == Verb::Watch && r.resource == "resourceslices" && r.code == 200)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while !(watches() > 0
+        && publisher
+            .record()
+            .await
+            .is_some_and(|r| r.pending.is_none()))
+    {
+        assert!(Instant::now() < deadline, "never published and watched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let names: Vec<String> = server
+        .objects("resourceslices")
+        .iter()
+        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    // The watch ends; while it is away a slice is deleted and the history compacted, so the
+    // resumed watch is answered 410 and only the new list shows the slice missing.
+    server.hold_watches(true);
+    server.end_watches();
+    server.delete("resourceslices", None, &names[0]).unwrap();
+    server.compact();
+    let lists_before = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::List && r.resource == "resourceslices")
+        .count();
+    server.hold_watches(false);
+    while server.objects("resourceslices").len() != names.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted slice never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lists_after = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::List && r.resource == "resourceslices")
+        .count();
+    // The watch's relist, and the publisher's listing before it wrote the slice again.
+    assert!(
+        lists_after >= lists_before + 2,
+        "{lists_before} -> {lists_after}"
+    );
+    running.abort();
+}
