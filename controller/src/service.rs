@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::ApiResource;
-use kube::runtime::watcher::DefaultBackoff;
 use tessera_driver::admission::device_plugin_names;
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
+use tessera_kubeapi::DefaultBackoff;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{info, warn};

@@ -20,7 +20,7 @@
 //!     client,
 //!     &slices,
 //!     &WatchOptions::default(),
-//!     kube::runtime::watcher::DefaultBackoff::default(),
+//!     tessera_kubeapi::DefaultBackoff::default(),
 //! ));
 //! while let Some(change) = changes.next().await {
 //!     match change {
@@ -42,3 +42,7 @@ pub use client::client;
 pub use discovery::{RESOURCE_GROUP, resource, served_resource_version};
 pub use error::{Error, Result};
 pub use watch::{Change, WatchOptions, backoff, changes};
+
+/// What [`changes`] pauses with after an error: kube-runtime's backoff trait, and its default
+/// (0.8 s doubling to 30 s, with jitter, reset after two quiet minutes).
+pub use kube::runtime::{utils::Backoff, watcher::DefaultBackoff};

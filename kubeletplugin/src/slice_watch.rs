@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use kube::runtime::utils::Backoff as _;
 use tessera_driver::slices::drift::{self, SliceEvent, Verdict};
+use tessera_kubeapi::Backoff as _;
 use tessera_kubeapi::{Change, WatchOptions};
 use tokio::sync::Notify;
 use tokio_stream::StreamExt as _;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::core::ApiResource;
-use kube::runtime::utils::Backoff;
 use serde_json::json;
 use tessera_controller::cluster::{Change, ClusterView, Resource, reflector};
+use tessera_kubeapi::Backoff;
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
 use tokio::sync::mpsc;
 

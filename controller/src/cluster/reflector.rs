@@ -8,7 +8,7 @@
 //! what marks the resource synced for the controller's first pass.
 
 use kube::core::ApiResource;
-use kube::runtime::utils::Backoff;
+use tessera_kubeapi::Backoff;
 use tessera_kubeapi::WatchOptions;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
