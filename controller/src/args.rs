@@ -87,6 +87,12 @@ pub struct Args {
     /// Seconds after which an allocation whose pod has not bound is reported (Event, metric).
     #[arg(long, env = "TESSERA_UNBOUND_AFTER_SECONDS", default_value_t = 300)]
     pub unbound_after_seconds: u64,
+    /// Bind pods whose every placement constraint the controller evaluates itself: their
+    /// claims are written with `reservedFor` and the pod is bound through `pods/binding`
+    /// (kube-scheduler still binds every other pod). `--fast-path=false` leaves every
+    /// binding to kube-scheduler.
+    #[arg(long, env = "TESSERA_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fast_path: bool,
     /// Seconds between full retries of pods that could not be placed.
     #[arg(long, env = "TESSERA_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
@@ -172,6 +178,7 @@ impl Args {
             leader,
             metrics_addr: Some(self.metrics_addr),
             shared_replicas: self.shared_gpu_replicas,
+            fast_path: self.fast_path,
         }
     }
 

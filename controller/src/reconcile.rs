@@ -19,6 +19,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tessera_driver::allocator::{
     Allocator, AllocatorOptions, FailureKind, Learn, Policy, claim_key,
 };
+use tessera_driver::fast_path;
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -59,6 +60,9 @@ pub struct ReconcilerConfig {
     pub policy: Policy,
     /// After how long an allocation whose pod has not bound is reported.
     pub unbound_after: Duration,
+    /// Whether pods on the fast path ([`tessera_driver::fast_path`]) get their claims
+    /// reserved and are bound by the controller itself.
+    pub fast_path: bool,
 }
 
 /// Why a pod was not placed in this pass.
@@ -287,6 +291,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 PodPlan::Ungate => jobs.push(Job {
                     pod,
                     claims: Vec::new(),
+                    bind: None,
                     started: Instant::now(),
                 }),
                 PodPlan::Allocate {
@@ -532,10 +537,22 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             .collect();
         let entry = usage.entry(placement.node.clone()).or_default();
         *entry = entry.plus(requests);
-        debug!(pod = %pod_key(pod), node = %placement.node, "placed; writing");
+        // The fast path needs every claim of the pod reserved by this write (the kubelet
+        // runs a pod only with its claims reserved for it).
+        let bind = (self.config.fast_path && allocated.is_empty())
+            .then(|| fast_path::blocker(pod))
+            .and_then(|blocker| match blocker {
+                None => Some(placement.node.clone()),
+                Some(why) => {
+                    debug!(pod = %pod_key(pod), why, "kube-scheduler binds the pod");
+                    None
+                }
+            });
+        debug!(pod = %pod_key(pod), node = %placement.node, fast_path = bind.is_some(), "placed; writing");
         Ok(Job {
             pod: pod.clone(),
             claims: claims.into_iter().zip(allocations).collect(),
+            bind,
             started: Instant::now(),
         })
     }
@@ -606,6 +623,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                         }
                     }
                 }
+                if pod_gone {
+                    // Nobody to tell.
+                    return;
+                }
                 report.pending += 1;
                 self.not_placed(view, &job.pod, e, report).await;
             }
@@ -618,7 +639,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         let mut updates = Vec::new();
         let result = self
             .protocol
-            .release_claim(key, current, &mut updates)
+            .release_claim(key, current, None, &mut updates)
             .await;
         apply_updates(view, updates);
         result

@@ -35,6 +35,19 @@ async fn several_pods_are_placed_on_several_nodes_without_double_booking() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_pods_are_reserved_and_bound_by_the_controller_itself() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    fast_path_pods_are_bound_by_the_controller(&client, ApiVersion::V1).await;
+    let bindings: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "pods/binding")
+        .collect();
+    assert_eq!(bindings.len(), 5, "{bindings:?}");
+    assert!(bindings.iter().all(|r| r.code == 201), "{bindings:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1beta2_server_is_served_the_same_protocol() {
     let (_server, client, _dir) = start(&["v1beta2"]).await;
     place_several_pods(&client, ApiVersion::V1beta2).await;
