@@ -14,9 +14,7 @@ pub mod reflector;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
-};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
 use tessera_driver::allocator::{Snapshot, claim_key};
@@ -636,7 +634,10 @@ mod tests {
         let mut plain = pod(json!({}));
         slim_pod(&mut plain);
         let spec = plain.spec.unwrap();
-        assert_eq!((spec.volumes, spec.containers[0].ports.clone()), (None, None));
+        assert_eq!(
+            (spec.volumes, spec.containers[0].ports.clone()),
+            (None, None)
+        );
     }
 
     #[test]

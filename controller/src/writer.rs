@@ -252,12 +252,7 @@ impl Writer {
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
         self.pod_api(namespace)
-            .create_subresource::<Value, Value>(
-                "binding",
-                name,
-                &PostParams::default(),
-                &binding,
-            )
+            .create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
             .await
             .map(|_| ())
             .map_err(|e| Error::api(format!("binding Pod {namespace}/{name} to {node}"), &e))

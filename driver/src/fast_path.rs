@@ -175,7 +175,10 @@ mod tests {
                 json!({"affinity": {"podAntiAffinity": {}}}),
                 "inter-pod affinity",
             ),
-            (json!({"affinity": {"podAffinity": {}}}), "inter-pod affinity"),
+            (
+                json!({"affinity": {"podAffinity": {}}}),
+                "inter-pod affinity",
+            ),
             (
                 json!({"topologySpreadConstraints": [{"maxSkew": 1,
                     "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]}),
@@ -223,14 +226,16 @@ mod tests {
         ];
         for (extra, why) in cases {
             let found = blocker(&pod(&extra)).unwrap_or_default();
-            assert!(found.contains(why), "{extra}: {found:?} should mention {why}");
+            assert!(
+                found.contains(why),
+                "{extra}: {found:?} should mention {why}"
+            );
         }
         let mut deleting = pod(&json!({}));
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-        );
+            ));
         assert!(blocker(&deleting).is_some());
     }
 

@@ -28,6 +28,14 @@ async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::Tem
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// The controller without the fast path: kube-scheduler (absent here) binds every pod, so
+/// claims stay unreserved until then.
+fn gate_protocol_only(policy: Policy) -> tessera_controller::service::ControllerConfig {
+    let mut config = config(policy, None);
+    config.fast_path = false;
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_pods_are_placed_on_several_nodes_without_double_booking() {
     let (_server, client, _dir) = start(&["v1"]).await;
@@ -207,7 +215,7 @@ async fn claims_from_templates_appearing_late_are_allocated_with_the_pods_other_
 async fn a_pod_deleted_before_it_binds_gets_its_claims_released() {
     let (_server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(1, 2, false), "8").await;
-    let running = start_controller(&client, config(Policy::FirstFit, None));
+    let running = start_controller(&client, gate_protocol_only(Policy::FirstFit));
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("c", 2)).await;
     create_pod(&client, &gated_pod("p", &["c"], &[], "1")).await;
     eventually(WAIT, "the pod is ungated", || is_ungated(&client, "p")).await;
@@ -231,7 +239,7 @@ async fn a_pod_deleted_before_it_binds_gets_its_claims_released() {
 async fn a_deleted_claim_is_deallocated_and_its_finalizer_removed() {
     let (server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(1, 2, false), "8").await;
-    let running = start_controller(&client, config(Policy::FirstFit, None));
+    let running = start_controller(&client, gate_protocol_only(Policy::FirstFit));
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("c", 1)).await;
     create_pod(&client, &gated_pod("p", &["c"], &[], "1")).await;
     eventually(WAIT, "the pod is ungated", || is_ungated(&client, "p")).await;

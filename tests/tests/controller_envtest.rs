@@ -11,7 +11,10 @@ mod scenarios;
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use scenarios::*;
+use serde_json::json;
 use tessera_controller::apiserver;
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
@@ -88,4 +91,67 @@ async fn device_plugin_templates_against_a_real_api_server() {
     let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
     let version = apiserver::served_resource_version(&client).await.unwrap();
     device_plugin_pods_get_their_templates(&client, version).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_path_against_a_real_api_server() {
+    let assets = match envtest::assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED the_fast_path_against_a_real_api_server: {why}; point KUBEBUILDER_ASSETS \
+                 at a directory with etcd and kube-apiserver (1.34 or later)"
+            );
+            return;
+        }
+    };
+    let mut cluster = envtest::start_cluster(&assets).await;
+    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = apiserver::served_resource_version(&client).await.unwrap();
+    if version != ApiVersion::V1 {
+        eprintln!("SKIPPED the fast path check: it is run on resource.k8s.io/v1 (1.34+)");
+        return;
+    }
+    // What the safety argument leans on: the API server refuses to bind a gated pod.
+    let gated = create_pod(&client, &gated_pod("still-gated", &[], &[], "1")).await;
+    let refused = Api::<Pod>::namespaced(client.clone(), NS)
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            "still-gated",
+            &PostParams::default(),
+            &json!({"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": "still-gated", "uid": gated.metadata.uid},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node_name(0)}}),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 409, "{s:?}");
+            assert!(s.message.contains("schedulingGates"), "{s:?}");
+        }
+        other => panic!("a gated pod was bound, or refused otherwise: {other:?}"),
+    }
+    delete_pod(&client, "still-gated").await;
+    // The controller's reservedFor and binding are accepted; the pods it leaves to
+    // kube-scheduler stay unbound while no scheduler runs.
+    fast_path_pods_are_bound_by_the_controller(&client, version).await;
+    if cluster.start_scheduler(&assets) {
+        eventually(
+            Duration::from_mins(1),
+            "kube-scheduler binds the pods the controller only ungated",
+            || async {
+                pods(&client)
+                    .await
+                    .values()
+                    .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            },
+        )
+        .await;
+        check_invariants(&client, version).await;
+    } else {
+        eprintln!(
+            "SKIPPED the binding check: {} has no kube-scheduler",
+            assets.display()
+        );
+    }
 }

@@ -253,7 +253,10 @@ impl Writes for FakeWrites {
         let spec = stored.spec.get_or_insert_with(Default::default);
         if stored.metadata.uid != pod.metadata.uid
             || spec.node_name.is_some()
-            || spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty())
+            || spec
+                .scheduling_gates
+                .as_ref()
+                .is_some_and(|g| !g.is_empty())
         {
             return Err(api_error("bind", &key, 409));
         }
@@ -574,7 +577,12 @@ async fn a_fast_path_pod_is_reserved_ungated_and_bound_in_order() {
     assert_eq!(r.pass(&mut view).await.placed, 1);
     assert_eq!(
         fake.calls(),
-        ["mark ns/a", "allocate+reserve ns/a", "ungate ns/p", "bind ns/p"]
+        [
+            "mark ns/a",
+            "allocate+reserve ns/a",
+            "ungate ns/p",
+            "bind ns/p"
+        ]
     );
     assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
     assert_eq!(node_of(&fake, "ns/p").as_deref(), Some("n1"));

@@ -615,9 +615,15 @@ pub(crate) async fn fast_path_pods_are_bound_by_the_controller(
         create_pod(client, &gated_pod(&pod, &[&claim], &[], "1")).await;
         fast.push(pod);
     }
-    create_claim(client, version, whole_gpu_claim("fast-whole", 2)).await;
-    create_pod(client, &gated_pod("fast-whole", &["fast-whole"], &[], "1")).await;
-    fast.push("fast-whole".to_owned());
+    // Two claims, both reserved by the controller before the pod is bound.
+    create_claim(client, version, share_claim("fast-two-a", 20)).await;
+    create_claim(client, version, share_claim("fast-two-b", 20)).await;
+    create_pod(
+        client,
+        &gated_pod("fast-two", &["fast-two-a", "fast-two-b"], &[], "1"),
+    )
+    .await;
+    fast.push("fast-two".to_owned());
     let mut slow = Vec::new();
     for (name, extra) in [
         (
@@ -663,7 +669,10 @@ pub(crate) async fn fast_path_pods_are_bound_by_the_controller(
             "{name} was bound by the controller"
         );
         let claim = &claims[&format!("{name}-share")];
-        assert!(gate::is_allocated(claim) && !gate::is_reserved(claim), "{name}");
+        assert!(
+            gate::is_allocated(claim) && !gate::is_reserved(claim),
+            "{name}"
+        );
     }
     for name in &fast {
         let pod = &pods[name];
