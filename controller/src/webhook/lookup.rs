@@ -1,11 +1,12 @@
-//! What the webhook reads from the cluster: DeviceClasses, ResourceClaims and
-//! ResourceClaimTemplates, behind a small trait with a kube implementation and a fake.
+//! What the webhook reads from the cluster: DeviceClasses, ResourceClaims,
+//! ResourceClaimTemplates and Pods, behind a small trait with a kube implementation and a fake.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DynamicObject};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
@@ -32,6 +33,8 @@ pub trait AdmissionLookup: Send + Sync {
         namespace: &'a str,
         name: &'a str,
     ) -> LookupFuture<'a, res::ResourceClaimTemplate>;
+    /// The Pod `namespace/name` (the owner of a claim made from a template).
+    fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod>;
 }
 
 /// The lookup against the API server, in the resource.k8s.io version it serves.
@@ -183,6 +186,15 @@ impl AdmissionLookup for ApiAdmissionLookup {
             }
         })
     }
+
+    fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod> {
+        Box::pin(async move {
+            Api::<Pod>::namespaced(self.client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::api(format!("getting Pod {namespace}/{name}"), &e))
+        })
+    }
 }
 
 /// How a [`FakeAdmissionLookup`] answers.
@@ -203,6 +215,7 @@ pub struct FakeAdmissionLookup {
     classes: BTreeMap<String, res::DeviceClass>,
     claims: BTreeMap<(String, String), res::ResourceClaim>,
     templates: BTreeMap<(String, String), res::ResourceClaimTemplate>,
+    pods: BTreeMap<(String, String), Pod>,
     behaviour: FakeBehaviour,
 }
 
@@ -240,6 +253,13 @@ impl FakeAdmissionLookup {
     #[must_use]
     pub fn with_template(mut self, template: res::ResourceClaimTemplate) -> Self {
         self.templates.insert(ns_name(&template.metadata), template);
+        self
+    }
+
+    /// Adds a Pod (namespace `default` when unset).
+    #[must_use]
+    pub fn with_pod(mut self, pod: Pod) -> Self {
+        self.pods.insert(ns_name(&pod.metadata), pod);
         self
     }
 
@@ -282,5 +302,9 @@ impl AdmissionLookup for FakeAdmissionLookup {
         name: &'a str,
     ) -> LookupFuture<'a, res::ResourceClaimTemplate> {
         self.answer(self.templates.get(&(namespace.to_owned(), name.to_owned())))
+    }
+
+    fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod> {
+        self.answer(self.pods.get(&(namespace.to_owned(), name.to_owned())))
     }
 }
