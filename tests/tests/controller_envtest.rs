@@ -12,13 +12,14 @@ mod scenarios;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::resource::v1 as res;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use scenarios::*;
 use serde_json::json;
 use tessera_controller::apiserver;
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
-use tessera_driver::gate;
+use tessera_driver::{gate, names};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_protocol_against_a_real_api_server() {
@@ -154,4 +155,261 @@ async fn the_fast_path_against_a_real_api_server() {
             assets.display()
         );
     }
+}
+
+/// CPU time (user + system) of process `pid` so far, in milliseconds.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // Linux reports in USER_HZ, 100 per second.
+    ticks * 10.0
+}
+
+/// A realistic share allocation, as the controller writes it (one 10 GiB, 50 % share).
+fn share_allocation(i: usize) -> res::AllocationResult {
+    let node = node_name(0);
+    serde_json::from_value(json!({
+        "devices": {
+            "results": [{"request": "gpu", "driver": DRIVER, "pool": node,
+                "device": format!("gpu-{}", i % 8),
+                "shareID": format!("{:08x}-0000-4000-8000-{:012x}", i, i),
+                "consumedCapacity": {"memory": "10Gi", "compute": "50"}}],
+            "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER,
+                "parameters": {"apiVersion": names::CONFIG_API_VERSION,
+                    "kind": names::ALLOCATED_SHARES_KIND,
+                    "devices": [{"request": "gpu", "pool": node,
+                        "device": format!("gpu-{}", i % 8),
+                        "memory": "10737418240", "compute": 50}]}}}],
+        },
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "allocationTimestamp": "2026-11-25T00:00:00Z",
+    }))
+    .unwrap()
+}
+
+/// Runs `write` for every index, 8 at a time, and answers the CPU milliseconds kube-apiserver
+/// and etcd spent per write and the wall time.
+async fn per_write<F, Fut>(pids: (u32, u32), n: usize, write: F) -> (f64, f64, f64)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (api0, etcd0, t0) = (cpu_ms(pids.0), cpu_ms(pids.1), std::time::Instant::now());
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        while set.len() >= 8 {
+            set.join_next().await.unwrap().unwrap();
+        }
+        set.spawn(write(i));
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    // Let the watch fan-out of the last writes finish.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let n = n as f64;
+    (
+        (cpu_ms(pids.0) - api0) / n,
+        (cpu_ms(pids.1) - etcd0) / n,
+        t0.elapsed().as_secs_f64() * 1000.0 / n,
+    )
+}
+
+/// What each of the controller's writes costs a real kube-apiserver and etcd (CPU per write,
+/// request bytes), for docs/controller.md. Not a pass/fail test: run it by hand with
+/// `KUBEBUILDER_ASSETS=/work/k8s/bin cargo test -p tessera-tests --test controller_envtest
+/// write_costs -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand"]
+async fn write_costs() {
+    let Ok(assets) = envtest::assets() else {
+        eprintln!("SKIPPED write_costs: KUBEBUILDER_ASSETS has no binaries");
+        return;
+    };
+    let n: usize = std::env::var("TESSERA_WRITE_COST_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let cluster = envtest::start_cluster(&assets).await;
+    let pids = (cluster.processes.0[1].id(), cluster.processes.0[0].id());
+    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = apiserver::served_resource_version(&client).await.unwrap();
+    seed(&client, version, &inventory(1, 8, true), "96").await;
+    // Two watchers on pods and claims, as the controller and kube-scheduler keep (each write
+    // is also encoded for them).
+    let mut watchers = Vec::new();
+    for _ in 0..2 {
+        for kind in ["pods", "claims"] {
+            let c = client.clone();
+            watchers.push(tokio::spawn(async move {
+                use tokio_stream::StreamExt as _;
+                let params = kube::api::WatchParams::default();
+                if kind == "pods" {
+                    let api = Api::<Pod>::namespaced(c, NS);
+                    let s = api.watch(&params, "0").await.unwrap();
+                    tokio::pin!(s);
+                    while s.next().await.is_some() {}
+                } else {
+                    let api = claims_api(&c, version);
+                    let s = api.watch(&params, "0").await.unwrap();
+                    tokio::pin!(s);
+                    while s.next().await.is_some() {}
+                }
+            }));
+        }
+    }
+    let writer = tessera_controller::writer::Writer::new(client.clone(), version);
+    let mut rows: Vec<(String, (f64, f64, f64), usize)> = Vec::new();
+    let bytes = |v: &serde_json::Value| v.to_string().len();
+    for set in ["gate", "fast"] {
+        let c = client.clone();
+        let cost = per_write(pids, n, move |i| {
+            let c = c.clone();
+            async move {
+                create_claim(&c, version, share_claim(&format!("{set}-{i}"), 10)).await;
+            }
+        })
+        .await;
+        rows.push((format!("create claim ({set})"), cost, 0));
+        let c = client.clone();
+        let cost = per_write(pids, n, move |i| {
+            let c = c.clone();
+            async move {
+                create_pod(&c, &gated_pod(&format!("{set}-{i}"), &[&format!("{set}-{i}")], &[], "1"))
+                    .await;
+            }
+        })
+        .await;
+        rows.push((format!("create pod ({set})"), cost, 0));
+    }
+    let claim = {
+        let w = writer.clone();
+        move |name: String| {
+            let w = w.clone();
+            async move { w.get_claim(NS, &name).await.unwrap().unwrap() }
+        }
+    };
+    let pod = {
+        let c = client.clone();
+        move |name: String| {
+            let c = c.clone();
+            async move { Api::<Pod>::namespaced(c, NS).get(&name).await.unwrap() }
+        }
+    };
+    let sample_claim = claim("gate-0".into()).await;
+    let sample_pod = pod("gate-0".into()).await;
+    // The gate path: mark, allocate, ungate; then kube-scheduler's reservation and binding.
+    for (label, step) in [
+        ("mark (merge patch: finalizer + annotation)", 0),
+        ("allocate (status merge patch)", 1),
+        ("ungate (merge patch)", 2),
+        ("kube-scheduler: reserve (status patch of reservedFor)", 3),
+        ("bind (pods/binding)", 4),
+    ] {
+        let (w, claim, pod, c) = (writer.clone(), claim.clone(), pod.clone(), client.clone());
+        let cost = per_write(pids, n, move |i| {
+            let (w, claim, pod, c) = (w.clone(), claim.clone(), pod.clone(), c.clone());
+            async move {
+                let name = format!("gate-{i}");
+                match step {
+                    0 => {
+                        w.mark_claim(&claim(name.clone()).await, &name).await.unwrap();
+                    }
+                    1 => {
+                        w.write_allocation(&claim(name).await, &share_allocation(i), None)
+                            .await
+                            .unwrap();
+                    }
+                    2 => {
+                        w.ungate(&pod(name).await).await.unwrap();
+                    }
+                    3 => {
+                        let p = pod(name.clone()).await;
+                        let body = json!({"status": {"reservedFor": [
+                            {"resource": "pods", "name": name, "uid": p.metadata.uid}]}});
+                        claims_api(&c, version)
+                            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                            .await
+                            .unwrap();
+                    }
+                    _ => {
+                        w.bind(&pod(name).await, &node_name(0)).await.unwrap();
+                    }
+                }
+            }
+        })
+        .await;
+        rows.push((label.to_owned(), cost, 0));
+    }
+    // The fast path: allocation and reservation in one status write, ungate, bind.
+    for (label, step) in [
+        ("mark (merge patch: finalizer + annotation)", 0),
+        ("allocate + reserve (one status merge patch)", 1),
+        ("ungate (merge patch)", 2),
+        ("bind (pods/binding)", 3),
+    ] {
+        let (w, claim, pod) = (writer.clone(), claim.clone(), pod.clone());
+        let cost = per_write(pids, n, move |i| {
+            let (w, claim, pod) = (w.clone(), claim.clone(), pod.clone());
+            async move {
+                let name = format!("fast-{i}");
+                match step {
+                    0 => {
+                        w.mark_claim(&claim(name.clone()).await, &name).await.unwrap();
+                    }
+                    1 => {
+                        let p = pod(name.clone()).await;
+                        w.write_allocation(&claim(name).await, &share_allocation(i), Some(&p))
+                            .await
+                            .unwrap();
+                    }
+                    2 => {
+                        w.ungate(&pod(name).await).await.unwrap();
+                    }
+                    _ => {
+                        w.bind(&pod(name).await, &node_name(0)).await.unwrap();
+                    }
+                }
+            }
+        })
+        .await;
+        rows.push((format!("fast: {label}"), cost, 0));
+    }
+    // Reads alone (every write above also did one GET first): subtract this row.
+    let cost = per_write(pids, n, move |i| {
+        let claim = claim.clone();
+        async move {
+            claim(format!("fast-{i}")).await;
+        }
+    })
+    .await;
+    rows.push(("GET claim (in every row above but creates)".to_owned(), cost, 0));
+    let stored_claim = serde_json::to_value(claim_owned(&writer, "fast-0").await).unwrap();
+    let stored_pod = serde_json::to_value(pod("fast-0".into()).await).unwrap();
+    println!("| write | kube-apiserver CPU ms | etcd CPU ms | wall ms (8 in flight) |");
+    println!("|---|---|---|---|");
+    for (label, (api, etcd, wall), _) in &rows {
+        println!("| {label} | {api:.2} | {etcd:.2} | {wall:.2} |");
+    }
+    println!(
+        "object sizes (JSON): claim before {} B, after (allocated, reserved) {} B; pod before {} B, after {} B; allocation {} B",
+        bytes(&serde_json::to_value(&sample_claim).unwrap()),
+        bytes(&stored_claim),
+        bytes(&serde_json::to_value(&sample_pod).unwrap()),
+        bytes(&stored_pod),
+        bytes(&serde_json::to_value(share_allocation(0)).unwrap()),
+    );
+    for w in watchers {
+        w.abort();
+    }
+}
+
+async fn claim_owned(
+    w: &tessera_controller::writer::Writer,
+    name: &str,
+) -> res::ResourceClaim {
+    w.get_claim(NS, name).await.unwrap().unwrap()
 }
