@@ -87,10 +87,10 @@ pub struct Args {
     /// Seconds after which an allocation whose pod has not bound is reported (Event, metric).
     #[arg(long, env = "TESSERA_UNBOUND_AFTER_SECONDS", default_value_t = 300)]
     pub unbound_after_seconds: u64,
-    /// Bind pods whose every placement constraint the controller evaluates itself: their
-    /// claims are written with `reservedFor` and the pod is bound through `pods/binding`
-    /// (kube-scheduler still binds every other pod). `--fast-path=false` leaves every
-    /// binding to kube-scheduler.
+    /// For pods whose every placement constraint the controller evaluates itself, write each
+    /// claim's allocation with `reservedFor` naming the pod in the same status write, so
+    /// kube-scheduler only binds the pod. `--fast-path=false` leaves the reservation to
+    /// kube-scheduler for every pod.
     #[arg(long, env = "TESSERA_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
     pub fast_path: bool,
     /// Seconds between full retries of pods that could not be placed.

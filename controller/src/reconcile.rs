@@ -61,7 +61,7 @@ pub struct ReconcilerConfig {
     /// After how long an allocation whose pod has not bound is reported.
     pub unbound_after: Duration,
     /// Whether pods on the fast path ([`tessera_driver::fast_path`]) get their claims
-    /// reserved and are bound by the controller itself.
+    /// reserved for them in the allocation write.
     pub fast_path: bool,
 }
 
@@ -291,7 +291,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 PodPlan::Ungate => jobs.push(Job {
                     pod,
                     claims: Vec::new(),
-                    bind: None,
+                    reserve: false,
                     started: Instant::now(),
                 }),
                 PodPlan::Allocate {
@@ -537,22 +537,22 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             .collect();
         let entry = usage.entry(placement.node.clone()).or_default();
         *entry = entry.plus(requests);
-        // The fast path needs every claim of the pod reserved by this write (the kubelet
-        // runs a pod only with its claims reserved for it).
-        let bind = (self.config.fast_path && allocated.is_empty())
-            .then(|| fast_path::blocker(pod))
-            .and_then(|blocker| match blocker {
-                None => Some(placement.node.clone()),
+        // The fast path reserves every claim of the pod in its allocation write, so only a
+        // pod none of whose claims is allocated yet takes it.
+        let reserve = self.config.fast_path
+            && allocated.is_empty()
+            && match fast_path::blocker(pod) {
+                None => true,
                 Some(why) => {
-                    debug!(pod = %pod_key(pod), why, "kube-scheduler binds the pod");
-                    None
+                    debug!(pod = %pod_key(pod), why, "kube-scheduler reserves the pod's claims");
+                    false
                 }
-            });
-        debug!(pod = %pod_key(pod), node = %placement.node, fast_path = bind.is_some(), "placed; writing");
+            };
+        debug!(pod = %pod_key(pod), node = %placement.node, fast_path = reserve, "placed; writing");
         Ok(Job {
             pod: pod.clone(),
             claims: claims.into_iter().zip(allocations).collect(),
-            bind,
+            reserve,
             started: Instant::now(),
         })
     }

@@ -49,7 +49,8 @@ pub struct ControllerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Time-sliced replicas per GPU (`nvidia.com/gpu.shared`), as the webhook maps them.
     pub shared_replicas: u32,
-    /// Whether the controller binds fast-path pods itself ([`tessera_driver::fast_path`]).
+    /// Whether fast-path pods get their claims reserved in the allocation write
+    /// ([`tessera_driver::fast_path`]).
     pub fast_path: bool,
 }
 

@@ -240,24 +240,6 @@ impl Writer {
             })
     }
 
-    /// Binds the pod to `node` through `pods/binding`, with the pod's UID as a precondition
-    /// (a pod deleted and made again under the same name is not bound by mistake). The API
-    /// server refuses a pod that still has scheduling gates or is already bound.
-    pub async fn bind(&self, pod: &Pod, node: &str) -> Result<()> {
-        let (namespace, name) = name_of(&pod.metadata);
-        let binding = json!({
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": pod.metadata.uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        });
-        self.pod_api(namespace)
-            .create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
-            .await
-            .map(|_| ())
-            .map_err(|e| Error::api(format!("binding Pod {namespace}/{name} to {node}"), &e))
-    }
-
     /// Sets the controller's condition on the pod (replacing an older one of the same type).
     pub async fn set_condition(
         &self,

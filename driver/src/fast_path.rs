@@ -1,11 +1,13 @@
-//! Which gated pods the controller may bind itself (the fast path): those whose every
-//! placement constraint the controller evaluates the way kube-scheduler's filters do
-//! ([`crate::nodefit`] and the allocator). For them the controller writes each claim's
-//! allocation with `reservedFor` naming the pod, removes the gate and binds the pod through
-//! `pods/binding`, instead of leaving the reservation and the binding to kube-scheduler.
+//! Which gated pods take the fast path: those whose every placement constraint the controller
+//! evaluates the way kube-scheduler's filters do ([`crate::nodefit`] and the allocator). For
+//! them the controller writes each claim's allocation with `reservedFor` naming the pod in the
+//! same status write, so kube-scheduler, once the gate is gone, finds nothing to decide or
+//! write but the binding to the one node the allocation names. Claims reserved for a pod tie
+//! it to that node, so the fast path is kept to pods whose every constraint the controller
+//! has checked there; any other pod gets unreserved claims, as before, and kube-scheduler
+//! checks the rest and reserves them when it binds.
 //!
-//! A pod is kept on the gate protocol (kube-scheduler binds it) when it has any of: inter-pod
-//! affinity or anti-affinity, topology spread constraints, a volume other than `configMap`,
+//! A pod is kept off the fast path when it has any of: inter-pod affinity or anti-affinity, topology spread constraints, a volume other than `configMap`,
 //! `secret`, `emptyDir`, `downwardAPI`, `projected` or `hostPath` (a PVC may still need
 //! binding, and other kinds count against per-node volume limits), a container port with a
 //! `hostPort`, a scheduler other than `default-scheduler`, pod-level `resources`, a container
@@ -25,7 +27,7 @@ pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 /// Container resources the controller's node filter accounts for.
 const FILTERED_RESOURCES: [&str; 2] = ["cpu", "memory"];
 
-/// Why `pod` must stay on the gate protocol, or `None` when the controller may bind it.
+/// Why `pod` must stay off the fast path, or `None` when its claims may be reserved for it at once.
 pub fn blocker(pod: &Pod) -> Option<String> {
     if pod.metadata.deletion_timestamp.is_some() {
         return Some("the pod is being deleted".to_owned());

@@ -43,16 +43,19 @@ async fn several_pods_are_placed_on_several_nodes_without_double_booking() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_path_pods_are_reserved_and_bound_by_the_controller_itself() {
+async fn fast_path_pods_get_their_claims_reserved_in_the_allocation_write() {
     let (server, client, _dir) = start(&["v1"]).await;
-    fast_path_pods_are_bound_by_the_controller(&client, ApiVersion::V1).await;
-    let bindings: Vec<_> = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.resource == "pods/binding")
-        .collect();
-    assert_eq!(bindings.len(), 5, "{bindings:?}");
-    assert!(bindings.iter().all(|r| r.code == 201), "{bindings:?}");
+    fast_path_pods_get_their_claims_reserved(&client, ApiVersion::V1).await;
+    // One status write per claim, allocation and reservation together; no binding.
+    let writes = |resource: &str| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.resource == resource && r.verb == Verb::Patch)
+            .count()
+    };
+    assert_eq!(writes("resourceclaims/status"), 8);
+    assert_eq!(writes("pods/binding"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

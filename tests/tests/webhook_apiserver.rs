@@ -156,8 +156,7 @@ async fn a_claim_made_for_a_gated_pod_is_marked_after_reading_the_pod_from_the_s
         .await
         .unwrap();
     let response = serde_json::to_value(&answer.response).unwrap();
-    let bytes: k8s_openapi::ByteString =
-        serde_json::from_value(response["patch"].clone()).unwrap();
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(response["patch"].clone()).unwrap();
     let patch: Value = serde_json::from_slice(&bytes.0).unwrap();
     assert_eq!(
         patch,

@@ -3,9 +3,9 @@
 //! once while each pod's own writes keep their order. What the server answered comes back as
 //! [`ViewUpdate`]s for the pass to apply; a failure half-way rolls back the claims written.
 //!
-//! On the fast path (a [`Job`] with `bind`) each allocation is written with `reservedFor`
-//! naming the pod, and once the gate is gone the pod is bound to the node; see
-//! docs/controller.md for why this never binds a pod twice or skips a constraint.
+//! On the fast path (a [`Job`] with `reserve`) each allocation is written with `reservedFor`
+//! naming the pod in the same status write, so kube-scheduler, which binds the pod once the
+//! gate is gone, has nothing left to write but the binding; see docs/controller.md.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,9 +40,8 @@ pub(super) struct Job {
     pub(super) pod: Pod,
     /// The claims to allocate, as the view had them, with their allocations.
     pub(super) claims: Vec<(res::ResourceClaim, res::AllocationResult)>,
-    /// The fast path: the node to bind the pod to once its gate is gone (its allocations
-    /// are then written with `reservedFor` naming the pod).
-    pub(super) bind: Option<String>,
+    /// The fast path: each allocation is written with `reservedFor` naming the pod.
+    pub(super) reserve: bool,
     pub(super) started: Instant,
 }
 
@@ -84,7 +83,7 @@ impl<W: Writes> Protocol<W> {
     pub(super) async fn run(&self, job: Job) -> Done {
         let mut updates = Vec::new();
         let mut written: Vec<(String, res::ResourceClaim)> = Vec::new();
-        let reserve_for = job.bind.is_some().then_some(&job.pod);
+        let reserve_for = job.reserve.then_some(&job.pod);
         let mut failure = None;
         for (claim, allocation) in &job.claims {
             match self
@@ -109,8 +108,8 @@ impl<W: Writes> Protocol<W> {
             };
         }
         let mut pod_gone = false;
-        let mut result = self.finish(&job.pod, &mut updates, &mut pod_gone).await;
-        if job.bind.is_some() && pod_gone {
+        let result = self.finish(&job.pod, &mut updates, &mut pod_gone).await;
+        if job.reserve && pod_gone {
             // Claims reserved for a pod that is gone are nobody's to release but their
             // writer's: give them back now.
             self.roll_back(&job.pod, written, &mut updates).await;
@@ -121,9 +120,6 @@ impl<W: Writes> Protocol<W> {
                 pod_gone,
                 result,
             };
-        }
-        if let (Ok(()), Some(node)) = (&result, &job.bind) {
-            result = self.bind(&job.pod, node).await;
         }
         let written = written.into_iter().map(|(k, _)| k).collect();
         Done {
@@ -151,39 +147,6 @@ impl<W: Writes> Protocol<W> {
                 warn!(claim = %key, error = ?e, "rolling back an allocation failed; it is released once the pod is gone");
             }
         }
-    }
-
-    /// The fast path's last write: binds the ungated pod to `node`. A refusal is not a
-    /// failure of the pod's placement: its claims are allocated and reserved for it and the
-    /// gate is gone, so kube-scheduler binds it there if nobody has yet; a lost race with
-    /// kube-scheduler (the pod found bound to the same node) is success.
-    async fn bind(&self, pod: &Pod, node: &str) -> Result<(), NotPlaced> {
-        let key = pod_key(pod);
-        if !self.leading() {
-            return Err(NotPlaced::NotLeader);
-        }
-        let Err(e) = self.writer.bind(pod, node).await else {
-            return Ok(());
-        };
-        let (ns, name) = split_key(&key);
-        match self.writer.get_pod(ns, name).await {
-            Ok(Some(p)) => match p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-                Some(n) if n == node => {
-                    debug!(pod = %key, node, "kube-scheduler bound the pod first");
-                }
-                Some(other) => {
-                    warn!(pod = %key, node, bound = other, "the pod is bound to another node than its claims name");
-                }
-                None => {
-                    debug!(pod = %key, node, error = %e, "binding failed; kube-scheduler binds the pod");
-                }
-            },
-            Ok(None) => debug!(pod = %key, "the pod went before it was bound"),
-            Err(read) => {
-                debug!(pod = %key, error = %e, read = %read, "binding failed; kube-scheduler binds the pod");
-            }
-        }
-        Ok(())
     }
 
     /// Marks a claim and writes its allocation (with `reserve_for` in `reservedFor`, on the

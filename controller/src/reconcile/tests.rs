@@ -237,34 +237,6 @@ impl Writes for FakeWrites {
         })
     }
 
-    async fn bind(&self, pod: &Pod, node: &str) -> Result<()> {
-        // A real server answers later: let other pods\' writes run meanwhile.
-        tokio::task::yield_now().await;
-        let key = key_of(&pod.metadata);
-        self.enter("bind", &key)?;
-        let mut s = self.state();
-        s.version += 1;
-        let version = s.version.to_string();
-        let stored = s
-            .pods
-            .get_mut(&key)
-            .ok_or_else(|| api_error("bind", &key, 404))?;
-        // As the API server: the UID must match, the pod must be ungated and not bound yet.
-        let spec = stored.spec.get_or_insert_with(Default::default);
-        if stored.metadata.uid != pod.metadata.uid
-            || spec.node_name.is_some()
-            || spec
-                .scheduling_gates
-                .as_ref()
-                .is_some_and(|g| !g.is_empty())
-        {
-            return Err(api_error("bind", &key, 409));
-        }
-        spec.node_name = Some(node.to_owned());
-        stored.metadata.resource_version = Some(version);
-        Ok(())
-    }
-
     async fn set_condition(
         &self,
         pod: &Pod,
@@ -566,29 +538,19 @@ fn reserved_for(fake: &FakeWrites, claim: &str) -> Vec<String> {
         .collect()
 }
 
-fn node_of(fake: &FakeWrites, pod: &str) -> Option<String> {
-    fake.state().pods[pod].spec.as_ref()?.node_name.clone()
-}
-
 #[tokio::test]
-async fn a_fast_path_pod_is_reserved_ungated_and_bound_in_order() {
+async fn a_fast_path_pod_gets_its_claims_reserved_in_the_allocation_write() {
     let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
     let (mut r, _leader) = reconciler_with(&fake, true);
     assert_eq!(r.pass(&mut view).await.placed, 1);
     assert_eq!(
         fake.calls(),
-        [
-            "mark ns/a",
-            "allocate+reserve ns/a",
-            "ungate ns/p",
-            "bind ns/p"
-        ]
+        ["mark ns/a", "allocate+reserve ns/a", "ungate ns/p"]
     );
     assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
-    assert_eq!(node_of(&fake, "ns/p").as_deref(), Some("n1"));
-    // Nothing more to do for it.
+    // kube-scheduler binds it; nothing more for the controller to do.
     r.pass(&mut view).await;
-    assert_eq!(fake.calls().len(), 4);
+    assert_eq!(fake.calls().len(), 3);
 }
 
 #[tokio::test]
@@ -603,10 +565,7 @@ async fn a_claim_marked_at_admission_costs_no_mark_write() {
         .insert("ns/a".into(), serde_json::from_value(marked).unwrap());
     let (mut r, _leader) = reconciler_with(&fake, true);
     assert_eq!(r.pass(&mut view).await.placed, 1);
-    assert_eq!(
-        fake.calls(),
-        ["allocate+reserve ns/a", "ungate ns/p", "bind ns/p"]
-    );
+    assert_eq!(fake.calls(), ["allocate+reserve ns/a", "ungate ns/p"]);
 }
 
 #[tokio::test]
@@ -630,11 +589,11 @@ async fn a_fast_path_failure_on_the_second_claim_rolls_back_the_first_with_its_r
     let a = fake.state().claims["ns/a"].clone();
     assert!(!gate::is_allocated(&a) && !gate::is_reserved(&a) && !gate::is_ours(&a));
     assert!(gate::is_gated(&fake.state().pods["ns/p"]));
-    assert_eq!(node_of(&fake, "ns/p"), None);
     // The next pass places it.
     view.bump();
     assert_eq!(r.pass(&mut view).await.placed, 1);
-    assert_eq!(node_of(&fake, "ns/p").as_deref(), Some("n1"));
+    assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
+    assert_eq!(reserved_for(&fake, "ns/b"), ["uid-p"]);
 }
 
 #[tokio::test]
@@ -660,45 +619,6 @@ async fn a_pod_deleted_before_its_gate_goes_gets_its_reserved_claims_rolled_back
 }
 
 #[tokio::test]
-async fn a_binding_lost_to_kube_scheduler_on_the_same_node_is_success() {
-    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
-    // kube-scheduler saw the ungated pod first and bound it where the claim says.
-    fake.state()
-        .pods
-        .get_mut("ns/p")
-        .unwrap()
-        .spec
-        .as_mut()
-        .unwrap()
-        .node_name = Some("n1".into());
-    let (mut r, _leader) = reconciler_with(&fake, true);
-    assert_eq!(r.pass(&mut view).await.placed, 1);
-    assert_eq!(
-        fake.calls(),
-        [
-            "mark ns/a",
-            "allocate+reserve ns/a",
-            "ungate ns/p",
-            "bind ns/p",
-            "get-pod ns/p"
-        ]
-    );
-}
-
-#[tokio::test]
-async fn a_refused_binding_leaves_the_ungated_pod_to_kube_scheduler() {
-    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
-    fake.fail("bind", "ns/p", 500);
-    let (mut r, _leader) = reconciler_with(&fake, true);
-    let report = r.pass(&mut view).await;
-    assert!(report.placed == 1 && !report.retry_soon);
-    // Claims allocated and reserved, gate gone: kube-scheduler binds it to n1.
-    assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
-    assert!(!gate::is_gated(&fake.state().pods["ns/p"]));
-    assert_eq!(node_of(&fake, "ns/p"), None);
-}
-
-#[tokio::test]
 async fn a_failed_ungate_on_the_fast_path_is_finished_by_the_next_pass() {
     let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
     fake.fail("ungate", "ns/p", 500);
@@ -708,11 +628,7 @@ async fn a_failed_ungate_on_the_fast_path_is_finished_by_the_next_pass() {
     assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
     view.bump();
     assert_eq!(r.pass(&mut view).await.placed, 1);
-    assert_eq!(
-        fake.calls()[3..],
-        ["ungate ns/p".to_owned()],
-        "kube-scheduler binds it: the claims are reserved for it"
-    );
+    assert_eq!(fake.calls()[3..], ["ungate ns/p".to_owned()]);
     assert!(!gate::is_gated(&fake.state().pods["ns/p"]));
 }
 

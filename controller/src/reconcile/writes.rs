@@ -60,10 +60,6 @@ pub trait Writes: Send + Sync {
     /// Removes Tessera's scheduling gate (other gates stay).
     fn ungate(&self, pod: &Pod) -> impl Future<Output = Result<Pod>> + Send;
 
-    /// Binds the pod to `node` through the `pods/binding` subresource (with the pod's UID
-    /// as a precondition).
-    fn bind(&self, pod: &Pod, node: &str) -> impl Future<Output = Result<()>> + Send;
-
     /// Sets the controller's condition on the pod.
     fn set_condition(
         &self,
@@ -115,9 +111,6 @@ impl Writes for crate::writer::Writer {
     }
     async fn ungate(&self, pod: &Pod) -> Result<Pod> {
         Self::ungate(self, pod).await
-    }
-    async fn bind(&self, pod: &Pod, node: &str) -> Result<()> {
-        Self::bind(self, pod, node).await
     }
     async fn set_condition(
         &self,

@@ -467,7 +467,11 @@ impl Admission {
                 Vec::new()
             }
             Err(_) => {
-                tracing::debug!(namespace, pod, "the claim's pod lookup timed out; the controller marks the claim");
+                tracing::debug!(
+                    namespace,
+                    pod,
+                    "the claim's pod lookup timed out; the controller marks the claim"
+                );
                 Vec::new()
             }
         }

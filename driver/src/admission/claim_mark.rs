@@ -67,7 +67,9 @@ pub fn claim_mark_patch(claim: &res::ResourceClaim, owner: &Pod) -> Vec<PatchOp>
             op: "add",
             path: format!(
                 "/metadata/annotations/{}",
-                names::ANNOTATION_ALLOCATED_BY.replace('~', "~0").replace('/', "~1")
+                names::ANNOTATION_ALLOCATED_BY
+                    .replace('~', "~0")
+                    .replace('/', "~1")
             ),
             value: json!(name),
         }),
@@ -99,8 +101,10 @@ mod tests {
         } else {
             json!([])
         };
-        serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ml", "uid": uid},
-            "spec": {"containers": [], "schedulingGates": gates}}))
+        serde_json::from_value(
+            json!({"metadata": {"name": "p", "namespace": "ml", "uid": uid},
+            "spec": {"containers": [], "schedulingGates": gates}}),
+        )
         .unwrap()
     }
 
@@ -136,7 +140,10 @@ mod tests {
             );
             let finalizers = marked.metadata.finalizers.unwrap();
             assert!(finalizers.iter().any(|f| f == names::CLAIM_FINALIZER));
-            assert_eq!(finalizers.len(), extra["finalizers"].as_array().map_or(0, Vec::len) + 1);
+            assert_eq!(
+                finalizers.len(),
+                extra["finalizers"].as_array().map_or(0, Vec::len) + 1
+            );
         }
     }
 
