@@ -351,7 +351,6 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
         ("resource.k8s.io", "resourceclaimtemplates", "delete"),
         ("", "pods", "patch"),
         ("", "pods/status", "patch"),
-        ("", "pods/binding", "create"),
         ("", "nodes", "list"),
         ("", "events", "create"),
     ] {
