@@ -488,8 +488,8 @@ async fn opaque_parameters_are_rewritten_canonically_at_creation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_made_from_a_template_for_a_gated_pod_is_marked_for_the_controller() {
-    let pod = |uid: &str, gated: bool| -> k8s_openapi::api::core::v1::Pod {
-        let gates = if gated {
+    let pod = |uid: &str, with_gate: bool| -> k8s_openapi::api::core::v1::Pod {
+        let gates = if with_gate {
             json!([{"name": names::SCHEDULING_GATE}])
         } else {
             json!([])

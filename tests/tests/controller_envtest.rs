@@ -189,6 +189,10 @@ fn share_allocation(i: usize) -> res::AllocationResult {
 
 /// Runs `write` for every index, 8 at a time, and answers the CPU milliseconds kube-apiserver
 /// and etcd spent per write and the wall time.
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "a few hundred writes, as a float for the rate"
+)]
 async fn per_write<F, Fut>(pids: (u32, u32), n: usize, write: F) -> (f64, f64, f64)
 where
     F: Fn(usize) -> Fut,
@@ -221,6 +225,10 @@ where
 /// write_costs -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, run by hand"]
+#[allow(
+    clippy::too_many_lines,
+    reason = "the measured writes read best in protocol order, one after another"
+)]
 async fn write_costs() {
     let Ok(assets) = envtest::assets() else {
         eprintln!("SKIPPED write_costs: KUBEBUILDER_ASSETS has no binaries");
@@ -422,6 +430,10 @@ async fn claim_owned(w: &tessera_controller::writer::Writer, name: &str) -> res:
 /// Places `n` gated share pods with the controller (fast path on or off) while kube-scheduler
 /// runs, and answers the CPU milliseconds per pod of kube-apiserver, etcd and kube-scheduler
 /// from the first create to the last pod bound, and the seconds that took.
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "a few hundred pods, as a float for the rate"
+)]
 async fn placement_cost(assets: &std::path::Path, n: usize, fast_path: bool) -> [f64; 4] {
     let mut cluster = envtest::start_cluster(assets).await;
     let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
@@ -452,7 +464,7 @@ async fn placement_cost(assets: &std::path::Path, n: usize, fast_path: bool) -> 
         let c = client.clone();
         set.spawn(async move {
             let name = format!("p-{i}");
-            let mut claim = share_claim(&name, 5 * (1 + i as u32 % 8));
+            let mut claim = share_claim(&name, 5 * (1 + u32::try_from(i % 8).unwrap()));
             // As the claim webhook marks a template claim of a gated pod.
             claim["metadata"]["finalizers"] = json!([names::CLAIM_FINALIZER]);
             claim["metadata"]["annotations"] = json!({names::ANNOTATION_ALLOCATED_BY: name});

@@ -95,8 +95,8 @@ mod tests {
         serde_json::from_value(json!({"metadata": meta, "spec": {}})).unwrap()
     }
 
-    fn pod(uid: &str, gated: bool) -> Pod {
-        let gates = if gated {
+    fn pod(uid: &str, with_gate: bool) -> Pod {
+        let gates = if with_gate {
             json!([{"name": names::SCHEDULING_GATE}])
         } else {
             json!([])
