@@ -8,7 +8,7 @@ use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, GetParams};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 
 use crate::apiserver;
@@ -189,10 +189,16 @@ impl AdmissionLookup for ApiAdmissionLookup {
 
     fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod> {
         Box::pin(async move {
-            Api::<Pod>::namespaced(self.client.clone(), namespace)
-                .get_opt(name)
+            // From the API server's watch cache (`resourceVersion=0`): no etcd read. A pod
+            // too new for the cache is "not found", and the controller writes the mark.
+            match Api::<Pod>::namespaced(self.client.clone(), namespace)
+                .get_with(name, &GetParams::any())
                 .await
-                .map_err(|e| Error::api(format!("getting Pod {namespace}/{name}"), &e))
+            {
+                Ok(p) => Ok(Some(p)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                Err(e) => Err(Error::api(format!("getting Pod {namespace}/{name}"), &e)),
+            }
         })
     }
 }
