@@ -15,7 +15,12 @@
 //!
 //! The controller runs as its own process (the `tessera-controller` binary, default flags but
 //! no leader election; `TESSERA_BENCH_CONTROLLER=path` runs another build), so its peak RSS (`VmHWM`) and CPU time (`utime + stime`) are its own;
-//! CPU per pod counts from the first pod created to the last gate removed.
+//! CPU per pod counts from the first pod created to the last gate removed (there is no
+//! kube-scheduler to bind). `TESSERA_BENCH_FAST_PATH=false` passes `--fast-path=false` (the
+//! controller then leaves the reservation to kube-scheduler). `TESSERA_BENCH_ADMISSION_MARK`
+//! (default `true`) creates each claim with the finalizer and annotation the admission webhook
+//! adds to claims of gated pods; `false` leaves marking to the controller (no webhook). The
+//! controller's writes per pod are printed by resource.
 #![allow(
     missing_docs,
     clippy::unwrap_used,
@@ -143,7 +148,7 @@ fn claim_spec(rng: &mut Rng) -> Value {
 
 /// Creates gated pod `i` and, as kube-controller-manager would, its claim from the template,
 /// then records the claim's name in the pod's status.
-fn create_pod(server: &FakeApiServer, i: usize, spec: &Value) {
+fn create_pod(server: &FakeApiServer, i: usize, spec: &Value, admission_mark: bool) {
     let name = format!("p{i:05}");
     let claim = format!("{name}-gpu");
     let pod = server
@@ -164,17 +169,18 @@ fn create_pod(server: &FakeApiServer, i: usize, spec: &Value) {
         )
         .unwrap();
     let uid = pod["metadata"]["uid"].clone();
-    server
-        .create(
-            "resourceclaims",
-            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                   "metadata": {"name": claim, "namespace": "default",
-                                "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
-                                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
-                                    "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-                   "spec": spec.clone()}),
-        )
-        .unwrap();
+    let mut claim_object = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": claim, "namespace": "default",
+                        "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
+                            "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+           "spec": spec.clone()});
+    if admission_mark {
+        // What the claim webhook adds to a claim made for a gated pod.
+        claim_object["metadata"]["finalizers"] = json!([names::CLAIM_FINALIZER]);
+        claim_object["metadata"]["annotations"][names::ANNOTATION_ALLOCATED_BY] = json!(name);
+    }
+    server.create("resourceclaims", claim_object).unwrap();
     server
         .set_status(
             "pods",
@@ -259,7 +265,7 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
     sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
 }
 
-async fn run(nodes: usize, pods: usize, latency: Duration) {
+async fn run(nodes: usize, pods: usize, latency: Duration, fast_path: bool, admission_mark: bool) {
     let server = FakeApiServer::start(&["v1"]).await.unwrap();
     server.set_managed_fields(true);
     seed(&server, &inventory(nodes));
@@ -274,6 +280,8 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
     let child = Command::new(program)
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(["--leader-elect=false", "--metrics-addr", &metrics_addr])
+        .args(fast_path.then_some("--fast-path=true"))
+        .args((!fast_path).then_some("--fast-path=false"))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -301,7 +309,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
         let specs: Vec<Value> = (0..pods).map(|_| claim_spec(&mut rng)).collect();
         let mut created = Vec::with_capacity(pods);
         for (i, spec) in specs.into_iter().enumerate() {
-            create_pod(&server, i, &spec);
+            create_pod(&server, i, &spec, admission_mark);
             created.push(t0.elapsed());
         }
         created
@@ -339,6 +347,17 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
         .iter()
         .filter(|r| matches!(r.verb, Verb::Get | Verb::List))
         .count();
+    let mut by_resource = std::collections::BTreeMap::<String, usize>::new();
+    for r in requests
+        .iter()
+        .filter(|r| !matches!(r.verb, Verb::Get | Verb::List | Verb::Watch))
+    {
+        *by_resource.entry(r.resource.clone()).or_default() += 1;
+    }
+    let by_resource: Vec<String> = by_resource
+        .iter()
+        .map(|(r, n)| format!("{r} {:.2}", *n as f64 / done.max(1) as f64))
+        .collect();
     let mut latencies: Vec<Duration> = done_at
         .iter()
         .zip(&creator)
@@ -347,9 +366,10 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
     latencies.sort();
     let last = done_at.iter().flatten().max().copied().unwrap_or(took);
     println!(
-        "controller_scale nodes={nodes} gpus={} pods={pods} placed={done} latency={}ms: \
+        "controller_scale nodes={nodes} gpus={} pods={pods} fast_path={fast_path} \
+         admission_mark={admission_mark} placed={done} latency={}ms: \
          {:.1} pods/s (create->ungated p50 {:.2}s p99 {:.2}s), peak RSS {} MiB (after sync {} MiB, synced in {:.1}s; at the end {} MiB), \
-         CPU {:.2} ms/pod, {:.2} writes/pod, {:.2} reads/pod",
+         CPU {:.2} ms/pod, {:.2} writes/pod ({}), {:.2} reads/pod",
         nodes * GPUS,
         latency.as_millis(),
         done as f64 / last.as_secs_f64(),
@@ -361,6 +381,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration) {
         rss_now / 1024,
         cpu.as_secs_f64() * 1000.0 / done.max(1) as f64,
         writes as f64 / done.max(1) as f64,
+        by_resource.join(", "),
         reads as f64 / done.max(1) as f64,
     );
     drop(child);
@@ -378,7 +399,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let flag = |k: &str| std::env::var(k).map_or(true, |v| v != "false" && v != "0");
+    let (fast_path, admission_mark) = (
+        flag("TESSERA_BENCH_FAST_PATH"),
+        flag("TESSERA_BENCH_ADMISSION_MARK"),
+    );
     for (nodes, pods) in sizes {
-        runtime.block_on(run(nodes, pods, latency));
+        runtime.block_on(run(nodes, pods, latency, fast_path, admission_mark));
     }
 }

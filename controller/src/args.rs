@@ -87,6 +87,12 @@ pub struct Args {
     /// Seconds after which an allocation whose pod has not bound is reported (Event, metric).
     #[arg(long, env = "TESSERA_UNBOUND_AFTER_SECONDS", default_value_t = 300)]
     pub unbound_after_seconds: u64,
+    /// For pods whose every placement constraint the controller evaluates itself, write each
+    /// claim's allocation with `reservedFor` naming the pod in the same status write, so
+    /// kube-scheduler only binds the pod. `--fast-path=false` leaves the reservation to
+    /// kube-scheduler for every pod.
+    #[arg(long, env = "TESSERA_FAST_PATH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fast_path: bool,
     /// Seconds between full retries of pods that could not be placed.
     #[arg(long, env = "TESSERA_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
@@ -172,6 +178,7 @@ impl Args {
             leader,
             metrics_addr: Some(self.metrics_addr),
             shared_replicas: self.shared_gpu_replicas,
+            fast_path: self.fast_path,
         }
     }
 

@@ -14,13 +14,12 @@ pub mod reflector;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
-};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
 use tessera_driver::allocator::{Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
+use tessera_driver::fast_path;
 use tessera_driver::fragmentation::{TaskShape, Workload};
 use tessera_driver::gate;
 use tessera_driver::names;
@@ -113,7 +112,9 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
 
 /// Keeps of a pod only what the controller's decisions and writes read: its identity and
 /// version, creation and deletion times, gates, claims, node constraints, containers' names and
-/// requests, overhead, and status phase, conditions (the condition patch rewrites the list) and
+/// requests, overhead, what keeps it off the fast path (inter-pod affinity, spread
+/// constraints, a scheduler name, volumes other than config and scratch ones, host ports,
+/// pod-level resources: usually nothing), and status phase, conditions (the condition patch rewrites the list) and
 /// claim statuses, and the device-plugin request the pod webhook recorded (the templates the
 /// pod needs are made from it). Everything else (`managedFields`, labels, other annotations,
 /// images, env,
@@ -130,28 +131,33 @@ fn slim_pod(pod: &mut Pod) {
     meta.owner_references = None;
     meta.generate_name = None;
     if let Some(spec) = pod.spec.as_mut() {
-        let slim = |c: &Container| Container {
-            name: c.name.clone(),
-            resources: c.resources.clone(),
-            restart_policy: c.restart_policy.clone(),
-            ..Container::default()
-        };
+        // What the node filter and the fast path's choice read (`fast_path::blocker`
+        // answers the same for the slim pod as for the whole one).
+        let slim = fast_path::decision_fields;
         *spec = PodSpec {
             containers: spec.containers.iter().map(slim).collect(),
             init_containers: spec
                 .init_containers
                 .as_ref()
                 .map(|v| v.iter().map(slim).collect()),
-            affinity: spec.affinity.take().map(|a| Affinity {
-                node_affinity: a.node_affinity,
-                ..Affinity::default()
-            }),
+            affinity: spec.affinity.take(),
             node_name: spec.node_name.take(),
             node_selector: spec.node_selector.take(),
             overhead: spec.overhead.take(),
             resource_claims: spec.resource_claims.take(),
             scheduling_gates: spec.scheduling_gates.take(),
             tolerations: spec.tolerations.take(),
+            scheduler_name: spec
+                .scheduler_name
+                .take()
+                .filter(|n| n != fast_path::DEFAULT_SCHEDULER),
+            topology_spread_constraints: spec.topology_spread_constraints.take(),
+            volumes: spec
+                .volumes
+                .as_deref()
+                .map(fast_path::blocking_volumes)
+                .filter(|v| !v.is_empty()),
+            resources: spec.resources.take(),
             ..PodSpec::default()
         };
     }
@@ -592,6 +598,46 @@ mod tests {
         .unwrap();
         slim_pod(&mut plain);
         assert_eq!(plain.metadata.annotations, None);
+    }
+
+    #[test]
+    fn a_slim_pod_still_says_why_it_is_off_the_fast_path() {
+        let pod = |extra: Value| -> Pod {
+            let mut spec = json!({"containers": [{"name": "c", "image": "x",
+                "ports": [{"containerPort": 80}]}],
+                "volumes": [{"name": "token", "projected": {"sources": []}}]});
+            for (k, v) in extra.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+        };
+        for extra in [
+            json!({}),
+            json!({"affinity": {"podAntiAffinity": {}}}),
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                "whenUnsatisfiable": "DoNotSchedule"}]}),
+            json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]}),
+            json!({"containers": [{"name": "c", "image": "x",
+                "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
+            json!({"schedulerName": "other"}),
+        ] {
+            let full = pod(extra.clone());
+            let mut slim = full.clone();
+            slim_pod(&mut slim);
+            assert_eq!(
+                fast_path::blocker(&slim),
+                fast_path::blocker(&full),
+                "{extra}"
+            );
+        }
+        // What nothing decides on is dropped.
+        let mut plain = pod(json!({}));
+        slim_pod(&mut plain);
+        let spec = plain.spec.unwrap();
+        assert_eq!(
+            (spec.volumes, spec.containers[0].ports.clone()),
+            (None, None)
+        );
     }
 
     #[test]

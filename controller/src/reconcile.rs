@@ -19,6 +19,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tessera_driver::allocator::{
     Allocator, AllocatorOptions, FailureKind, Learn, Policy, claim_key,
 };
+use tessera_driver::fast_path;
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -59,6 +60,9 @@ pub struct ReconcilerConfig {
     pub policy: Policy,
     /// After how long an allocation whose pod has not bound is reported.
     pub unbound_after: Duration,
+    /// Whether pods on the fast path ([`tessera_driver::fast_path`]) get their claims
+    /// reserved for them in the allocation write.
+    pub fast_path: bool,
 }
 
 /// Why a pod was not placed in this pass.
@@ -287,6 +291,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 PodPlan::Ungate => jobs.push(Job {
                     pod,
                     claims: Vec::new(),
+                    reserve: false,
                     started: Instant::now(),
                 }),
                 PodPlan::Allocate {
@@ -532,10 +537,22 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             .collect();
         let entry = usage.entry(placement.node.clone()).or_default();
         *entry = entry.plus(requests);
-        debug!(pod = %pod_key(pod), node = %placement.node, "placed; writing");
+        // The fast path reserves every claim of the pod in its allocation write, so only a
+        // pod none of whose claims is allocated yet takes it.
+        let reserve = self.config.fast_path
+            && allocated.is_empty()
+            && match fast_path::blocker(pod) {
+                None => true,
+                Some(why) => {
+                    debug!(pod = %pod_key(pod), why, "kube-scheduler reserves the pod's claims");
+                    false
+                }
+            };
+        debug!(pod = %pod_key(pod), node = %placement.node, fast_path = reserve, "placed; writing");
         Ok(Job {
             pod: pod.clone(),
             claims: claims.into_iter().zip(allocations).collect(),
+            reserve,
             started: Instant::now(),
         })
     }
@@ -606,6 +623,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                         }
                     }
                 }
+                if pod_gone {
+                    // Nobody to tell.
+                    return;
+                }
                 report.pending += 1;
                 self.not_placed(view, &job.pod, e, report).await;
             }
@@ -618,7 +639,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         let mut updates = Vec::new();
         let result = self
             .protocol
-            .release_claim(key, current, &mut updates)
+            .release_claim(key, current, None, &mut updates)
             .await;
         apply_updates(view, updates);
         result

@@ -50,6 +50,9 @@ pub struct ControllerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Time-sliced replicas per GPU (`nvidia.com/gpu.shared`), as the webhook maps them.
     pub shared_replicas: u32,
+    /// Whether fast-path pods get their claims reserved in the allocation write
+    /// ([`tessera_driver::fast_path`]).
+    pub fast_path: bool,
 }
 
 /// What a running service shares with its caller.
@@ -106,6 +109,7 @@ pub async fn run_with(
             driver_name: config.driver_name.clone(),
             policy: config.policy,
             unbound_after: config.unbound_after,
+            fast_path: config.fast_path,
         },
         Writer::new(client.clone(), version),
         Arc::clone(&metrics),

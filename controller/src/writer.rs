@@ -31,6 +31,11 @@ pub fn is_invalid(e: &Error) -> bool {
     e.api_code() == Some(422)
 }
 
+/// The `reservedFor` entry naming `pod`.
+fn reservation(pod: &Pod) -> Value {
+    json!({"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid})
+}
+
 fn name_of(meta: &ObjectMeta) -> (&str, &str) {
     (
         meta.namespace.as_deref().unwrap_or("default"),
@@ -144,24 +149,36 @@ impl Writer {
         self.patch_claim(claim, &body, false, "marking").await
     }
 
-    /// Writes `allocation` into the claim's status (the caller sets `allocationTimestamp`).
+    /// Writes `allocation` into the claim's status (the caller sets `allocationTimestamp`);
+    /// with `reserve_for`, `reservedFor` naming that pod too, in the same write (the fast
+    /// path: the API server accepts both at once, as kube-scheduler writes them).
     pub async fn write_allocation(
         &self,
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
+        reserve_for: Option<&Pod>,
     ) -> Result<res::ResourceClaim> {
+        let mut status = json!({"allocation": allocation});
+        if let Some(pod) = reserve_for {
+            status["reservedFor"] = json!([reservation(pod)]);
+        }
         let body = json!({
             "metadata": {"resourceVersion": claim.metadata.resource_version},
-            "status": {"allocation": allocation},
+            "status": status,
         });
         self.patch_claim(claim, &body, true, "allocating").await
     }
 
-    /// Clears the claim's allocation.
+    /// Clears the claim's allocation, and its `reservedFor` when the claim in hand has one
+    /// (the resourceVersion precondition makes it the reservation the caller checked).
     pub async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+        let mut status = json!({"allocation": null});
+        if gate::is_reserved(claim) {
+            status["reservedFor"] = Value::Null;
+        }
         let body = json!({
             "metadata": {"resourceVersion": claim.metadata.resource_version},
-            "status": {"allocation": null},
+            "status": status,
         });
         self.patch_claim(claim, &body, true, "deallocating").await
     }

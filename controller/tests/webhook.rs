@@ -487,6 +487,70 @@ async fn opaque_parameters_are_rewritten_canonically_at_creation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_from_a_template_for_a_gated_pod_is_marked_for_the_controller() {
+    let pod = |uid: &str, with_gate: bool| -> k8s_openapi::api::core::v1::Pod {
+        let gates = if with_gate {
+            json!([{"name": names::SCHEDULING_GATE}])
+        } else {
+            json!([])
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "train", "namespace": "team-a", "uid": uid},
+            "spec": {"containers": [], "schedulingGates": gates}}))
+        .unwrap()
+    };
+    let mut claim = share_claim(50);
+    claim["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+        "name": "train", "uid": "u-train", "controller": true, "blockOwnerDeletion": true}]);
+    claim["metadata"]["annotations"] = json!({"resource.kubernetes.io/pod-claim-name": "gpu"});
+    let request = share_claim_request("v1", &claim, "CREATE");
+    let ops = |response: &Value| -> Vec<(String, Value)> {
+        if response["patch"].is_null() {
+            return Vec::new();
+        }
+        decoded_patch(response)
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|op| op["path"].as_str().unwrap().starts_with("/metadata"))
+            .map(|op| (op["path"].as_str().unwrap().to_owned(), op["value"].clone()))
+            .collect()
+    };
+    let gated = Running::start(FakeAdmissionLookup::new().with_pod(pod("u-train", true))).await;
+    let response = gated.review("/mutate-claims", request.clone()).await;
+    assert_eq!(
+        ops(&response),
+        vec![
+            (
+                "/metadata/finalizers".to_owned(),
+                json!([names::CLAIM_FINALIZER])
+            ),
+            (
+                "/metadata/annotations/gpu.tessera.dev~1allocated-by".to_owned(),
+                json!("train")
+            ),
+        ]
+    );
+    gated.stop().await;
+    // A pod that is not gated, a pod made again under the same name, no pod, a lookup that
+    // fails: no mark (the controller, or kube-scheduler, writes what it needs).
+    for lookup in [
+        FakeAdmissionLookup::new().with_pod(pod("u-train", false)),
+        FakeAdmissionLookup::new().with_pod(pod("u-other", true)),
+        FakeAdmissionLookup::new(),
+        FakeAdmissionLookup::new()
+            .with_pod(pod("u-train", true))
+            .behaving(FakeBehaviour::Fail("down".into())),
+    ] {
+        let hook = Running::start(lookup).await;
+        let response = hook.review("/mutate-claims", request.clone()).await;
+        assert_eq!(response["allowed"], true);
+        assert_eq!(ops(&response), vec![]);
+        hook.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_gets_an_http_error_never_a_crash() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
     let (status, _) = hook

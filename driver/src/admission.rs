@@ -5,17 +5,21 @@
 //!   (`nvidia.com/gpu`, Baidu's and Aliyun's shares, HAMi's) rewritten into claims.
 //! * [`claim`]: what a ResourceClaim or ResourceClaimTemplate must obey (the validating hook),
 //!   and the JSON patch that rewrites its opaque parameters canonically (the mutating hook).
+//! * [`claim_mark`]: the controller's finalizer and annotation, added to a claim made from a
+//!   template for a gated pod as it is created (the mutating hook).
 //!
 //! The webhook in the controller fetches what these functions read and turns their answers into
 //! `AdmissionReview` responses; nothing here knows about HTTP or the API server.
 
 pub mod claim;
+pub mod claim_mark;
 pub mod device_plugin_names;
 pub mod gate;
 
 use serde::Serialize;
 
 pub use claim::{canonical_parameters_patch, review_claim, review_claim_spec, v1beta1_field};
+pub use claim_mark::{claim_mark_patch, owning_pod};
 pub use gate::{ClaimSource, GateDecision, PodClaim, class_is_gated, decide_gate, spec_classes};
 
 /// One operation of an RFC 6902 JSON patch, as the API server applies it to a mutated object.

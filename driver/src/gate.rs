@@ -261,7 +261,11 @@ pub struct Release {
 /// What the controller must give back: its allocations that no live pod uses and nobody
 /// reserved (the gated pod was deleted before it bound, or the claim is being deleted), and
 /// the finalizers it put on claims it never finished allocating for such pods. Allocations
-/// made by anyone else, and reserved claims, are never in the list.
+/// made by anyone else, and reserved claims, are never in the list. A claim made from a
+/// template (owned by its pod) that holds nothing yet is left marked until it is deleted: the
+/// admission webhook marks it before kube-controller-manager names it in the pod's status, and
+/// it goes with its pod (the garbage collector deletes it, and a claim being deleted is
+/// released).
 pub fn releases<'a>(
     claims: impl IntoIterator<Item = &'a res::ResourceClaim>,
     users: &BTreeMap<String, Vec<String>>,
@@ -274,6 +278,8 @@ pub fn releases<'a>(
         let key = object_key(&claim.metadata);
         let reason = if claim.metadata.deletion_timestamp.is_some() {
             "the claim is being deleted"
+        } else if !is_allocated(claim) && crate::admission::owning_pod(claim).is_some() {
+            continue;
         } else if !users.contains_key(&key) {
             "no live pod uses the claim any more"
         } else {
@@ -535,6 +541,31 @@ mod tests {
                     reason: "no live pod uses the claim any more".into()
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn a_template_claim_marked_at_admission_stays_marked_until_it_is_deleted() {
+        let mut c = claim("p-gpu-x7", true, None, false);
+        c.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: "p".into(),
+                uid: "u1".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        // Its pod does not name it yet (kube-controller-manager writes the status next).
+        assert_eq!(releases([&c], &BTreeMap::new()), vec![]);
+        c.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::UNIX_EPOCH,
+        ));
+        let released = releases([&c], &BTreeMap::new());
+        assert_eq!(
+            (released[0].deallocate, released[0].reason.as_str()),
+            (false, "the claim is being deleted")
         );
     }
 

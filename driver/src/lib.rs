@@ -14,7 +14,8 @@
 //! * [`cdi`]: the CDI spec of a prepared claim.
 //! * [`checkpoint`]: the node's record of prepared claims and its exclusivity rule.
 //! * [`admission`]: the admission webhook's decisions (scheduling gate, claim checks).
-//! * [`gate`], [`nodefit`]: the controller's gate protocol and kube-scheduler's node filters.
+//! * [`gate`], [`nodefit`]: the controller's gate protocol and kube-scheduler's node filters;
+//!   [`fast_path`]: which gated pods the controller may bind itself.
 //! * [`gpu_mode`]: the admin's choice of GPU modes (flags, node labels) applied to an inventory.
 //! * [`health`]: which GPU events make a GPU unhealthy; the health of published devices.
 //! * [`inspect`]: the operator's view of a cluster and why a gated pod is pending.
@@ -31,6 +32,7 @@ pub mod cel;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod fast_path;
 pub mod fragmentation;
 pub mod gate;
 pub mod gpu_mode;

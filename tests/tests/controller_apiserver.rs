@@ -26,10 +26,34 @@ async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::Tem
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// The controller without the fast path: kube-scheduler (absent here) binds every pod, so
+/// claims stay unreserved until then.
+fn gate_protocol_only(policy: Policy) -> tessera_controller::service::ControllerConfig {
+    let mut config = config(policy, None);
+    config.fast_path = false;
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_pods_are_placed_on_several_nodes_without_double_booking() {
     let (_server, client, _dir) = start(&["v1"]).await;
     place_several_pods(&client, ApiVersion::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_pods_get_their_claims_reserved_in_the_allocation_write() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    fast_path_pods_get_their_claims_reserved(&client, ApiVersion::V1).await;
+    // One status write per claim, allocation and reservation together; no binding.
+    let writes = |resource: &str| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.resource == resource && r.verb == Verb::Patch)
+            .count()
+    };
+    assert_eq!(writes("resourceclaims/status"), 8);
+    assert_eq!(writes("pods/binding"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +216,7 @@ async fn claims_from_templates_appearing_late_are_allocated_with_the_pods_other_
 async fn a_pod_deleted_before_it_binds_gets_its_claims_released() {
     let (_server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(1, 2, false), "8").await;
-    let running = start_controller(&client, config(Policy::FirstFit, None));
+    let running = start_controller(&client, gate_protocol_only(Policy::FirstFit));
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("c", 2)).await;
     create_pod(&client, &gated_pod("p", &["c"], &[], "1")).await;
     eventually(WAIT, "the pod is ungated", || is_ungated(&client, "p")).await;
@@ -216,7 +240,7 @@ async fn a_pod_deleted_before_it_binds_gets_its_claims_released() {
 async fn a_deleted_claim_is_deallocated_and_its_finalizer_removed() {
     let (server, client, _dir) = start(&["v1"]).await;
     seed(&client, ApiVersion::V1, &inventory(1, 2, false), "8").await;
-    let running = start_controller(&client, config(Policy::FirstFit, None));
+    let running = start_controller(&client, gate_protocol_only(Policy::FirstFit));
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("c", 1)).await;
     create_pod(&client, &gated_pod("p", &["c"], &[], "1")).await;
     eventually(WAIT, "the pod is ungated", || is_ungated(&client, "p")).await;

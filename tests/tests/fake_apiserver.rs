@@ -247,3 +247,59 @@ async fn streaming_lists_and_server_side_apply() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_bound_through_the_binding_subresource_as_a_real_server_binds_them() {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let client = client(&server);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "default");
+    let created = server
+        .create(
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                   "spec": {"containers": [{"name": "c", "image": "i"}],
+                            "schedulingGates": [{"name": "example.com/wait"}]}}),
+        )
+        .unwrap();
+    let bind = |uid: Value| {
+        let pods = pods.clone();
+        async move {
+            pods.create_subresource::<_, Value>(
+                "binding",
+                "p",
+                &PostParams::default(),
+                &json!({"apiVersion": "v1", "kind": "Binding",
+                        "metadata": {"name": "p", "uid": uid},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}),
+            )
+            .await
+        }
+    };
+    let code = |r: kube::Result<Value>| match r {
+        Err(kube::Error::Api(s)) => s.code,
+        Ok(_) => 201,
+        Err(e) => panic!("{e}"),
+    };
+    let uid = created["metadata"]["uid"].clone();
+    // Gated: refused, as a real server refuses it.
+    assert_eq!(code(bind(uid.clone()).await), 409);
+    pods.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"schedulingGates": null}})),
+    )
+    .await
+    .unwrap();
+    // Another pod's UID: refused; then bound once, and not again.
+    assert_eq!(code(bind(json!("not-the-uid")).await), 409);
+    assert_eq!(code(bind(uid.clone()).await), 201);
+    assert_eq!(code(bind(uid).await), 409);
+    let stored = pods.get("p").await.unwrap();
+    assert_eq!(stored.spec.unwrap().node_name.as_deref(), Some("n1"));
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.resource == "pods/binding" && r.verb == Verb::Create && r.code == 201)
+    );
+}

@@ -122,6 +122,51 @@ async fn claims_templates_and_class_annotations_are_read_in_every_served_version
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_for_a_gated_pod_is_marked_after_reading_the_pod_from_the_server() {
+    let (server, admission, _dir) = seeded("v1").await;
+    let pod = server
+        .create(
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "train", "namespace": "team-a"},
+                   "spec": {"containers": [{"name": "c", "image": "i"}],
+                            "schedulingGates": [{"name": names::SCHEDULING_GATE}]}}),
+        )
+        .unwrap();
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "train-gpu-x", "namespace": "team-a",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "train",
+                "uid": pod["metadata"]["uid"], "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "exactly": {"deviceClassName": names::CLASS_SHARED_GPU}}]}}});
+    let answer = admission
+        .review(
+            Hook::MutateClaims,
+            &review(&json!({
+                "uid": "u2",
+                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+                "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+                "namespace": "team-a",
+                "operation": "CREATE",
+                "object": claim,
+            })),
+        )
+        .await
+        .unwrap();
+    let response = serde_json::to_value(&answer.response).unwrap();
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(response["patch"].clone()).unwrap();
+    let patch: Value = serde_json::from_slice(&bytes.0).unwrap();
+    assert_eq!(
+        patch,
+        json!([
+            {"op": "add", "path": "/metadata/finalizers", "value": [names::CLAIM_FINALIZER]},
+            {"op": "add", "path": "/metadata/annotations",
+             "value": {names::ANNOTATION_ALLOCATED_BY: "train"}},
+        ])
+    );
+}
+
 fn example_claims() -> Vec<Value> {
     let mut claims = Vec::new();
     let mut paths: Vec<_> = std::fs::read_dir(repo().join("examples/claims"))

@@ -2,6 +2,10 @@
 //! gate — carried out without the cluster view, so several pods' writes can be in flight at
 //! once while each pod's own writes keep their order. What the server answered comes back as
 //! [`ViewUpdate`]s for the pass to apply; a failure half-way rolls back the claims written.
+//!
+//! On the fast path (a [`Job`] with `reserve`) each allocation is written with `reservedFor`
+//! naming the pod in the same status write, so kube-scheduler, which binds the pod once the
+//! gate is gone, has nothing left to write but the binding; see docs/controller.md.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +40,8 @@ pub(super) struct Job {
     pub(super) pod: Pod,
     /// The claims to allocate, as the view had them, with their allocations.
     pub(super) claims: Vec<(res::ResourceClaim, res::AllocationResult)>,
+    /// The fast path: each allocation is written with `reservedFor` naming the pod.
+    pub(super) reserve: bool,
     pub(super) started: Instant,
 }
 
@@ -77,11 +83,11 @@ impl<W: Writes> Protocol<W> {
     pub(super) async fn run(&self, job: Job) -> Done {
         let mut updates = Vec::new();
         let mut written: Vec<(String, res::ResourceClaim)> = Vec::new();
-        let pod_name = job.pod.metadata.name.as_deref().unwrap_or_default();
+        let reserve_for = job.reserve.then_some(&job.pod);
         let mut failure = None;
         for (claim, allocation) in &job.claims {
             match self
-                .write_claim(pod_name, claim, allocation, &mut updates)
+                .write_claim(&job.pod, claim, allocation, reserve_for, &mut updates)
                 .await
             {
                 Ok(c) => written.push((crate::cluster::claim_path(claim), c)),
@@ -92,11 +98,7 @@ impl<W: Writes> Protocol<W> {
             }
         }
         if let Some(failure) = failure {
-            for (key, current) in written.into_iter().rev() {
-                if let Err(e) = self.release_claim(&key, Some(current), &mut updates).await {
-                    warn!(claim = %key, error = ?e, "rolling back an allocation failed; it is released once the pod is gone");
-                }
-            }
+            self.roll_back(&job.pod, written, &mut updates).await;
             return Done {
                 job,
                 updates,
@@ -105,9 +107,21 @@ impl<W: Writes> Protocol<W> {
                 result: Err(failure),
             };
         }
-        let written = written.into_iter().map(|(k, _)| k).collect();
         let mut pod_gone = false;
         let result = self.finish(&job.pod, &mut updates, &mut pod_gone).await;
+        if job.reserve && pod_gone {
+            // Claims reserved for a pod that is gone are nobody's to release but their
+            // writer's: give them back now.
+            self.roll_back(&job.pod, written, &mut updates).await;
+            return Done {
+                job,
+                updates,
+                written: Vec::new(),
+                pod_gone,
+                result,
+            };
+        }
+        let written = written.into_iter().map(|(k, _)| k).collect();
         Done {
             job,
             updates,
@@ -117,15 +131,35 @@ impl<W: Writes> Protocol<W> {
         }
     }
 
-    /// Marks a claim and writes its allocation, re-reading and retrying on conflicts; answers
-    /// the claim as written.
+    /// Rolls back the claims written for `pod` (latest first): allocation (and the pod's own
+    /// reservation) cleared, then the mark removed.
+    async fn roll_back(
+        &self,
+        pod: &Pod,
+        written: Vec<(String, res::ResourceClaim)>,
+        updates: &mut Vec<ViewUpdate>,
+    ) {
+        for (key, current) in written.into_iter().rev() {
+            if let Err(e) = self
+                .release_claim(&key, Some(current), pod.metadata.uid.as_deref(), updates)
+                .await
+            {
+                warn!(claim = %key, error = ?e, "rolling back an allocation failed; it is released once the pod is gone");
+            }
+        }
+    }
+
+    /// Marks a claim and writes its allocation (with `reserve_for` in `reservedFor`, on the
+    /// fast path), re-reading and retrying on conflicts; answers the claim as written.
     async fn write_claim(
         &self,
-        pod_name: &str,
+        pod: &Pod,
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
+        reserve_for: Option<&Pod>,
         updates: &mut Vec<ViewUpdate>,
     ) -> Result<res::ResourceClaim, NotPlaced> {
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
         let key = crate::cluster::claim_path(claim);
         let mut current = claim.clone();
         for attempt in 0..=CONFLICT_RETRIES {
@@ -167,7 +201,11 @@ impl<W: Writes> Protocol<W> {
                     Err(e) => return Err(e.into()),
                 }
             }
-            match self.writer.write_allocation(&current, allocation).await {
+            match self
+                .writer
+                .write_allocation(&current, allocation, reserve_for)
+                .await
+            {
                 Ok(c) => {
                     updates.push(ViewUpdate::Claim(Box::new(c.clone())));
                     return Ok(c);
@@ -261,11 +299,14 @@ impl<W: Writes> Protocol<W> {
     }
 
     /// Gives back one claim this controller allocated: deallocate, then unmark. `current` is
-    /// the claim as last seen (`None`: nothing to do).
+    /// the claim as last seen (`None`: nothing to do). A claim reserved for anyone is left
+    /// alone, except a reservation for `own` (the UID of the pod being rolled back, whose
+    /// reservation this controller wrote).
     pub(super) async fn release_claim(
         &self,
         key: &str,
         current: Option<res::ResourceClaim>,
+        own: Option<&str>,
         updates: &mut Vec<ViewUpdate>,
     ) -> Result<(), NotPlaced> {
         let (ns, name) = split_key(key);
@@ -288,7 +329,7 @@ impl<W: Writes> Protocol<W> {
                 stale = false;
             }
             // Someone reserved it meanwhile: it is in use, not ours to take back.
-            if !gate::is_ours(&current) || gate::is_reserved(&current) {
+            if !gate::is_ours(&current) || reserved_by_others(&current, own) {
                 updates.push(ViewUpdate::Claim(Box::new(current)));
                 return Ok(());
             }
@@ -319,4 +360,15 @@ impl<W: Writes> Protocol<W> {
         }
         Err(still_conflicting(format!("releasing ResourceClaim {key}")))
     }
+}
+
+/// Whether `claim` is reserved for any consumer but the pod with UID `own`.
+fn reserved_by_others(claim: &res::ResourceClaim, own: Option<&str>) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|r| own.is_none_or(|uid| r.uid != uid))
 }

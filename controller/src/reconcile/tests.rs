@@ -163,11 +163,26 @@ impl Writes for FakeWrites {
         &self,
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
+        reserve_for: Option<&Pod>,
     ) -> Result<res::ResourceClaim> {
         // A real server answers later: let other pods\' writes run meanwhile.
         tokio::task::yield_now().await;
-        self.update_claim("allocate", claim, |c| {
-            c.status.get_or_insert_with(Default::default).allocation = Some(allocation.clone());
+        let verb = if reserve_for.is_some() {
+            "allocate+reserve"
+        } else {
+            "allocate"
+        };
+        self.update_claim(verb, claim, |c| {
+            let status = c.status.get_or_insert_with(Default::default);
+            status.allocation = Some(allocation.clone());
+            if let Some(pod) = reserve_for {
+                status.reserved_for = Some(vec![res::ResourceClaimConsumerReference {
+                    resource: "pods".to_owned(),
+                    name: pod.metadata.name.clone().unwrap_or_default(),
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                    api_group: None,
+                }]);
+            }
         })
     }
 
@@ -177,6 +192,7 @@ impl Writes for FakeWrites {
         self.update_claim("deallocate", claim, |c| {
             if let Some(s) = c.status.as_mut() {
                 s.allocation = None;
+                s.reserved_for = None;
             }
         })
     }
@@ -295,6 +311,7 @@ fn pod_json(name: &str, claims: &[&str]) -> Value {
         .collect();
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1",
+                        "uid": format!("uid-{name}"),
                         "creationTimestamp": "2026-01-01T00:00:00Z"},
            "spec": {"schedulingGates": [{"name": names::SCHEDULING_GATE}],
                     "resourceClaims": refs,
@@ -336,13 +353,22 @@ fn cluster(gpus: usize, claims: &[&str], pods: &[(&str, &[&str])]) -> (ClusterVi
     (view, fake)
 }
 
+/// A reconciler on the gate protocol only (kube-scheduler binds every pod).
 fn reconciler(fake: &FakeWrites) -> (Reconciler<FakeWrites>, watch::Sender<bool>) {
+    reconciler_with(fake, false)
+}
+
+fn reconciler_with(
+    fake: &FakeWrites,
+    fast_path: bool,
+) -> (Reconciler<FakeWrites>, watch::Sender<bool>) {
     let (tx, rx) = watch::channel(true);
     let r = Reconciler::new(
         ReconcilerConfig {
             driver_name: DRIVER.to_owned(),
             policy: Policy::FirstFit,
             unbound_after: Duration::from_hours(1),
+            fast_path,
         },
         fake.clone(),
         Arc::new(Metrics::new("first-fit")),
@@ -499,4 +525,124 @@ async fn different_pods_writes_are_in_flight_together_each_in_protocol_order() {
     assert!(at("mark ns/b") < at("allocate ns/b") && at("allocate ns/b") < at("ungate ns/q"));
     // ...while the second pod's writes start before the first pod's are done.
     assert!(at("mark ns/b") < at("ungate ns/p"), "{calls:?}");
+}
+
+fn reserved_for(fake: &FakeWrites, claim: &str) -> Vec<String> {
+    fake.state().claims[claim]
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.uid)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fast_path_pod_gets_its_claims_reserved_in_the_allocation_write() {
+    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
+    let (mut r, _leader) = reconciler_with(&fake, true);
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert_eq!(
+        fake.calls(),
+        ["mark ns/a", "allocate+reserve ns/a", "ungate ns/p"]
+    );
+    assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
+    // kube-scheduler binds it; nothing more for the controller to do.
+    r.pass(&mut view).await;
+    assert_eq!(fake.calls().len(), 3);
+}
+
+#[tokio::test]
+async fn a_claim_marked_at_admission_costs_no_mark_write() {
+    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
+    let mut marked = claim_json("a", "2");
+    marked["metadata"]["finalizers"] = json!([names::CLAIM_FINALIZER]);
+    marked["metadata"]["annotations"] = json!({names::ANNOTATION_ALLOCATED_BY: "p"});
+    view.apply(Resource::Claims, Change::Applied(marked.clone()));
+    fake.state()
+        .claims
+        .insert("ns/a".into(), serde_json::from_value(marked).unwrap());
+    let (mut r, _leader) = reconciler_with(&fake, true);
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert_eq!(fake.calls(), ["allocate+reserve ns/a", "ungate ns/p"]);
+}
+
+#[tokio::test]
+async fn a_fast_path_failure_on_the_second_claim_rolls_back_the_first_with_its_reservation() {
+    let (mut view, fake) = cluster(2, &["a", "b"], &[("p", &["a", "b"])]);
+    fake.fail("allocate+reserve", "ns/b", 500);
+    let (mut r, _leader) = reconciler_with(&fake, true);
+    let report = r.pass(&mut view).await;
+    assert!(report.retry_soon && report.placed == 0);
+    assert_eq!(
+        fake.calls(),
+        [
+            "mark ns/a",
+            "allocate+reserve ns/a",
+            "mark ns/b",
+            "allocate+reserve ns/b",
+            "deallocate ns/a",
+            "unmark ns/a",
+        ]
+    );
+    let a = fake.state().claims["ns/a"].clone();
+    assert!(!gate::is_allocated(&a) && !gate::is_reserved(&a) && !gate::is_ours(&a));
+    assert!(gate::is_gated(&fake.state().pods["ns/p"]));
+    // The next pass places it.
+    view.bump();
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
+    assert_eq!(reserved_for(&fake, "ns/b"), ["uid-p"]);
+}
+
+#[tokio::test]
+async fn a_pod_deleted_before_its_gate_goes_gets_its_reserved_claims_rolled_back() {
+    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
+    fake.fail("ungate", "ns/p", 404);
+    let (mut r, _leader) = reconciler_with(&fake, true);
+    let report = r.pass(&mut view).await;
+    assert_eq!(report.placed, 0);
+    assert_eq!(
+        fake.calls(),
+        [
+            "mark ns/a",
+            "allocate+reserve ns/a",
+            "ungate ns/p",
+            "deallocate ns/a",
+            "unmark ns/a"
+        ]
+    );
+    let a = fake.state().claims["ns/a"].clone();
+    assert!(!gate::is_allocated(&a) && !gate::is_reserved(&a));
+    assert!(a.metadata.finalizers.iter().flatten().next().is_none());
+}
+
+#[tokio::test]
+async fn a_failed_ungate_on_the_fast_path_is_finished_by_the_next_pass() {
+    let (mut view, fake) = cluster(2, &["a"], &[("p", &["a"])]);
+    fake.fail("ungate", "ns/p", 500);
+    let (mut r, _leader) = reconciler_with(&fake, true);
+    assert!(r.pass(&mut view).await.retry_soon);
+    // Allocated and reserved for the still-gated pod: nothing rolled back.
+    assert_eq!(reserved_for(&fake, "ns/a"), ["uid-p"]);
+    view.bump();
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert_eq!(fake.calls()[3..], ["ungate ns/p".to_owned()]);
+    assert!(!gate::is_gated(&fake.state().pods["ns/p"]));
+}
+
+#[tokio::test]
+async fn a_pod_with_a_constraint_the_controller_does_not_evaluate_keeps_the_gate_protocol() {
+    let (mut view, fake) = cluster(2, &["a"], &[]);
+    let mut pod = pod_json("p", &["a"]);
+    pod["spec"]["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]);
+    fake.state()
+        .pods
+        .insert("ns/p".into(), serde_json::from_value(pod.clone()).unwrap());
+    view.apply(Resource::Pods, Change::Applied(pod));
+    let (mut r, _leader) = reconciler_with(&fake, true);
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    assert_eq!(fake.calls(), ["mark ns/a", "allocate ns/a", "ungate ns/p"]);
+    assert!(reserved_for(&fake, "ns/a").is_empty());
 }

@@ -27,14 +27,17 @@ pub trait Writes: Send + Sync {
         pod: &str,
     ) -> impl Future<Output = Result<res::ResourceClaim>> + Send;
 
-    /// Writes `allocation` into the claim's status.
+    /// Writes `allocation` into the claim's status; with `reserve_for` (the fast path), also
+    /// `reservedFor` naming that pod, in the same write.
     fn write_allocation(
         &self,
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
+        reserve_for: Option<&Pod>,
     ) -> impl Future<Output = Result<res::ResourceClaim>> + Send;
 
-    /// Clears the claim's allocation.
+    /// Clears the claim's allocation, and `reservedFor` with it when the claim in hand has
+    /// one (only ever the controller's own reservation: the caller checks).
     fn clear_allocation(
         &self,
         claim: &res::ResourceClaim,
@@ -93,8 +96,9 @@ impl Writes for crate::writer::Writer {
         &self,
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
+        reserve_for: Option<&Pod>,
     ) -> Result<res::ResourceClaim> {
-        Self::write_allocation(self, claim, allocation).await
+        Self::write_allocation(self, claim, allocation, reserve_for).await
     }
     async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
         Self::clear_allocation(self, claim).await

@@ -6,7 +6,9 @@
 //!   for Tessera allocation. The gate itself is never a denial: anything it cannot decide is
 //!   "no gate" plus a warning.
 //! * `/mutate-claims` rewrites the opaque parameters of ResourceClaims and
-//!   ResourceClaimTemplates canonically.
+//!   ResourceClaimTemplates canonically, and marks a claim made from a template for a gated
+//!   pod with the controller's finalizer and annotation
+//!   (`tessera_driver::admission::claim_mark`), so the controller need not write them.
 //! * `/validate-claims` checks every Tessera opaque config and share rule of ResourceClaims and
 //!   ResourceClaimTemplates and denies with a message naming the field and the rule.
 
@@ -140,7 +142,7 @@ impl Admission {
             .ok_or_else(|| "the AdmissionReview has no request".to_owned())?;
         let response = match hook {
             Hook::MutatePods => self.mutate_pod(&request).await,
-            Hook::MutateClaims => mutate_claim(&request),
+            Hook::MutateClaims => self.mutate_claim(&request).await,
             Hook::ValidateClaims => self.validate_claim(&request).await,
         };
         tracing::debug!(
@@ -422,20 +424,57 @@ impl Admission {
     }
 }
 
-fn mutate_claim(request: &AdmissionRequest) -> AdmissionResponse {
-    let allow = AdmissionResponse::allow(&request.uid);
-    if request.operation != "CREATE" || request.sub_resource.is_some() {
-        return allow;
-    }
-    // A claim that cannot be decoded is the validating hook's to deny; here it stays as sent.
-    match decode_claim_object(request, request.object.as_ref()) {
-        Ok(Some(ClaimObject::Claim(c))) => {
-            allow.with_patch(&admission::canonical_parameters_patch(&c.spec, "/spec"))
+impl Admission {
+    async fn mutate_claim(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        let allow = AdmissionResponse::allow(&request.uid);
+        if request.operation != "CREATE" || request.sub_resource.is_some() {
+            return allow;
         }
-        Ok(Some(ClaimObject::Template(t))) => allow.with_patch(
-            &admission::canonical_parameters_patch(&t.spec.spec, "/spec/spec"),
-        ),
-        Ok(None) | Err(_) => allow,
+        // A claim that cannot be decoded is the validating hook's to deny; here it stays as sent.
+        match decode_claim_object(request, request.object.as_ref()) {
+            Ok(Some(ClaimObject::Claim(c))) => {
+                let mut ops = admission::canonical_parameters_patch(&c.spec, "/spec");
+                ops.extend(self.mark(request, &c).await);
+                allow.with_patch(&ops)
+            }
+            Ok(Some(ClaimObject::Template(t))) => allow.with_patch(
+                &admission::canonical_parameters_patch(&t.spec.spec, "/spec/spec"),
+            ),
+            Ok(None) | Err(_) => allow,
+        }
+    }
+
+    /// The controller's mark for a claim made from a template for a gated pod (nothing when
+    /// the pod cannot be read in time: the controller then writes the mark itself).
+    async fn mark(
+        &self,
+        request: &AdmissionRequest,
+        claim: &res::ResourceClaim,
+    ) -> Vec<admission::PatchOp> {
+        let Some((pod, _)) = admission::owning_pod(claim) else {
+            return Vec::new();
+        };
+        let namespace = request
+            .namespace
+            .as_deref()
+            .or(claim.metadata.namespace.as_deref())
+            .unwrap_or("default");
+        match tokio::time::timeout(self.lookup_timeout, self.lookup.pod(namespace, pod)).await {
+            Ok(Ok(Some(owner))) => admission::claim_mark_patch(claim, &owner),
+            Ok(Ok(None)) => Vec::new(),
+            Ok(Err(e)) => {
+                tracing::debug!(namespace, pod, error = %e, "the claim's pod could not be read; the controller marks the claim");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::debug!(
+                    namespace,
+                    pod,
+                    "the claim's pod lookup timed out; the controller marks the claim"
+                );
+                Vec::new()
+            }
+        }
     }
 }
 

@@ -1,13 +1,14 @@
-//! What the webhook reads from the cluster: DeviceClasses, ResourceClaims and
-//! ResourceClaimTemplates, behind a small trait with a kube implementation and a fake.
+//! What the webhook reads from the cluster: DeviceClasses, ResourceClaims,
+//! ResourceClaimTemplates and Pods, behind a small trait with a kube implementation and a fake.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, GetParams};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 
 use crate::error::{Error, Result};
@@ -31,6 +32,8 @@ pub trait AdmissionLookup: Send + Sync {
         namespace: &'a str,
         name: &'a str,
     ) -> LookupFuture<'a, res::ResourceClaimTemplate>;
+    /// The Pod `namespace/name` (the owner of a claim made from a template).
+    fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod>;
 }
 
 /// The lookup against the API server, in the resource.k8s.io version it serves.
@@ -182,6 +185,21 @@ impl AdmissionLookup for ApiAdmissionLookup {
             }
         })
     }
+
+    fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod> {
+        Box::pin(async move {
+            // From the API server's watch cache (`resourceVersion=0`): no etcd read. A pod
+            // too new for the cache is "not found", and the controller writes the mark.
+            match Api::<Pod>::namespaced(self.client.clone(), namespace)
+                .get_with(name, &GetParams::any())
+                .await
+            {
+                Ok(p) => Ok(Some(p)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                Err(e) => Err(Error::api(format!("getting Pod {namespace}/{name}"), &e)),
+            }
+        })
+    }
 }
 
 /// How a [`FakeAdmissionLookup`] answers.
@@ -202,6 +220,7 @@ pub struct FakeAdmissionLookup {
     classes: BTreeMap<String, res::DeviceClass>,
     claims: BTreeMap<(String, String), res::ResourceClaim>,
     templates: BTreeMap<(String, String), res::ResourceClaimTemplate>,
+    pods: BTreeMap<(String, String), Pod>,
     behaviour: FakeBehaviour,
 }
 
@@ -239,6 +258,13 @@ impl FakeAdmissionLookup {
     #[must_use]
     pub fn with_template(mut self, template: res::ResourceClaimTemplate) -> Self {
         self.templates.insert(ns_name(&template.metadata), template);
+        self
+    }
+
+    /// Adds a Pod (namespace `default` when unset).
+    #[must_use]
+    pub fn with_pod(mut self, pod: Pod) -> Self {
+        self.pods.insert(ns_name(&pod.metadata), pod);
         self
     }
 
@@ -281,5 +307,9 @@ impl AdmissionLookup for FakeAdmissionLookup {
         name: &'a str,
     ) -> LookupFuture<'a, res::ResourceClaimTemplate> {
         self.answer(self.templates.get(&(namespace.to_owned(), name.to_owned())))
+    }
+
+    fn pod<'a>(&'a self, namespace: &'a str, name: &'a str) -> LookupFuture<'a, Pod> {
+        self.answer(self.pods.get(&(namespace.to_owned(), name.to_owned())))
     }
 }

@@ -9,7 +9,9 @@
 //! current state and an initial-events-end bookmark first; `allowWatchBookmarks=true` gets
 //! bookmarks when a test sends them; a watch from before the compacted history gets 410 Gone;
 //! lists come a page at a time with `limit` and `continue`; see `watches`), create, update (PUT, with a
-//! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
+//! resourceVersion precondition), the `status` subresource, `pods/binding` (POST: sets
+//! `spec.nodeName`; 409 for a pod already bound or still gated, as a real server answers, and
+//! for a UID that does not match), JSON merge patch, JSON patch,
 //! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
@@ -465,6 +467,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     status: bool,
+    /// `pods/<name>/binding`.
+    binding: bool,
 }
 
 impl Target {
@@ -479,6 +483,8 @@ impl Target {
     fn resource_label(&self) -> String {
         if self.status {
             format!("{}/status", self.kind.resource)
+        } else if self.binding {
+            format!("{}/binding", self.kind.resource)
         } else {
             self.kind.resource.to_owned()
         }
@@ -505,10 +511,13 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_owned()), rest),
         _ => (None, rest),
     };
-    let (resource, name, status) = match rest {
-        [resource] => (*resource, None, false),
-        [resource, name] => (*resource, Some((*name).to_owned()), false),
-        [resource, name, "status"] => (*resource, Some((*name).to_owned()), true),
+    let (resource, name, status, binding) = match rest {
+        [resource] => (*resource, None, false, false),
+        [resource, name] => (*resource, Some((*name).to_owned()), false, false),
+        [resource, name, "status"] => (*resource, Some((*name).to_owned()), true, false),
+        ["pods", name, "binding"] if group.is_empty() => {
+            ("pods", Some((*name).to_owned()), false, true)
+        }
         _ => return None,
     };
     let kind = KINDS
@@ -530,6 +539,7 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         namespace,
         name,
         status,
+        binding,
     })
 }
 
@@ -706,6 +716,7 @@ async fn handle(
         (Method::GET, false) if is_watch => Verb::Watch,
         (Method::GET, false) => Verb::List,
         (Method::POST, false) => Verb::Create,
+        (Method::POST, true) if target.binding => Verb::Create,
         (Method::PUT, true) => Verb::Update,
         (Method::PATCH, true) => Verb::Patch,
         (Method::DELETE, true) => Verb::Delete,
@@ -826,6 +837,15 @@ fn serve(
                     "items": items,
                 }),
             ))
+        }
+        Verb::Create if target.binding => {
+            let binding = parse_body(body)?;
+            store.bind(kind, ns, name, &binding).map(|()| {
+                (
+                    201,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+                )
+            })
         }
         Verb::Create => {
             let object = parse_body(body)?;

@@ -302,6 +302,54 @@ impl Store {
         Ok(object)
     }
 
+    /// Binds a pod as `pods/<name>/binding` does: sets `spec.nodeName` to the binding's
+    /// target. A pod already bound, or still carrying scheduling gates, or whose UID is not
+    /// the binding's, is a 409 Conflict.
+    pub(crate) fn bind(
+        &mut self,
+        kind: &Kind,
+        namespace: Option<&String>,
+        name: &str,
+        binding: &Value,
+    ) -> Result<(), StatusError> {
+        let mut pod = self.get(kind, namespace, name)?;
+        let conflict = |why: String| {
+            StatusError::new(
+                409,
+                "Conflict",
+                format!("Operation cannot be fulfilled on pods/binding {name:?}: {why}"),
+            )
+        };
+        let Some(node) = binding.pointer("/target/name").and_then(Value::as_str) else {
+            return Err(StatusError::new(
+                422,
+                "Invalid",
+                "target.name: Required value",
+            ));
+        };
+        if let Some(uid) = binding.pointer("/metadata/uid").and_then(Value::as_str)
+            && Some(uid) != meta_str(&pod, "uid")
+        {
+            return Err(conflict(format!("the pod's UID is not {uid}")));
+        }
+        if let Some(bound) = pod.pointer("/spec/nodeName").and_then(Value::as_str) {
+            return Err(conflict(format!(
+                "pod {name} is already assigned to node {bound:?}"
+            )));
+        }
+        if pod
+            .pointer("/spec/schedulingGates")
+            .and_then(Value::as_array)
+            .is_some_and(|g| !g.is_empty())
+        {
+            return Err(conflict(format!(
+                "pod {name} has non-empty .spec.schedulingGates"
+            )));
+        }
+        pod["spec"]["nodeName"] = json!(node);
+        self.update(kind, namespace, name, pod, false).map(|_| ())
+    }
+
     /// Replaces an object (or, with `status`, only its status), checking the
     /// resourceVersion precondition when the new object carries one.
     pub(crate) fn update(

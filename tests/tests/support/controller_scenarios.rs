@@ -282,6 +282,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
         leader,
         metrics_addr: None,
         shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
+        fast_path: true,
     }
 }
 
@@ -385,7 +386,8 @@ pub(crate) async fn is_ungated(client: &kube::Client, name: &str) -> bool {
 /// The invariants every scenario ends with:
 /// * no device is double-booked (rebuilding the accounting from every allocated claim);
 /// * every ungated pod's claims are allocated, all on one node;
-/// * no claim the controller allocated is left for a pod that is gone.
+/// * no claim the controller allocated is left for a pod that is gone;
+/// * a bound pod runs where its claims are allocated, and each of them is reserved for it.
 #[allow(
     clippy::too_many_lines,
     reason = "the invariants read best as one list"
@@ -508,6 +510,26 @@ pub(crate) async fn check_invariants(client: &kube::Client, version: ApiVersion)
             "pod {:?} has claims on several nodes: {nodes:?}",
             pod.metadata.name
         );
+        if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            assert_eq!(
+                nodes.iter().next().cloned().flatten().as_deref(),
+                Some(bound.as_str()),
+                "pod {:?} is bound elsewhere than its claims",
+                pod.metadata.name
+            );
+            for n in &names {
+                let reserved = claims[n]
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.reserved_for.as_ref())
+                    .is_some_and(|r| r.iter().any(|r| Some(&r.uid) == pod.metadata.uid.as_ref()));
+                assert!(
+                    reserved,
+                    "claim {n} of bound pod {:?} is not reserved for it",
+                    pod.metadata.name
+                );
+            }
+        }
     }
     for (name, claim) in &claims {
         if gate::is_ours(claim) && gate::is_allocated(claim) {
@@ -574,6 +596,87 @@ pub(crate) async fn place_several_pods(client: &kube::Client, version: ApiVersio
         2,
         "{per_node:?}"
     );
+    running.stop().await;
+}
+
+/// The fast path: pods whose every constraint the controller evaluates get their claims
+/// allocated and reserved for them in one write each, then lose their gate; a pod with a host
+/// port or inter-pod anti-affinity gets unreserved claims (kube-scheduler reserves them when
+/// it binds). No pod is bound by the controller. Ends with the invariants.
+pub(crate) async fn fast_path_pods_get_their_claims_reserved(
+    client: &kube::Client,
+    version: ApiVersion,
+) {
+    seed(client, version, &inventory(2, 4, true), "8").await;
+    let running = start_controller(client, config(Policy::Binpack, None));
+    let mut fast = Vec::new();
+    for i in 0..4 {
+        let claim = format!("fast-share-{i}");
+        create_claim(client, version, share_claim(&claim, 10)).await;
+        let pod = format!("fast-{i}");
+        create_pod(client, &gated_pod(&pod, &[&claim], &[], "1")).await;
+        fast.push(pod);
+    }
+    // Two claims, both reserved by the controller before the pod is bound.
+    create_claim(client, version, share_claim("fast-two-a", 20)).await;
+    create_claim(client, version, share_claim("fast-two-b", 20)).await;
+    create_pod(
+        client,
+        &gated_pod("fast-two", &["fast-two-a", "fast-two-b"], &[], "1"),
+    )
+    .await;
+    fast.push("fast-two".to_owned());
+    let mut slow = Vec::new();
+    for (name, extra) in [
+        (
+            "host-port",
+            json!({"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "ports": [{"containerPort": 80, "hostPort": 8080}],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}),
+        ),
+        (
+            "anti-affinity",
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": names::LABEL_HOSTNAME,
+                 "labelSelector": {"matchLabels": {"app": "nothing"}}}]}}}),
+        ),
+    ] {
+        let claim = format!("{name}-share");
+        create_claim(client, version, share_claim(&claim, 10)).await;
+        let mut pod = serde_json::to_value(gated_pod(name, &[&claim], &[], "1")).unwrap();
+        for (k, v) in extra.as_object().unwrap() {
+            pod["spec"][k] = v.clone();
+        }
+        create_pod(client, &serde_json::from_value(pod).unwrap()).await;
+        slow.push(name.to_owned());
+    }
+    eventually(Duration::from_secs(30), "every pod is ungated", || async {
+        all_ungated(client, &fast).await && all_ungated(client, &slow).await
+    })
+    .await;
+    let claims = claims(client, version).await;
+    let pods = pods(client).await;
+    for name in &slow {
+        let claim = &claims[&format!("{name}-share")];
+        assert!(
+            gate::is_allocated(claim) && !gate::is_reserved(claim),
+            "{name}"
+        );
+    }
+    for name in &fast {
+        let pod = &pods[name];
+        assert!(!gate::is_gated(pod));
+        for claim in gate::claim_names(pod).unwrap() {
+            let c = &claims[&claim];
+            assert!(gate::is_ours(c), "{claim}");
+            let reserved = &c.status.as_ref().unwrap().reserved_for.as_ref().unwrap()[0];
+            assert_eq!(
+                (reserved.resource.as_str(), Some(&reserved.uid)),
+                ("pods", pod.metadata.uid.as_ref())
+            );
+        }
+    }
+    check_invariants(client, version).await;
     running.stop().await;
 }
 

@@ -139,6 +139,22 @@ pub(crate) async fn start_cluster(assets: &Path) -> Cluster {
         ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(path("kube-apiserver.log")).unwrap());
+    // TESSERA_ENVTEST_AUDIT_LOG=path: every write request (verb, resource, user agent) logged
+    // to `path-<port>`, for counting what each component writes per pod.
+    if let Some(log) = std::env::var_os("TESSERA_ENVTEST_AUDIT_LOG") {
+        std::fs::write(
+            path("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+             - level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
+        )
+        .unwrap();
+        command
+            .arg(format!(
+                "--audit-policy-file={}",
+                path("audit-policy.yaml").display()
+            ))
+            .arg(format!("--audit-log-path={}-{port}", log.to_string_lossy()));
+    }
     // Before 1.34 DRA is beta: off unless asked for.
     match minor {
         32 => {
