@@ -46,6 +46,7 @@
 //! inconsistent snapshot input is an [`Error`](crate::Error).
 
 mod capacity;
+mod delay;
 pub(crate) mod nodeselect;
 mod place;
 mod policy;
@@ -119,6 +120,8 @@ pub struct Allocator {
     options: AllocatorOptions,
     policy: Box<dyn PlacementPolicy>,
     explain: bool,
+    /// Delay-tolerant shares take fragments only ([`Allocator::fragments_only`]).
+    fragments_only: bool,
 }
 
 impl Allocator {
@@ -129,6 +132,7 @@ impl Allocator {
             options,
             policy,
             explain: true,
+            fragments_only: false,
         }
     }
 
@@ -147,6 +151,7 @@ impl Allocator {
             options,
             policy,
             explain: true,
+            fragments_only: false,
         }
     }
 
@@ -217,6 +222,9 @@ impl Allocator {
                     ));
                 }
             }
+        }
+        if self.fragments_only {
+            delay::restrict(&mut specs);
         }
         let first = specs.first().map(|s| s.name.clone()).unwrap_or_default();
         if candidates.is_empty() {
