@@ -50,6 +50,7 @@ mod delay;
 pub(crate) mod nodeselect;
 mod place;
 mod policy;
+pub mod preempt;
 mod reason;
 mod request;
 mod search;

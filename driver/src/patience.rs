@@ -237,24 +237,25 @@ mod tests {
         }
     }
 
+    fn applied<'a>(
+        list: &'a [res::OpaqueDeviceConfiguration],
+        field: &'a str,
+    ) -> Vec<AppliedConfig<'a>> {
+        list.iter()
+            .map(|o| AppliedConfig {
+                requests: &[],
+                opaque: o,
+                field,
+            })
+            .collect()
+    }
+
     fn resolve(
         class: &[serde_json::Value],
         claim: &[serde_json::Value],
     ) -> Result<Option<Patience>, Error> {
         let class: Vec<_> = class.iter().cloned().map(opaque).collect();
         let claim: Vec<_> = claim.iter().cloned().map(opaque).collect();
-        fn applied<'a>(
-            list: &'a [res::OpaqueDeviceConfiguration],
-            field: &'a str,
-        ) -> Vec<AppliedConfig<'a>> {
-            list.iter()
-                .map(|o| AppliedConfig {
-                    requests: &[],
-                    opaque: o,
-                    field,
-                })
-                .collect()
-        }
         request_patience(
             "gpu.tessera.dev",
             "gpu",
