@@ -133,6 +133,7 @@ async fn sample(inventory: &Inventory) -> Duration {
         leader: None,
         metrics_addr: None,
         shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
+        preemption: false,
     };
     let task = tokio::spawn(service::run_with(
         client,

@@ -49,6 +49,8 @@ pub struct ControllerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Time-sliced replicas per GPU (`nvidia.com/gpu.shared`), as the webhook maps them.
     pub shared_replicas: u32,
+    /// Whether an online pod that fits nowhere may evict batch pods (docs/controller.md).
+    pub preemption: bool,
 }
 
 /// What a running service shares with its caller.
@@ -114,6 +116,7 @@ pub async fn run_with(
             driver_name: config.driver_name.clone(),
             policy: config.policy,
             unbound_after: config.unbound_after,
+            preemption: config.preemption,
         },
         Writer::new(client.clone(), version),
         Arc::clone(&metrics),
@@ -176,6 +179,14 @@ pub async fn run_with(
                     .as_mut()
                     .reset(tokio::time::Instant::now() + RETRY_SOON);
                 retry_armed = true;
+            }
+            // A waiting pod's patience ends: try it then, even if nothing changes.
+            if let Some(wake) = report.wake_in {
+                let at = tokio::time::Instant::now() + wake;
+                if !retry_armed || at < retry.deadline() {
+                    retry.as_mut().reset(at);
+                    retry_armed = true;
+                }
             }
         }
     }

@@ -8,6 +8,8 @@
 mod envtest;
 #[path = "support/controller_scenarios.rs"]
 mod scenarios;
+#[path = "support/tier_scenarios.rs"]
+mod tiers;
 
 use std::time::Duration;
 
@@ -88,4 +90,23 @@ async fn device_plugin_templates_against_a_real_api_server() {
     let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
     let version = apiserver::served_resource_version(&client).await.unwrap();
     device_plugin_pods_get_their_templates(&client, version).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_and_delay_tolerance_against_a_real_api_server() {
+    let assets = match envtest::assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED preemption_and_delay_tolerance_against_a_real_api_server: {why}; point \
+                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
+            );
+            return;
+        }
+    };
+    let cluster = envtest::start_cluster(&assets).await;
+    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = apiserver::served_resource_version(&client).await.unwrap();
+    // The real server's own eviction handler and PodDisruptionBudget checks decide here.
+    tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
 }

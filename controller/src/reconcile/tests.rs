@@ -245,6 +245,28 @@ impl Writes for FakeWrites {
         Ok(stored.clone())
     }
 
+    async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
+        tokio::task::yield_now().await;
+        let key = key_of(&pod.metadata);
+        let verb = if dry_run { "evict-dry-run" } else { "evict" };
+        match self.enter(verb, &key) {
+            Err(e) if e.api_code() == Some(429) => return Ok(Eviction::Blocked(e.to_string())),
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        let mut s = self.state();
+        let Some(stored) = s.pods.get(&key) else {
+            return Ok(Eviction::Gone);
+        };
+        if stored.metadata.uid != pod.metadata.uid {
+            return Ok(Eviction::Gone);
+        }
+        if !dry_run {
+            s.pods.remove(&key);
+        }
+        Ok(Eviction::Evicted)
+    }
+
     async fn event(
         &self,
         pod: &Pod,
@@ -343,6 +365,7 @@ fn reconciler(fake: &FakeWrites) -> (Reconciler<FakeWrites>, watch::Sender<bool>
             driver_name: DRIVER.to_owned(),
             policy: Policy::FirstFit,
             unbound_after: Duration::from_hours(1),
+            preemption: false,
         },
         fake.clone(),
         Arc::new(Metrics::new("first-fit")),

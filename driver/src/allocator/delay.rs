@@ -39,6 +39,30 @@ pub(crate) fn restrict(specs: &mut [ClaimSpec]) {
     }
 }
 
+/// Whether any config for `driver` of the claims, or of any class, has a `patience`: the
+/// common case (none does) is answered without reading the claims' requests.
+fn mentions_patience(driver: &str, snapshot: &Snapshot, claims: &[&res::ResourceClaim]) -> bool {
+    let has = |opaque: Option<&res::OpaqueDeviceConfiguration>| {
+        opaque.is_some_and(|o| o.driver == driver && o.parameters.0.get("patience").is_some())
+    };
+    let in_claims = claims.iter().any(|c| {
+        c.spec
+            .devices
+            .iter()
+            .flat_map(|d| d.config.iter().flatten())
+            .any(|cfg| has(cfg.opaque.as_ref()))
+    });
+    in_claims
+        || snapshot.classes.values().any(|class| {
+            class
+                .spec
+                .config
+                .iter()
+                .flatten()
+                .any(|cfg| has(cfg.opaque.as_ref()))
+        })
+}
+
 impl Allocator {
     /// The same allocator, placing delay-tolerant shares only on fragments (see the module
     /// docs); its failures carry the short reason (callers say "waits for a fragment").
@@ -57,6 +81,9 @@ impl Allocator {
         snapshot: &Snapshot,
         claims: &[&res::ResourceClaim],
     ) -> Option<Patience> {
+        if !mentions_patience(&self.options.driver_name, snapshot, claims) {
+            return None;
+        }
         let mut cache = snapshot.selectors();
         let mut shortest: Option<Patience> = None;
         for claim in claims {

@@ -8,7 +8,8 @@
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first), create, update (PUT, with a
 //! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
-//! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
+//! delete and deleteCollection; PodDisruptionBudgets (policy/v1) and the `pods/eviction`
+//! subresource with budget checks (see `eviction`). As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
 //! by a merge patch (apply creates an absent object); `managedFields` are recorded only when a
@@ -18,6 +19,7 @@
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
 //! Errors come back as `metav1.Status`. A test can queue error answers per verb and resource.
 
+mod eviction;
 mod patch;
 mod store;
 
@@ -42,6 +44,10 @@ pub const RESOURCE_GROUP: &str = "resource.k8s.io";
 pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
 /// The only version of [`COORDINATION_GROUP`] the fake serves.
 const COORDINATION_VERSION: &str = "v1";
+/// The policy group (PodDisruptionBudgets), served in v1 only.
+pub const POLICY_GROUP: &str = "policy";
+/// The only version of [`POLICY_GROUP`] the fake serves.
+const POLICY_VERSION: &str = "v1";
 
 /// What a request does, for fault injection and the request log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -79,7 +85,7 @@ pub struct Kind {
     pub has_status: bool,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind {
         resource: "nodes",
         kind: "Node",
@@ -135,6 +141,13 @@ const KINDS: [Kind; 8] = [
         group: COORDINATION_GROUP,
         namespaced: true,
         has_status: false,
+    },
+    Kind {
+        resource: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        group: POLICY_GROUP,
+        namespaced: true,
+        has_status: true,
     },
 ];
 
@@ -288,6 +301,13 @@ impl FakeApiServer {
     /// API server serves them.
     pub fn set_managed_fields(&self, on: bool) {
         self.shared.lock().managed_fields = on;
+    }
+
+    /// Makes later creation and deletion timestamps the wall clock's (whole seconds) instead
+    /// of the fixed time, for tests whose subject counts time from them (a delay-tolerant
+    /// pod's patience runs from its creation).
+    pub fn use_wall_clock(&self, on: bool) {
+        self.shared.lock().wall_clock = on;
     }
 
     /// The names of the stored objects of `resource` that satisfy `predicate` (without
@@ -458,6 +478,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     status: bool,
+    /// The `pods/eviction` subresource.
+    eviction: bool,
 }
 
 impl Target {
@@ -470,6 +492,9 @@ impl Target {
     }
 
     fn resource_label(&self) -> String {
+        if self.eviction {
+            return format!("{}/eviction", self.kind.resource);
+        }
         if self.status {
             format!("{}/status", self.kind.resource)
         } else {
@@ -492,16 +517,24 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         {
             (COORDINATION_GROUP, *version, rest)
         }
+        ["apis", group, version, rest @ ..]
+            if *group == POLICY_GROUP && *version == POLICY_VERSION =>
+        {
+            (POLICY_GROUP, *version, rest)
+        }
         _ => return None,
     };
     let (namespace, rest) = match rest {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_owned()), rest),
         _ => (None, rest),
     };
-    let (resource, name, status) = match rest {
-        [resource] => (*resource, None, false),
-        [resource, name] => (*resource, Some((*name).to_owned()), false),
-        [resource, name, "status"] => (*resource, Some((*name).to_owned()), true),
+    let (resource, name, status, eviction) = match rest {
+        [resource] => (*resource, None, false, false),
+        [resource, name] => (*resource, Some((*name).to_owned()), false, false),
+        [resource, name, "status"] => (*resource, Some((*name).to_owned()), true, false),
+        ["pods", name, "eviction"] if group.is_empty() => {
+            ("pods", Some((*name).to_owned()), false, true)
+        }
         _ => return None,
     };
     let kind = KINDS
@@ -523,6 +556,7 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         namespace,
         name,
         status,
+        eviction,
     })
 }
 
@@ -546,6 +580,13 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             "version": COORDINATION_VERSION,
         });
         json!({"name": COORDINATION_GROUP, "versions": [version.clone()], "preferredVersion": version})
+    };
+    let policy = || {
+        let version = json!({
+            "groupVersion": format!("{POLICY_GROUP}/{POLICY_VERSION}"),
+            "version": POLICY_VERSION,
+        });
+        json!({"name": POLICY_GROUP, "versions": [version.clone()], "preferredVersion": version})
     };
     let resources = |group: &str, version: &str| {
         let list: Vec<Value> = KINDS
@@ -602,6 +643,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
                 vec![group()]
             };
             groups.push(coordination());
+            groups.push(policy());
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["apis", g] if *g == RESOURCE_GROUP && !versions.is_empty() => {
@@ -621,6 +663,15 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
         }
         ["apis", g, v] if *g == COORDINATION_GROUP && *v == COORDINATION_VERSION => {
             Some(resources(COORDINATION_GROUP, v))
+        }
+        ["apis", g] if *g == POLICY_GROUP => {
+            let mut g = policy();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            Some(g)
+        }
+        ["apis", g, v] if *g == POLICY_GROUP && *v == POLICY_VERSION => {
+            Some(resources(POLICY_GROUP, v))
         }
         ["version"] => Some(json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-fake"})),
         _ => None,
@@ -695,6 +746,14 @@ async fn handle(
         .iter()
         .any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
     let verb = match (req.method().clone(), target.name.is_some()) {
+        (Method::POST, true) if target.eviction => Verb::Create,
+        _ if target.eviction => {
+            return error_response(&StatusError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{} is not allowed on {path}", req.method()),
+            ));
+        }
         (Method::GET, true) => Verb::Get,
         (Method::GET, false) if is_watch => Verb::Watch,
         (Method::GET, false) => Verb::List,
@@ -747,6 +806,13 @@ async fn handle(
         )),
         None if verb == Verb::Watch => {
             return watch_response(shared, &target, &params, stopped);
+        }
+        None if target.eviction => {
+            let dry_run = params.iter().any(|(k, v)| k == "dryRun" && v == "All");
+            let namespace = target.namespace.clone().unwrap_or_default();
+            let name = target.name.clone().unwrap_or_default();
+            parse_body(&body)
+                .and_then(|b| eviction::evict(&mut shared.lock(), &namespace, &name, &b, dry_run))
         }
         None => {
             shared.lock().manager = manager;

@@ -280,6 +280,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
         leader,
         metrics_addr: None,
         shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
+        preemption: false,
     }
 }
 
