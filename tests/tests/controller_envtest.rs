@@ -93,12 +93,12 @@ async fn device_plugin_templates_against_a_real_api_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn preemption_and_delay_tolerance_against_a_real_api_server() {
+async fn preemption_against_a_real_api_server() {
     let assets = match envtest::assets() {
         Ok(a) => a,
         Err(why) => {
             eprintln!(
-                "SKIPPED preemption_and_delay_tolerance_against_a_real_api_server: {why}; point \
+                "SKIPPED preemption_against_a_real_api_server: {why}; point \
                  KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
             );
             return;
@@ -109,4 +109,22 @@ async fn preemption_and_delay_tolerance_against_a_real_api_server() {
     let version = apiserver::served_resource_version(&client).await.unwrap();
     // The real server's own eviction handler and PodDisruptionBudget checks decide here.
     tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_tolerance_against_a_real_api_server() {
+    let assets = match envtest::assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED delay_tolerance_against_a_real_api_server: {why}; point \
+                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
+            );
+            return;
+        }
+    };
+    let cluster = envtest::start_cluster(&assets).await;
+    let client = apiserver::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = apiserver::served_resource_version(&client).await.unwrap();
+    tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, version).await;
 }
