@@ -96,7 +96,7 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub shared_gpu_replicas: u32,
     /// Let an online pod that fits nowhere evict batch pods (through the Eviction API, so
-    /// PodDisruptionBudgets are respected); off by default. See docs/controller.md.
+    /// `PodDisruptionBudgets` are respected); off by default. See docs/controller.md.
     #[arg(long, env = "TESSERA_PREEMPTION", default_value_t = false)]
     pub preemption: bool,
     /// Log line format.

@@ -174,19 +174,15 @@ pub async fn run_with(
                 );
             }
             let retry_soon = !keep_templates(&mut templates, &view).await || report.retry_soon;
-            if retry_soon && !retry_armed {
-                retry
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + RETRY_SOON);
+            // Retry soon after a passing failure, and when a waiting pod's patience ends.
+            let start = tokio::time::Instant::now();
+            let soon = (retry_soon && !retry_armed).then(|| start + RETRY_SOON);
+            let wake = report.wake_in.map(|w| start + w);
+            if let Some(at) = soon.into_iter().chain(wake).min()
+                && (!retry_armed || at < retry.deadline())
+            {
+                retry.as_mut().reset(at);
                 retry_armed = true;
-            }
-            // A waiting pod's patience ends: try it then, even if nothing changes.
-            if let Some(wake) = report.wake_in {
-                let at = tokio::time::Instant::now() + wake;
-                if !retry_armed || at < retry.deadline() {
-                    retry.as_mut().reset(at);
-                    retry_armed = true;
-                }
             }
         }
     }

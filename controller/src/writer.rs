@@ -311,7 +311,7 @@ impl Writer {
 
     /// Evicts the pod through its `eviction` subresource (policy/v1), with its UID as a
     /// precondition; `dry_run` asks only whether the server would. A 429 (a
-    /// PodDisruptionBudget does not allow it now) and a 404 or 409 (gone, or another pod by
+    /// `PodDisruptionBudget` does not allow it now) and a 404 or 409 (gone, or another pod by
     /// that name) are answers, not errors.
     pub async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
         let (namespace, name) = name_of(&pod.metadata);

@@ -2,7 +2,7 @@
 //! pod that fits nowhere may evict batch pods.
 //!
 //! The victims are [`Allocator::choose_victims`]'s (pure). This module asks the API server:
-//! first a dry run of every victim's eviction, so a PodDisruptionBudget that forbids one (a
+//! first a dry run of every victim's eviction, so a `PodDisruptionBudget` that forbids one (a
 //! 429) is known before anything is evicted — that victim is left out and the choice made
 //! again —, then the evictions themselves, each with an Event on the victim naming the pod it
 //! made room for.
@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use super::{Eviction, NotPlaced, Reconciler, Writes, now, pod_key};
 use crate::cluster::ClusterView;
+use crate::error::Error;
 
 /// How often one pod may preempt before it just waits like any pod that does not fit.
 pub(super) const MAX_ATTEMPTS: u32 = 3;
@@ -109,7 +110,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         if !self.allocator.is_online(snapshot, claims) {
             return None;
         }
-        let mut evictable: Vec<preempt::Evictable> = preempt::evictable(
+        let evictable: Vec<preempt::Evictable> = preempt::evictable(
             &self.config.driver_name,
             view.pods().values(),
             view.claims(),
@@ -117,13 +118,52 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         .into_iter()
         .filter(|e| !blocked.contains(&e.pod) && !in_flight.contains(&e.pod))
         .collect();
+        let victims = match self
+            .vetted_victims(view, &key, claims, candidates, host, evictable)
+            .await
+        {
+            Ok(Some(v)) => v,
+            Ok(None) => return None,
+            Err(e) => return Some(NotPlaced::Transient(e)),
+        };
+        if let Some(r) = self.preemptions.by_pod.get_mut(&key) {
+            r.attempts += 1;
+        }
+        let evicted = self.evict_all(view, &key, &victims).await;
+        if evicted.is_empty() {
+            return None;
+        }
+        Some(waiting(&format!(
+            "preempting: evicted batch pods {} on node {} to make room for it; waits for them to \
+             terminate",
+            evicted.join(", "),
+            victims.node
+        )))
+    }
+
+    /// The victims, each eviction tried as a dry run first; a victim a budget protects is
+    /// remembered and left out, and the choice made again. `None` when nothing makes room.
+    async fn vetted_victims(
+        &mut self,
+        view: &mut ClusterView,
+        key: &str,
+        claims: &[&res::ResourceClaim],
+        candidates: &[Node],
+        host: &HostResources,
+        mut evictable: Vec<preempt::Evictable>,
+    ) -> Result<Option<preempt::Victims>, Error> {
         // Dry runs first: a victim a budget protects is left out and the choice made again
         // (each round leaves one more out, so the rounds end).
-        let victims = loop {
-            let snapshot = view.snapshot().ok()?;
-            let victims = self
+        loop {
+            let Ok(snapshot) = view.snapshot() else {
+                return Ok(None);
+            };
+            let Some(victims) = self
                 .allocator
-                .choose_victims(snapshot, claims, candidates, host, &evictable)?;
+                .choose_victims(snapshot, claims, candidates, host, &evictable)
+            else {
+                return Ok(None);
+            };
             let mut refused = None;
             for v in &victims.pods {
                 let Some(victim) = view.pods().get(v).cloned() else {
@@ -136,20 +176,27 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                         refused = Some(v.clone());
                         break;
                     }
-                    Err(e) => return Some(NotPlaced::Transient(e)),
+                    Err(e) => return Err(e),
                 }
             }
             match refused {
                 Some(v) => {
-                    self.remember_blocked(&key, &v);
+                    self.remember_blocked(key, &v);
                     evictable.retain(|e| e.pod != v);
                 }
-                None => break victims,
+                None => return Ok(Some(victims)),
             }
-        };
-        if let Some(r) = self.preemptions.by_pod.get_mut(&key) {
-            r.attempts += 1;
         }
+    }
+
+    /// Evicts the victims in order, each with an Event naming the pod it makes room for;
+    /// stops at the first the server refuses. Answers those evicted.
+    async fn evict_all(
+        &mut self,
+        view: &ClusterView,
+        key: &str,
+        victims: &preempt::Victims,
+    ) -> Vec<String> {
         let mut evicted = Vec::new();
         for v in &victims.pods {
             let Some(victim) = view.pods().get(v).cloned() else {
@@ -171,7 +218,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                     {
                         warn!(pod = %v, error = %e, "recording the Event failed");
                     }
-                    if let Some(r) = self.preemptions.by_pod.get_mut(&key) {
+                    if let Some(r) = self.preemptions.by_pod.get_mut(key) {
                         r.evicted.push((v.clone(), victim.metadata.uid.clone()));
                     }
                     evicted.push(v.clone());
@@ -179,7 +226,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 Ok(Eviction::Gone) => {}
                 Ok(Eviction::Blocked(why)) => {
                     info!(pod = %key, victim = %v, why, "a disruption budget protects the victim");
-                    self.remember_blocked(&key, v);
+                    self.remember_blocked(key, v);
                     break;
                 }
                 Err(e) => {
@@ -188,15 +235,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 }
             }
         }
-        if evicted.is_empty() {
-            return None;
-        }
-        Some(waiting(&format!(
-            "preempting: evicted batch pods {} on node {} to make room for it; waits for them to \
-             terminate",
-            evicted.join(", "),
-            victims.node
-        )))
+        evicted
     }
 
     fn remember_blocked(&mut self, key: &str, victim: &str) {

@@ -67,7 +67,7 @@ pub trait Writes: Send + Sync {
         now: Timestamp,
     ) -> impl Future<Output = Result<Pod>> + Send;
 
-    /// Asks the API server to evict the pod (policy/v1 Eviction, so PodDisruptionBudgets are
+    /// Asks the API server to evict the pod (policy/v1 Eviction, so `PodDisruptionBudgets` are
     /// respected), or with `dry_run` only whether it would.
     fn evict(&self, pod: &Pod, dry_run: bool) -> impl Future<Output = Result<Eviction>> + Send;
 
@@ -87,7 +87,7 @@ pub trait Writes: Send + Sync {
 pub enum Eviction {
     /// The pod is being deleted (or, for a dry run, would be).
     Evicted,
-    /// 429: a PodDisruptionBudget does not allow it now; the server's message.
+    /// 429: a `PodDisruptionBudget` does not allow it now; the server's message.
     Blocked(String),
     /// The pod is gone, or is another pod by now (a UID precondition failed).
     Gone,

@@ -1,9 +1,9 @@
-//! The `pods/eviction` subresource (policy/v1 Eviction) with PodDisruptionBudget checks, as
+//! The `pods/eviction` subresource (policy/v1 Eviction) with `PodDisruptionBudget` checks, as
 //! the real API server's eviction handler decides, in the fake's terms:
 //!
 //! * a pod that is already being deleted, or whose phase is `Pending` (or unset: the fake does
 //!   not default it), `Succeeded` or `Failed`, is deleted without looking at budgets;
-//! * otherwise the PodDisruptionBudgets of the pod's namespace whose `spec.selector` matches
+//! * otherwise the `PodDisruptionBudgets` of the pod's namespace whose `spec.selector` matches
 //!   it (`matchLabels` and `matchExpressions`; an empty selector matches every pod) decide:
 //!   more than one is a 500; one whose `status.observedGeneration` is behind its
 //!   `metadata.generation`, or whose `status.disruptionsAllowed` is not positive, is a 429
@@ -28,13 +28,13 @@ fn pod_kind() -> Kind {
     kind("pods").unwrap_or(super::KINDS[0])
 }
 
-/// Whether a LabelSelector (as JSON) selects an object with `labels`.
+/// Whether a `LabelSelector` (as JSON) selects an object with `labels`.
 fn selects(selector: &Value, labels: &serde_json::Map<String, Value>) -> Result<bool, StatusError> {
     let label = |k: &str| labels.get(k).and_then(Value::as_str);
-    if let Some(m) = selector.get("matchLabels").and_then(Value::as_object) {
-        if !m.iter().all(|(k, v)| label(k) == v.as_str()) {
-            return Ok(false);
-        }
+    if let Some(m) = selector.get("matchLabels").and_then(Value::as_object)
+        && !m.iter().all(|(k, v)| label(k) == v.as_str())
+    {
+        return Ok(false);
     }
     for e in selector
         .get("matchExpressions")

@@ -8,7 +8,7 @@
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first), create, update (PUT, with a
 //! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
-//! delete and deleteCollection; PodDisruptionBudgets (policy/v1) and the `pods/eviction`
+//! delete and deleteCollection; `PodDisruptionBudgets` (policy/v1) and the `pods/eviction`
 //! subresource with budget checks (see `eviction`). As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
@@ -44,7 +44,7 @@ pub const RESOURCE_GROUP: &str = "resource.k8s.io";
 pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
 /// The only version of [`COORDINATION_GROUP`] the fake serves.
 const COORDINATION_VERSION: &str = "v1";
-/// The policy group (PodDisruptionBudgets), served in v1 only.
+/// The policy group (`PodDisruptionBudgets`), served in v1 only.
 pub const POLICY_GROUP: &str = "policy";
 /// The only version of [`POLICY_GROUP`] the fake serves.
 const POLICY_VERSION: &str = "v1";
@@ -560,6 +560,55 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
     })
 }
 
+/// An `APIGroup`'s name and versions, for a group served in one version.
+fn one_version_group(group: &str, version: &str) -> Value {
+    let v = json!({"groupVersion": format!("{group}/{version}"), "version": version});
+    json!({"name": group, "versions": [v.clone()], "preferredVersion": v})
+}
+
+/// The `APIResourceList` of one group version.
+fn resource_list(group: &str, version: &str) -> Value {
+    let list: Vec<Value> = KINDS
+        .iter()
+        .filter(|k| k.group == group)
+        .flat_map(|k| {
+            let verbs = json!([
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch"
+            ]);
+            let mut out = vec![json!({
+                "name": k.resource,
+                "singularName": k.kind.to_lowercase(),
+                "namespaced": k.namespaced,
+                "kind": k.kind,
+                "verbs": verbs,
+            })];
+            if k.has_status {
+                out.push(json!({
+                    "name": format!("{}/status", k.resource),
+                    "singularName": "",
+                    "namespaced": k.namespaced,
+                    "kind": k.kind,
+                    "verbs": ["get", "patch", "update"],
+                }));
+            }
+            out
+        })
+        .collect();
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list})
+}
+
 fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
     let group_versions = || {
         versions
@@ -574,61 +623,9 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             "preferredVersion": group_versions().first().cloned().unwrap_or(Value::Null),
         })
     };
-    let coordination = || {
-        let version = json!({
-            "groupVersion": format!("{COORDINATION_GROUP}/{COORDINATION_VERSION}"),
-            "version": COORDINATION_VERSION,
-        });
-        json!({"name": COORDINATION_GROUP, "versions": [version.clone()], "preferredVersion": version})
-    };
-    let policy = || {
-        let version = json!({
-            "groupVersion": format!("{POLICY_GROUP}/{POLICY_VERSION}"),
-            "version": POLICY_VERSION,
-        });
-        json!({"name": POLICY_GROUP, "versions": [version.clone()], "preferredVersion": version})
-    };
-    let resources = |group: &str, version: &str| {
-        let list: Vec<Value> = KINDS
-            .iter()
-            .filter(|k| k.group == group)
-            .flat_map(|k| {
-                let verbs = json!([
-                    "create",
-                    "delete",
-                    "deletecollection",
-                    "get",
-                    "list",
-                    "patch",
-                    "update",
-                    "watch"
-                ]);
-                let mut out = vec![json!({
-                    "name": k.resource,
-                    "singularName": k.kind.to_lowercase(),
-                    "namespaced": k.namespaced,
-                    "kind": k.kind,
-                    "verbs": verbs,
-                })];
-                if k.has_status {
-                    out.push(json!({
-                        "name": format!("{}/status", k.resource),
-                        "singularName": "",
-                        "namespaced": k.namespaced,
-                        "kind": k.kind,
-                        "verbs": ["get", "patch", "update"],
-                    }));
-                }
-                out
-            })
-            .collect();
-        let group_version = if group.is_empty() {
-            version.to_owned()
-        } else {
-            format!("{group}/{version}")
-        };
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list})
-    };
+    let coordination = || one_version_group(COORDINATION_GROUP, COORDINATION_VERSION);
+    let policy = || one_version_group(POLICY_GROUP, POLICY_VERSION);
+    let resources = resource_list;
     match segments {
         ["api"] => Some(json!({
             "kind": "APIVersions",
@@ -661,17 +658,17 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             g["apiVersion"] = json!("v1");
             Some(g)
         }
-        ["apis", g, v] if *g == COORDINATION_GROUP && *v == COORDINATION_VERSION => {
-            Some(resources(COORDINATION_GROUP, v))
+        ["apis", g, v]
+            if (*g == COORDINATION_GROUP && *v == COORDINATION_VERSION)
+                || (*g == POLICY_GROUP && *v == POLICY_VERSION) =>
+        {
+            Some(resources(g, v))
         }
         ["apis", g] if *g == POLICY_GROUP => {
             let mut g = policy();
             g["kind"] = json!("APIGroup");
             g["apiVersion"] = json!("v1");
             Some(g)
-        }
-        ["apis", g, v] if *g == POLICY_GROUP && *v == POLICY_VERSION => {
-            Some(resources(POLICY_GROUP, v))
         }
         ["version"] => Some(json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-fake"})),
         _ => None,
@@ -721,6 +718,10 @@ async fn wait_latency(shared: &Shared, verb: Verb) {
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one request's route, from path to answer, reads best top to bottom"
+)]
 async fn handle(
     shared: &Arc<Shared>,
     req: Request<Incoming>,

@@ -1,6 +1,6 @@
 //! Scenarios of the tiers (shared/DESIGN.md §8) against an API server, written only against a
 //! kube client so they run the same on the fake API server and on a real kube-apiserver:
-//! preemption through the Eviction API with a PodDisruptionBudget, and a delay-tolerant pod
+//! preemption through the Eviction API with a `PodDisruptionBudget`, and a delay-tolerant pod
 //! waiting for a fragment. The test plays the parts of a cluster that are not running: the
 //! kubelet (pods report Running and Ready; a pod being deleted finishes) and
 //! kube-controller-manager (a budget's status; a deleted pod's reservations dropped).
@@ -64,7 +64,7 @@ fn priority_class(value: i32) -> String {
     format!("tessera-test-{value}")
 }
 
-/// PriorityClasses for `values` (a real server's Priority admission resolves a pod's priority
+/// `PriorityClasses` for `values` (a real server's Priority admission resolves a pod's priority
 /// from its class; the fake serves no scheduling.k8s.io and keeps the pod's number as given).
 async fn seed_priority_classes(client: &kube::Client, values: &[i32]) {
     let api = Api::<PriorityClass>::all(client.clone());
@@ -181,7 +181,7 @@ fn preempting(policy: Policy) -> ControllerConfig {
 }
 
 /// One shared GPU of 80Gi full: an online share (priority 0), two low-priority batch shares
-/// (one protected by a PodDisruptionBudget that allows no disruption) and a high-priority
+/// (one protected by a `PodDisruptionBudget` that allows no disruption) and a high-priority
 /// batch share. An online pod of 40Gi fits nowhere. Without `--preemption` it only waits;
 /// with it, the controller evicts the fewest, lowest-priority batch pods it may (the
 /// unprotected low one and the high one), each with an Event naming the online pod, never the
