@@ -35,6 +35,12 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
             )
         })?,
     };
+    let mut config = config;
+    // No retrying inside the client: a 429 from the eviction subresource is a
+    // PodDisruptionBudget's "not now", which the client would retry for minutes (kube retries
+    // 429s up to 15 times with exponential backoff) while the pass waits. Every write here
+    // already treats a failure as "retry soon" (see reconcile), throttling included.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| Error::api("building the API client", &e))
 }
 

@@ -139,6 +139,22 @@ async fn finish_deleted_pods(client: &kube::Client, version: ApiVersion) {
     }
 }
 
+/// Keeps pod `name` terminating when it is deleted (a finalizer) and reserves its claim for
+/// it (kube-scheduler's part), so the room it holds is freed only once the test lets it go.
+async fn hold_and_reserve(client: &kube::Client, version: ApiVersion, name: &str) {
+    let hold = json!({"metadata": {"finalizers": ["test.tessera.dev/hold"]}});
+    let pod = Api::<Pod>::namespaced(client.clone(), NS)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .unwrap();
+    let reserve = json!({"status": {"reservedFor": [
+        {"resource": "pods", "name": name, "uid": pod.metadata.uid}]}});
+    claims_api(client, version)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&reserve))
+        .await
+        .unwrap();
+}
+
 /// The Events in `NS` with `reason`, as (involved pod, message).
 async fn events(client: &kube::Client, reason: &str) -> Vec<(String, String)> {
     Api::<Event>::namespaced(client.clone(), NS)
@@ -266,7 +282,43 @@ pub(crate) async fn preemption_evicts_batch_pods_through_the_eviction_api(
     );
     first.stop().await;
 
+    // batch-high stays terminating once evicted (a finalizer, as a slow shutdown would), and
+    // its claim stays reserved for it (kube-scheduler's part): its room is not free yet.
+    hold_and_reserve(client, version, "batch-high").await;
     let running = start_controller(client, preempting(Policy::FirstFit));
+    eventually(
+        wait,
+        "batch-low-1 is gone and batch-high terminating",
+        || async {
+            let pods = pods(client).await;
+            !pods.contains_key("batch-low-1")
+                && pods
+                    .get("batch-high")
+                    .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+        },
+    )
+    .await;
+    eventually(wait, "the online pod waits for its victims", || async {
+        condition(client, "online-new")
+            .await
+            .is_some_and(|(_, reason, message)| {
+                reason == names::REASON_PREEMPTING && message.contains("default/batch-high")
+            })
+    })
+    .await;
+    // Passes go by (the resync is 2s): nothing more is evicted while a victim terminates.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(events(client, names::REASON_PREEMPTED).await.len(), 2);
+    assert!(gate::is_gated(&pods(client).await["online-new"]));
+    let release = json!({"metadata": {"finalizers": null}});
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .patch(
+            "batch-high",
+            &PatchParams::default(),
+            &Patch::Merge(&release),
+        )
+        .await
+        .unwrap();
     eventually(
         wait,
         "the online pod is placed after preempting",
