@@ -149,6 +149,8 @@ fn slim_pod(pod: &mut Pod) {
             node_name: spec.node_name.take(),
             node_selector: spec.node_selector.take(),
             overhead: spec.overhead.take(),
+            // Preemption evicts the lowest priorities first.
+            priority: spec.priority.take(),
             resource_claims: spec.resource_claims.take(),
             scheduling_gates: spec.scheduling_gates.take(),
             tolerations: spec.tolerations.take(),
