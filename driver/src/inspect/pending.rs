@@ -147,17 +147,9 @@ pub fn explain_pod(
             .clone_into(&mut explanation.message);
         return Ok(explanation);
     }
-    if let Some(why) = refusal(pod) {
-        explanation.verdict = Verdict::Refused;
-        explanation.message = format!(
-            "gated by Tessera; the controller refused its claims: {why} (only their owner can fix \
-             this: the controller tries again when the pod or one of its claims changes)"
-        );
-        return Ok(explanation);
-    }
-    if let Some((verdict, why)) = waiting(pod).filter(|_| !pending.is_empty()) {
+    if let Some((verdict, message)) = recorded(pod, pending.is_empty()) {
         explanation.verdict = verdict;
-        explanation.message = format!("gated by Tessera; it {why}");
+        explanation.message = message;
         return Ok(explanation);
     }
     if pending.is_empty() {
@@ -294,6 +286,20 @@ fn resolve_claims(
         states.push(state);
     }
     (resolved_pod, states, pending, missing)
+}
+
+/// What the controller recorded on the pod that answers for it: a refusal, or (while claims are
+/// pending) that it waits on purpose.
+fn recorded(pod: &core::Pod, nothing_pending: bool) -> Option<(Verdict, String)> {
+    if let Some(why) = refusal(pod) {
+        let message = format!(
+            "gated by Tessera; the controller refused its claims: {why} (only their owner can fix \
+             this: the controller tries again when the pod or one of its claims changes)"
+        );
+        return Some((Verdict::Refused, message));
+    }
+    let (verdict, why) = waiting(pod).filter(|_| !nothing_pending)?;
+    Some((verdict, format!("gated by Tessera; it {why}")))
 }
 
 /// What the controller recorded that the pod waits for on purpose: its condition, false with
