@@ -202,6 +202,8 @@ pub struct ClusterView {
     snapshot: Option<Snapshot>,
     synced: BTreeSet<Resource>,
     generation: u64,
+    /// Grows whenever a claim becomes allocated (a share placed may make a fragment).
+    allocations: u64,
     workload: Workload,
     learned: BTreeSet<String>,
     /// Each pod's requests (`None`: they do not parse), computed when the pod is stored.
@@ -222,6 +224,7 @@ impl ClusterView {
             snapshot: None,
             synced: BTreeSet::new(),
             generation: 0,
+            allocations: 0,
             workload: Workload::new(),
             learned: BTreeSet::new(),
             requests: std::collections::HashMap::new(),
@@ -237,6 +240,12 @@ impl ClusterView {
     /// fit before fit now (devices, classes, nodes, a claim released, a pod gone).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// A counter that grows whenever a claim becomes allocated: a share placed anywhere may
+    /// have made the fragment a delay-tolerant pod waits for.
+    pub fn allocations(&self) -> u64 {
+        self.allocations
     }
 
     /// Marks that something may have freed room (e.g. a periodic resync).
@@ -463,6 +472,9 @@ impl ClusterView {
         }
         if old.is_some_and(gate::is_allocated) && !gate::is_allocated(&claim) {
             self.generation += 1;
+        }
+        if !old.is_some_and(gate::is_allocated) && gate::is_allocated(&claim) {
+            self.allocations += 1;
         }
         // A claim being deleted is given back (its finalizer removed) by the next pass.
         if old.is_some_and(|o| o.metadata.deletion_timestamp.is_none())

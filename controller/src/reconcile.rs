@@ -109,6 +109,9 @@ struct Remembered {
     message: String,
     /// When a waiting pod must be tried again even if nothing changed.
     until: Option<Timestamp>,
+    /// The view's allocation count: a pod waiting for a fragment is tried again when a claim
+    /// gets allocated (it may have made one).
+    allocations: u64,
 }
 
 impl Remembered {
@@ -122,7 +125,10 @@ impl Remembered {
         }
         match &self.refused_claims {
             Some(versions) => *versions == claim_versions(view, pod),
-            None => self.generation == view.generation(),
+            None => {
+                self.generation == view.generation()
+                    && (self.until.is_none() || self.allocations == view.allocations())
+            }
         }
     }
 }
@@ -440,6 +446,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 refused_claims: refused.then(|| claim_versions(view, pod)),
                 message,
                 until,
+                allocations: view.allocations(),
             },
         );
     }

@@ -155,6 +155,29 @@ async fn hold_and_reserve(client: &kube::Client, version: ApiVersion, name: &str
         .unwrap();
 }
 
+/// The device the claim `name` is allocated (its first result).
+fn allocated_device(
+    claims: &std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::ResourceClaim>,
+    name: &str,
+) -> String {
+    let allocation = claims[name]
+        .status
+        .as_ref()
+        .unwrap()
+        .allocation
+        .as_ref()
+        .unwrap();
+    allocation
+        .devices
+        .as_ref()
+        .unwrap()
+        .results
+        .as_ref()
+        .unwrap()[0]
+        .device
+        .clone()
+}
+
 /// The Events in `NS` with `reason`, as (involved pod, message).
 async fn events(client: &kube::Client, reason: &str) -> Vec<(String, String)> {
     Api::<Event>::namespaced(client.clone(), NS)
@@ -374,7 +397,12 @@ pub(crate) async fn a_delay_tolerant_pod_waits_for_a_fragment(
     seed(client, version, &inventory(1, 2, true), "16").await;
     seed_batch_class(client, version).await;
     seed_priority_classes(client, &[0]).await;
-    let running = start_controller(client, config(Policy::FirstFit, None));
+    // No periodic resync: only a change, or a waiting pod's deadline, wakes the controller.
+    let quiet = ControllerConfig {
+        resync: Duration::from_hours(1),
+        ..config(Policy::FirstFit, None)
+    };
+    let running = start_controller(client, quiet);
     create_claim(
         client,
         version,
@@ -407,28 +435,37 @@ pub(crate) async fn a_delay_tolerant_pod_waits_for_a_fragment(
     create_tier_pod(client, "opener", 0, &json!({})).await;
     let both = ["patient".to_owned(), "opener".to_owned()];
     eventually(wait, "both pods are placed", || all_ungated(client, &both)).await;
-    let claims = claims(client, version).await;
-    let device = |n: &str| {
-        claims[n]
-            .status
-            .as_ref()
-            .unwrap()
-            .allocation
-            .as_ref()
-            .unwrap()
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap()[0]
-            .device
-            .clone()
-    };
+    let placed = claims(client, version).await;
+    let device = |n: &str| allocated_device(&placed, n);
     assert_eq!(
         device("patient"),
         device("opener"),
         "the patient share shares a GPU"
+    );
+    // A share too large for the fragment left (60Gi free on the used GPU) with little patience:
+    // it waits, then, its patience spent, takes the empty GPU — woken by its deadline alone.
+    create_claim(
+        client,
+        version,
+        class_share_claim("hurried", BATCH_CLASS, 70, Some("3s")),
+    )
+    .await;
+    create_tier_pod(client, "hurried", 0, &json!({})).await;
+    eventually(
+        wait,
+        "the hurried pod is placed once its patience is spent",
+        || is_ungated(client, "hurried"),
+    )
+    .await;
+    let placed = claims(client, version).await;
+    let device_of = |n: &str| allocated_device(&placed, n);
+    assert_ne!(device_of("hurried"), device_of("opener"), "an empty GPU");
+    assert!(
+        events(client, names::REASON_WAITING_FOR_FRAGMENT)
+            .await
+            .iter()
+            .any(|(p, _)| p == "hurried"),
+        "it waited first"
     );
     check_invariants(client, version).await;
     running.stop().await;
