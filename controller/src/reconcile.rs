@@ -365,6 +365,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             .remembered
             .values()
             .filter_map(|r| r.until)
+            // A deadline already past was tried in this pass (or the pod waits for something
+            // else now); waking for it again would spin.
+            .filter(|u| *u > at)
             .min()
             .map(|u| Duration::try_from(u.duration_since(at)).unwrap_or(Duration::ZERO));
         self.metrics.set_state(
