@@ -81,6 +81,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         candidates: &[Node],
         host: &HostResources,
     ) -> Option<NotPlaced> {
+        if !self.leading() {
+            return Some(NotPlaced::NotLeader);
+        }
         let key = pod_key(pod);
         let in_flight = self.preemptions.in_flight(view);
         let record = self.preemptions.by_pod.entry(key.clone()).or_default();
@@ -199,6 +202,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     ) -> Vec<String> {
         let mut evicted = Vec::new();
         for v in &victims.pods {
+            // Only the leader writes; it checks before every eviction.
+            if !self.leading() {
+                break;
+            }
             let Some(victim) = view.pods().get(v).cloned() else {
                 continue;
             };
