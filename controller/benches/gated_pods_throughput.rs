@@ -133,6 +133,7 @@ async fn sample(inventory: &Inventory) -> Duration {
         shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
         // The gate protocol's three writes, as this benchmark has always measured.
         fast_path: false,
+        preemption: false,
     };
     let task = tokio::spawn(service::run_with(
         client,

@@ -101,6 +101,10 @@ pub struct Args {
     #[arg(long, env = "TESSERA_SHARED_GPU_REPLICAS", default_value_t = device_plugin_names::DEFAULT_SHARED_REPLICAS,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub shared_gpu_replicas: u32,
+    /// Let an online pod that fits nowhere evict batch pods (through the Eviction API, so
+    /// `PodDisruptionBudgets` are respected); off by default. See docs/controller.md.
+    #[arg(long, env = "TESSERA_PREEMPTION", default_value_t = false)]
+    pub preemption: bool,
     /// Log line format.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "plain")]
     pub log_format: LogFormat,
@@ -179,6 +183,7 @@ impl Args {
             metrics_addr: Some(self.metrics_addr),
             shared_replicas: self.shared_gpu_replicas,
             fast_path: self.fast_path,
+            preemption: self.preemption,
         }
     }
 

@@ -144,6 +144,8 @@ fn slim_pod(pod: &mut Pod) {
             node_name: spec.node_name.take(),
             node_selector: spec.node_selector.take(),
             overhead: spec.overhead.take(),
+            // Preemption evicts the lowest priorities first.
+            priority: spec.priority.take(),
             resource_claims: spec.resource_claims.take(),
             scheduling_gates: spec.scheduling_gates.take(),
             tolerations: spec.tolerations.take(),
@@ -206,6 +208,8 @@ pub struct ClusterView {
     snapshot: Option<Snapshot>,
     synced: BTreeSet<Resource>,
     generation: u64,
+    /// Grows whenever a claim becomes allocated (a share placed may make a fragment).
+    allocations: u64,
     workload: Workload,
     learned: BTreeSet<String>,
     /// Each pod's requests (`None`: they do not parse), computed when the pod is stored.
@@ -226,6 +230,7 @@ impl ClusterView {
             snapshot: None,
             synced: BTreeSet::new(),
             generation: 0,
+            allocations: 0,
             workload: Workload::new(),
             learned: BTreeSet::new(),
             requests: std::collections::HashMap::new(),
@@ -241,6 +246,12 @@ impl ClusterView {
     /// fit before fit now (devices, classes, nodes, a claim released, a pod gone).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// A counter that grows whenever a claim becomes allocated: a share placed anywhere may
+    /// have made the fragment a delay-tolerant pod waits for.
+    pub fn allocations(&self) -> u64 {
+        self.allocations
     }
 
     /// Marks that something may have freed room (e.g. a periodic resync).
@@ -467,6 +478,9 @@ impl ClusterView {
         }
         if old.is_some_and(gate::is_allocated) && !gate::is_allocated(&claim) {
             self.generation += 1;
+        }
+        if !old.is_some_and(gate::is_allocated) && gate::is_allocated(&claim) {
+            self.allocations += 1;
         }
         // A claim being deleted is given back (its finalizer removed) by the next pass.
         if old.is_some_and(|o| o.metadata.deletion_timestamp.is_none())

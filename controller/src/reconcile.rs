@@ -31,12 +31,14 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
 use crate::writer::{self, Writer};
 
+mod patience;
+mod preempt;
 mod protocol;
 #[cfg(test)]
 mod tests;
 mod writes;
 
-pub use writes::Writes;
+pub use writes::{Eviction, Writes};
 
 use protocol::{Done, Job, Protocol, ViewUpdate};
 
@@ -63,6 +65,8 @@ pub struct ReconcilerConfig {
     /// Whether pods on the fast path ([`tessera_driver::fast_path`]) get their claims
     /// reserved for them in the allocation write.
     pub fast_path: bool,
+    /// Whether an online pod that fits nowhere may evict batch pods ([`preempt`]).
+    pub preemption: bool,
 }
 
 /// Why a pod was not placed in this pass.
@@ -76,6 +80,14 @@ enum NotPlaced {
     NotLeader,
     /// The API server failed or the race was lost too often: retried soon.
     Transient(Error),
+    /// The pod waits for something on purpose (a fragment, its victims to terminate): a
+    /// Normal Event and the condition with `reason`; retried when the cluster changes, and at
+    /// `until` at the latest.
+    Waiting {
+        reason: &'static str,
+        message: String,
+        until: Option<Timestamp>,
+    },
 }
 
 impl From<Error> for NotPlaced {
@@ -99,17 +111,28 @@ struct Remembered {
     /// Set for a refusal: the resourceVersion of each of the pod's claims when it was refused.
     refused_claims: Option<Vec<Option<String>>>,
     message: String,
+    /// When a waiting pod must be tried again even if nothing changed.
+    until: Option<Timestamp>,
+    /// The view's allocation count: a pod waiting for a fragment is tried again when a claim
+    /// gets allocated (it may have made one).
+    allocations: u64,
 }
 
 impl Remembered {
     /// Whether trying `pod` again now would only repeat the last answer.
     fn still_holds(&self, view: &ClusterView, pod: &Pod) -> bool {
+        if self.until.is_some_and(|u| now() >= u) {
+            return false;
+        }
         if self.pod_version != pod.metadata.resource_version {
             return false;
         }
         match &self.refused_claims {
             Some(versions) => *versions == claim_versions(view, pod),
-            None => self.generation == view.generation(),
+            None => {
+                self.generation == view.generation()
+                    && (self.until.is_none() || self.allocations == view.allocations())
+            }
         }
     }
 }
@@ -141,6 +164,8 @@ pub struct PassReport {
     pub retry_soon: bool,
     /// Whether the pass stopped because leadership was lost.
     pub lost_leadership: bool,
+    /// When the next pass is due even if nothing changes (a waiting pod's patience ends).
+    pub wake_in: Option<Duration>,
 }
 
 /// Runs passes; holds what must survive between them (the last failure of every pod).
@@ -148,6 +173,9 @@ pub struct PassReport {
 #[derive(Debug)]
 pub struct Reconciler<W = Writer> {
     allocator: Allocator,
+    /// The same allocator, placing delay-tolerant shares on fragments only ([`patience`]).
+    fragments: Allocator,
+    preemptions: preempt::Preemptions,
     protocol: Protocol<W>,
     metrics: std::sync::Arc<Metrics>,
     config: ReconcilerConfig,
@@ -196,13 +224,17 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         metrics: std::sync::Arc<Metrics>,
         leader: watch::Receiver<bool>,
     ) -> Self {
-        let allocator = Allocator::new(AllocatorOptions {
+        let options = AllocatorOptions {
             driver_name: config.driver_name.clone(),
             policy: config.policy,
             ..AllocatorOptions::default()
-        });
+        };
+        let allocator = Allocator::new(options.clone());
+        let fragments = Allocator::new(options).fragments_only();
         Self {
             allocator,
+            fragments,
+            preemptions: preempt::Preemptions::default(),
             protocol: Protocol {
                 writer,
                 metrics: Arc::clone(&metrics),
@@ -259,6 +291,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         gated.sort();
         let live: BTreeSet<&String> = gated.iter().map(|(_, k)| k).collect();
         self.remembered.retain(|k, _| live.contains(k));
+        self.preemptions.retain(&live);
         // Decide every ready pod first (each placement committed before the next pod is
         // decided), then carry out their writes side by side.
         let mut jobs = Vec::new();
@@ -332,6 +365,16 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         } else {
             None
         };
+        let at = now();
+        report.wake_in = self
+            .remembered
+            .values()
+            .filter_map(|r| r.until)
+            // A deadline already past was tried in this pass (or the pod waits for something
+            // else now); waking for it again would spin.
+            .filter(|u| *u > at)
+            .min()
+            .map(|u| Duration::try_from(u.duration_since(at)).unwrap_or(Duration::ZERO));
         self.metrics.set_state(
             report.pending,
             self.reported_unbound.len(),
@@ -349,9 +392,19 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     ) {
         let key = pod_key(pod);
         let refused = matches!(why, NotPlaced::Refused(_));
+        let mut until = None;
+        let warning = !matches!(why, NotPlaced::Waiting { .. });
         let (outcome, reason, message) = match why {
             NotPlaced::Unschedulable(m) => (Outcome::Unschedulable, REASON_FAILED, m),
             NotPlaced::Refused(m) => (Outcome::Refused, REASON_REFUSED, m),
+            NotPlaced::Waiting {
+                reason,
+                message,
+                until: u,
+            } => {
+                until = u;
+                (Outcome::Unschedulable, reason, message)
+            }
             NotPlaced::NotLeader => {
                 report.lost_leadership = true;
                 return;
@@ -375,7 +428,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             if let Err(e) = self
                 .protocol
                 .writer
-                .event(pod, true, reason, &message, at)
+                .event(pod, warning, reason, &message, at)
                 .await
             {
                 warn!(pod = %key, error = %e, "recording the Event failed");
@@ -400,6 +453,8 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 pod_version,
                 refused_claims: refused.then(|| claim_versions(view, pod)),
                 message,
+                until,
+                allocations: view.allocations(),
             },
         );
     }
@@ -476,9 +531,13 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         };
         let all_nodes = view.nodes().len();
         let snapshot = view.snapshot().map_err(NotPlaced::Transient)?;
-        let placed = self
-            .allocator
-            .place_pod(snapshot, &refs, &candidates, &host, learn);
+        let waits_until = patience::waits_until(&self.allocator, snapshot, pod, &refs, now());
+        let allocator = if waits_until.is_some() {
+            &self.fragments
+        } else {
+            &self.allocator
+        };
+        let placed = allocator.place_pod(snapshot, &refs, &candidates, &host, learn);
         if let Some(shape) = placed.learned {
             view.learned(&key, shape);
         }
@@ -498,9 +557,17 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             };
             (format!("{u}{excluded}"), invalid)
         });
-        let placement = match outcome {
-            Ok(p) => p,
-            Err((message, invalid)) => {
+        let placement = match (outcome, waits_until) {
+            (Ok(p), _) => p,
+            (Err((_, false)), Some(until)) => return Err(patience::waiting(until)),
+            (Err((message, invalid)), _) => {
+                if !invalid
+                    && node.is_none()
+                    && self.config.preemption
+                    && let Some(waiting) = self.preempt(view, pod, &refs, &candidates, &host).await
+                {
+                    return Err(waiting);
+                }
                 // Claims already allocated by this controller tie the pod to a node that no
                 // longer fits: give them back so the next attempt may choose freely.
                 if node.is_some() {

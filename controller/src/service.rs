@@ -53,6 +53,8 @@ pub struct ControllerConfig {
     /// Whether fast-path pods get their claims reserved in the allocation write
     /// ([`tessera_driver::fast_path`]).
     pub fast_path: bool,
+    /// Whether an online pod that fits nowhere may evict batch pods (docs/controller.md).
+    pub preemption: bool,
 }
 
 /// What a running service shares with its caller.
@@ -110,6 +112,7 @@ pub async fn run_with(
             policy: config.policy,
             unbound_after: config.unbound_after,
             fast_path: config.fast_path,
+            preemption: config.preemption,
         },
         Writer::new(client.clone(), version),
         Arc::clone(&metrics),
@@ -167,10 +170,14 @@ pub async fn run_with(
                 );
             }
             let retry_soon = !keep_templates(&mut templates, &view).await || report.retry_soon;
-            if retry_soon && !retry_armed {
-                retry
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + RETRY_SOON);
+            // Retry soon after a passing failure, and when a waiting pod's patience ends.
+            let start = tokio::time::Instant::now();
+            let soon = (retry_soon && !retry_armed).then(|| start + RETRY_SOON);
+            let wake = report.wake_in.map(|w| start + w);
+            if let Some(at) = soon.into_iter().chain(wake).min()
+                && (!retry_armed || at < retry.deadline())
+            {
+                retry.as_mut().reset(at);
                 retry_armed = true;
             }
         }

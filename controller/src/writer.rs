@@ -15,6 +15,7 @@ use tessera_driver::apiversion::{self, ApiVersion, Object};
 use tessera_driver::{gate, names};
 
 use crate::error::{Error, Result};
+use crate::reconcile::Eviction;
 
 /// Whether an error is the server's 409 Conflict.
 pub fn is_conflict(e: &Error) -> bool {
@@ -322,5 +323,37 @@ impl Writer {
             .await
             .map(|_| ())
             .map_err(|e| Error::api(format!("recording an Event on Pod {namespace}/{name}"), &e))
+    }
+
+    /// Evicts the pod through its `eviction` subresource (policy/v1), with its UID as a
+    /// precondition; `dry_run` asks only whether the server would. A 429 (a
+    /// `PodDisruptionBudget` does not allow it now) and a 404 or 409 (gone, or another pod by
+    /// that name) are answers, not errors.
+    pub async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
+        let (namespace, name) = name_of(&pod.metadata);
+        let body = json!({
+            "apiVersion": names::POLICY_API_V1,
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": pod.metadata.uid}},
+        });
+        let params = PostParams {
+            dry_run,
+            ..PostParams::default()
+        };
+        let answer: std::result::Result<Value, kube::Error> = self
+            .pod_api(namespace)
+            .create_subresource("eviction", name, &params, &body)
+            .await;
+        match answer {
+            Ok(_) => Ok(Eviction::Evicted),
+            Err(kube::Error::Api(status)) if status.code == 429 => {
+                Ok(Eviction::Blocked(status.message.clone()))
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                Ok(Eviction::Gone)
+            }
+            Err(e) => Err(Error::api(format!("evicting Pod {namespace}/{name}"), &e)),
+        }
     }
 }

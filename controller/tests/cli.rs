@@ -223,6 +223,67 @@ spec:
 }
 
 #[test]
+fn validate_refuses_a_patience_that_is_not_a_bounded_duration() {
+    let claim = |patience: &str| {
+        format!(
+            r"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: patient, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {{deviceClassName: batch.gpu.tessera.dev}}
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.tessera.dev
+        parameters: {{apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuShare, memory: 4Gi, patience: {patience}}}
+"
+        )
+    };
+    for (name, patience, rule) in [
+        ("forever.yaml", "forever", "not a duration"),
+        (
+            "two-days.yaml",
+            "48h",
+            "longer than the longest patience, 24h",
+        ),
+    ] {
+        let file = write_temp(name, &claim(patience));
+        let out = tessera(&[
+            "validate",
+            "-f",
+            "deviceclasses",
+            "-f",
+            file.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{patience}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("ResourceClaim default/patient"), "{text}");
+        assert!(
+            text.contains("spec.devices.config[0].opaque.parameters"),
+            "{text}"
+        );
+        assert!(text.contains(rule), "{text}");
+    }
+    let file = write_temp("ten-minutes.yaml", &claim("10m"));
+    let out = tessera(&[
+        "validate",
+        "-f",
+        "deviceclasses",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
 fn demo_reports_every_example_claim() {
     let out = tessera(&["demo"]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -46,9 +46,11 @@
 //! inconsistent snapshot input is an [`Error`](crate::Error).
 
 mod capacity;
+mod delay;
 pub(crate) mod nodeselect;
 mod place;
 mod policy;
+pub mod preempt;
 mod reason;
 mod request;
 mod search;
@@ -119,6 +121,8 @@ pub struct Allocator {
     options: AllocatorOptions,
     policy: Box<dyn PlacementPolicy>,
     explain: bool,
+    /// Delay-tolerant shares take fragments only ([`Allocator::fragments_only`]).
+    fragments_only: bool,
 }
 
 impl Allocator {
@@ -129,6 +133,7 @@ impl Allocator {
             options,
             policy,
             explain: true,
+            fragments_only: false,
         }
     }
 
@@ -147,6 +152,7 @@ impl Allocator {
             options,
             policy,
             explain: true,
+            fragments_only: false,
         }
     }
 
@@ -217,6 +223,9 @@ impl Allocator {
                     ));
                 }
             }
+        }
+        if self.fragments_only {
+            delay::restrict(&mut specs);
         }
         let first = specs.first().map(|s| s.name.clone()).unwrap_or_default();
         if candidates.is_empty() {

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::names;
+use crate::patience::Patience;
 use crate::quantity::Quantity;
 
 /// A user's request for a share of one or more GPUs.
@@ -38,6 +39,11 @@ pub struct GpuShare {
     /// The share's tier; absent means the class's tier (online when the class sets none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<Tier>,
+    /// Delay tolerance: how long the share may wait for a GPU that is already partly used
+    /// before it is placed anywhere (`10m`; at most `24h`; `0s` opts out of the class's).
+    /// Absent means the class's ([`crate::patience`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patience: Option<Patience>,
 }
 
 /// How a share's work ranks against other shares of the same GPU (shared/DESIGN.md §8).
@@ -91,6 +97,10 @@ pub struct TierPolicy {
     /// `tier: batch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_online: Option<bool>,
+    /// Delay tolerance of the class's shares: how long they may wait for a GPU that is
+    /// already partly used ([`crate::patience`]); absent means they do not wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patience: Option<Patience>,
 }
 
 /// The resolved share of one device in an allocation.

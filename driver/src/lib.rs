@@ -6,7 +6,8 @@
 //! * [`inventory`]: the GPU inventory model and the fake-inventory file format.
 //! * [`slices`]: rendering an inventory into the `ResourceSlices` of one pool.
 //! * [`apiversion`]: reading and writing resource.k8s.io v1, v1beta2 and v1beta1 objects.
-//! * [`config`], [`share`]: Tessera's opaque config API and the share rules.
+//! * [`config`], [`share`], [`tier`], [`patience`]: Tessera's opaque config API, the share
+//!   rules, tiers and delay tolerance.
 //! * [`cel`]: the Kubernetes DRA CEL environment.
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`fragmentation`]: idle GPU capacity that typical task shapes cannot use.
@@ -44,6 +45,7 @@ pub mod mps;
 pub mod names;
 pub mod nodefit;
 pub mod packing;
+pub mod patience;
 pub mod prepare;
 pub mod quantity;
 pub mod reconfigure;

@@ -118,6 +118,8 @@ pub const RESOURCE_API_V1BETA2: &str = "resource.k8s.io/v1beta2";
 pub const RESOURCE_API_V1BETA1: &str = "resource.k8s.io/v1beta1";
 /// The core `v1` API version (Nodes, Pods).
 pub const CORE_API_V1: &str = "v1";
+/// API version of Evictions (the `pods/eviction` subresource).
+pub const POLICY_API_V1: &str = "policy/v1";
 
 /// Plugin type a DRA driver reports to kubelet's plugin registration.
 pub const PLUGIN_TYPE_DRA: &str = "DRAPlugin";
@@ -154,6 +156,15 @@ pub const CONDITION_ALLOCATED: &str = "gpu.tessera.dev/Allocated";
 /// claims for a fault only their owner can fix; it tries again only when the pod or one of its
 /// claims changes.
 pub const REASON_ALLOCATION_REFUSED: &str = "AllocationRefused";
+/// Reason of [`CONDITION_ALLOCATED`] (and of a Normal Event) while a delay-tolerant pod waits
+/// for a GPU that is already partly used; the message says until when.
+pub const REASON_WAITING_FOR_FRAGMENT: &str = "WaitingForFragment";
+/// Reason of [`CONDITION_ALLOCATED`] (and of a Normal Event) on an online pod for which the
+/// controller evicted batch pods, while it waits for them to terminate.
+pub const REASON_PREEMPTING: &str = "Preempting";
+/// Reason of the Event on a batch pod the controller evicted; the message names the pod it
+/// made room for.
+pub const REASON_PREEMPTED: &str = "Preempted";
 /// Name of the Lease the controller replicas elect their leader on.
 pub const LEADER_LEASE: &str = "tessera-controller";
 /// Annotation the pod webhook puts on a pod it rewrote from device-plugin resource names: the

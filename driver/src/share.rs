@@ -371,6 +371,7 @@ mod tests {
             memory_percent: pct,
             compute,
             tier: None,
+            patience: None,
         }
     }
 

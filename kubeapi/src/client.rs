@@ -5,6 +5,12 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// A client from `kubeconfig`, or from the pod's service account when `None`.
+///
+/// The client does not retry by itself: kube's default retries 429s (and 503s, 504s) up to 15
+/// times with exponential backoff, and a 429 from the eviction subresource is a
+/// PodDisruptionBudget's "not now" that the controller must see at once, not minutes later.
+/// Both binaries already treat a failed request as "try again soon" with their own backoff
+/// (the watcher's, the controller's pass, kubelet's retry of a failed prepare).
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
     let config_error =
         |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("{what}: {e}"));
@@ -23,6 +29,8 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
             )
         })?,
     };
+    let mut config = config;
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|e| Error::api("building the API client", &e))
 }
 

@@ -6,6 +6,8 @@
 
 #[path = "support/controller_scenarios.rs"]
 mod scenarios;
+#[path = "support/tier_scenarios.rs"]
+mod tiers;
 
 use std::time::Duration;
 
@@ -812,4 +814,17 @@ async fn gpus_kube_scheduler_gave_for_an_extended_resource_count_as_used() {
     .await;
     check_invariants(&client, ApiVersion::V1).await;
     running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_evicts_the_fewest_lowest_priority_batch_pods_a_budget_allows() {
+    let (_server, client, _dir) = start(&["v1"]).await;
+    tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, ApiVersion::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_tolerant_pod_waits_for_a_fragment_then_takes_one() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    server.use_wall_clock(true);
+    tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, ApiVersion::V1).await;
 }

@@ -8,6 +8,8 @@
 mod envtest;
 #[path = "support/controller_scenarios.rs"]
 mod scenarios;
+#[path = "support/tier_scenarios.rs"]
+mod tiers;
 
 use std::time::Duration;
 
@@ -549,4 +551,41 @@ async fn bind(client: &kube::Client, pod: &Pod, node: &str) -> kube::Result<serd
                     "target": {"apiVersion": "v1", "kind": "Node", "name": node}}),
         )
         .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_against_a_real_api_server() {
+    let assets = match envtest::assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED preemption_against_a_real_api_server: {why}; point \
+                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
+            );
+            return;
+        }
+    };
+    let cluster = envtest::start_cluster(&assets).await;
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    // The real server's own eviction handler and PodDisruptionBudget checks decide here.
+    tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_tolerance_against_a_real_api_server() {
+    let assets = match envtest::assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED delay_tolerance_against_a_real_api_server: {why}; point \
+                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
+            );
+            return;
+        }
+    };
+    let cluster = envtest::start_cluster(&assets).await;
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, version).await;
 }

@@ -303,3 +303,90 @@ async fn pods_are_bound_through_the_binding_subresource_as_a_real_server_binds_t
             .any(|r| r.resource == "pods/binding" && r.verb == Verb::Create && r.code == 201)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_respect_disruption_budgets_as_the_real_handler_does() {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    // No retrying inside the client: a 429 is the answer under test.
+    let mut config = kube::Config::new(server.url().parse().unwrap());
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "ns");
+    let pod = |name: &str, app: &str| {
+        json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": app}},
+               "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    };
+    for (name, app) in [("guarded", "db"), ("pending", "db"), ("free", "web")] {
+        server.create("pods", pod(name, app)).unwrap();
+    }
+    for name in ["guarded", "free"] {
+        server
+            .set_status("pods", Some("ns"), name, &json!({"phase": "Running"}))
+            .unwrap();
+    }
+    server
+        .create(
+            "poddisruptionbudgets",
+            json!({"metadata": {"name": "db", "namespace": "ns"},
+                   "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}}),
+        )
+        .unwrap();
+    let evict = |name: &'static str, dry_run: bool, uid: Option<&str>| {
+        let pods = pods.clone();
+        let body = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": "ns"},
+            "deleteOptions": {"preconditions": {"uid": uid}}});
+        async move {
+            let params = PostParams {
+                dry_run,
+                ..PostParams::default()
+            };
+            match pods
+                .create_subresource::<Value, Value>("eviction", name, &params, &body)
+                .await
+            {
+                Ok(_) => 201,
+                Err(kube::Error::Api(s)) => s.code,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let exists = |name: &str| server.get("pods", Some("ns"), name).is_some();
+    // A budget the disruption controller has not processed yet refuses, as does one at zero.
+    assert_eq!(evict("guarded", false, None).await, 429);
+    server
+        .set_status(
+            "poddisruptionbudgets",
+            Some("ns"),
+            "db",
+            &json!({"observedGeneration": 1, "disruptionsAllowed": 0}),
+        )
+        .unwrap();
+    assert_eq!(evict("guarded", true, None).await, 429);
+    assert_eq!(evict("guarded", false, None).await, 429);
+    assert!(exists("guarded"));
+    // A pending pod is evicted whatever its budget says; a pod no budget covers too.
+    assert_eq!(evict("pending", false, None).await, 201);
+    assert!(!exists("pending"));
+    assert_eq!(evict("free", true, None).await, 201);
+    assert!(exists("free"), "a dry run deletes nothing");
+    assert_eq!(evict("free", false, Some("another-uid")).await, 409);
+    assert_eq!(evict("free", false, None).await, 201);
+    assert!(!exists("free"));
+    // Once the budget allows one disruption, one eviction uses it up.
+    server
+        .set_status(
+            "poddisruptionbudgets",
+            Some("ns"),
+            "db",
+            &json!({"observedGeneration": 1, "disruptionsAllowed": 1}),
+        )
+        .unwrap();
+    assert_eq!(evict("guarded", false, None).await, 201);
+    assert!(!exists("guarded"));
+    let budget = server
+        .get("poddisruptionbudgets", Some("ns"), "db")
+        .unwrap();
+    assert_eq!(budget["status"]["disruptionsAllowed"], 0);
+    assert_eq!(evict("gone", false, None).await, 404);
+}

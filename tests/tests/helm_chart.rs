@@ -351,6 +351,7 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
         ("resource.k8s.io", "resourceclaimtemplates", "delete"),
         ("", "pods", "patch"),
         ("", "pods/status", "patch"),
+        ("", "pods/eviction", "create"),
         ("", "nodes", "list"),
         ("", "events", "create"),
     ] {
@@ -385,6 +386,7 @@ fn the_controller_runs_two_replicas_with_the_webhook_certificate_mounted() {
         parsed.shared_gpu_replicas,
         tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS
     );
+    assert!(!parsed.preemption, "preemption is opt-in");
     let mount = container["volumeMounts"]
         .as_sequence()
         .unwrap()

@@ -103,6 +103,10 @@ const CLAIMS: &[(&str, &str)] = &[
         "examples/claims/11-share-batch.yaml",
         include_str!("../../../examples/claims/11-share-batch.yaml"),
     ),
+    (
+        "examples/claims/12-share-delay-tolerant.yaml",
+        include_str!("../../../examples/claims/12-share-delay-tolerant.yaml"),
+    ),
 ];
 
 /// Pods written for device plugins (Baidu's cGPU, Aliyun's gpushare), placed unchanged.

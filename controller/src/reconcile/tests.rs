@@ -261,6 +261,28 @@ impl Writes for FakeWrites {
         Ok(stored.clone())
     }
 
+    async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
+        tokio::task::yield_now().await;
+        let key = key_of(&pod.metadata);
+        let verb = if dry_run { "evict-dry-run" } else { "evict" };
+        match self.enter(verb, &key) {
+            Err(e) if e.api_code() == Some(429) => return Ok(Eviction::Blocked(e.to_string())),
+            Err(e) => return Err(e),
+            Ok(()) => {}
+        }
+        let mut s = self.state();
+        let Some(stored) = s.pods.get(&key) else {
+            return Ok(Eviction::Gone);
+        };
+        if stored.metadata.uid != pod.metadata.uid {
+            return Ok(Eviction::Gone);
+        }
+        if !dry_run {
+            s.pods.remove(&key);
+        }
+        Ok(Eviction::Evicted)
+    }
+
     async fn event(
         &self,
         pod: &Pod,
@@ -369,6 +391,7 @@ fn reconciler_with(
             policy: Policy::FirstFit,
             unbound_after: Duration::from_hours(1),
             fast_path,
+            preemption: false,
         },
         fake.clone(),
         Arc::new(Metrics::new("first-fit")),
@@ -645,4 +668,136 @@ async fn a_pod_with_a_constraint_the_controller_does_not_evaluate_keeps_the_gate
     assert_eq!(r.pass(&mut view).await.placed, 1);
     assert_eq!(fake.calls(), ["mark ns/a", "allocate ns/a", "ungate ns/p"]);
     assert!(reserved_for(&fake, "ns/a").is_empty());
+}
+
+/// One node with one shared 80Gi GPU and the classes `shared` (online) and `batch`.
+fn shared_gpu_view() -> ClusterView {
+    let mut view = ClusterView::new(DRIVER);
+    view.apply(
+        Resource::Nodes,
+        Change::Listed(vec![json!({"apiVersion": "v1", "kind": "Node",
+                                   "metadata": {"name": "n1", "resourceVersion": "1"}})]),
+    );
+    view.apply(
+        Resource::Slices,
+        Change::Listed(vec![
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "n1-gpus", "resourceVersion": "1"},
+            "spec": {"driver": DRIVER, "nodeName": "n1",
+                     "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0",
+                        "attributes": {"type": {"string": "gpu"}, "sharing": {"string": "shared"}},
+                        "capacity": {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}}]}}),
+        ]),
+    );
+    let class = |name: &str, config: Value| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+               "metadata": {"name": name, "resourceVersion": "1"},
+               "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}],
+                        "config": config}})
+    };
+    view.apply(
+        Resource::Classes,
+        Change::Listed(vec![
+            class("shared", json!([])),
+            class(
+                "batch",
+                json!([{"opaque": {"driver": DRIVER, "parameters": {
+                    "apiVersion": names::CONFIG_API_VERSION, "kind": names::TIER_POLICY_KIND,
+                    "tier": "batch"}}}]),
+            ),
+        ]),
+    );
+    view
+}
+
+/// A share claim of `class` for `gib` GiB, and its gated pod of `priority`, stored in the fake
+/// and applied to the view.
+fn add_share_pod(
+    view: &mut ClusterView,
+    fake: &FakeWrites,
+    name: &str,
+    class: &str,
+    gib: u32,
+    priority: i32,
+) {
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                     "resourceVersion": "1"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": names::CONFIG_API_VERSION, "kind": names::GPU_SHARE_KIND,
+                "memory": format!("{gib}Gi")}}}]}}});
+    let mut pod = pod_json(name, &[name]);
+    pod["metadata"]["uid"] = json!(format!("pod-{name}"));
+    pod["spec"]["priority"] = json!(priority);
+    {
+        let mut s = fake.state();
+        let c: res::ResourceClaim = serde_json::from_value(claim.clone()).unwrap();
+        s.claims.insert(key_of(&c.metadata), c);
+        let p: Pod = serde_json::from_value(pod.clone()).unwrap();
+        s.pods.insert(key_of(&p.metadata), p);
+    }
+    view.apply(Resource::Claims, Change::Applied(claim));
+    view.apply(Resource::Pods, Change::Applied(pod));
+}
+
+#[tokio::test]
+async fn an_online_pod_preempts_once_and_waits_while_its_victim_terminates() {
+    let fake = FakeWrites::default();
+    let mut view = shared_gpu_view();
+    add_share_pod(&mut view, &fake, "low", "batch", 40, 0);
+    add_share_pod(&mut view, &fake, "high", "batch", 40, 5);
+    let (_tx, rx) = watch::channel(true);
+    let mut r = Reconciler::new(
+        ReconcilerConfig {
+            driver_name: DRIVER.to_owned(),
+            policy: Policy::FirstFit,
+            unbound_after: Duration::from_hours(1),
+            fast_path: false,
+            preemption: true,
+        },
+        fake.clone(),
+        Arc::new(Metrics::new("first-fit")),
+        rx,
+    );
+    assert_eq!(r.pass(&mut view).await.placed, 2);
+    add_share_pod(&mut view, &fake, "online", "shared", 40, 0);
+    let before = fake.calls().len();
+    r.pass(&mut view).await;
+    let calls: Vec<String> = fake.calls()[before..].to_vec();
+    assert_eq!(
+        calls,
+        [
+            "evict-dry-run ns/low",
+            "evict ns/low",
+            "event ns/low Preempted",
+            "event ns/online Preempting",
+            "condition ns/online Preempting",
+        ],
+        "the lowest-priority batch pod alone makes room"
+    );
+    // The victim is still in the view (terminating): passes evict nothing more.
+    for _ in 0..3 {
+        view.bump();
+        let before = fake.calls().len();
+        r.pass(&mut view).await;
+        assert!(
+            !fake.calls()[before..]
+                .iter()
+                .any(|c| c.starts_with("evict")),
+            "{:?}",
+            fake.calls()
+        );
+    }
+    // Gone: its claim is released and the online pod placed.
+    view.apply(Resource::Pods, Change::Deleted(pod_json("low", &["low"])));
+    r.pass(&mut view).await;
+    assert!(
+        fake.calls().iter().any(|c| c == "ungate ns/online"),
+        "{:?}",
+        fake.calls()
+    );
+    assert!(!gate::is_gated(&fake.state().pods["ns/online"]));
 }

@@ -70,6 +70,10 @@ pub trait Writes: Send + Sync {
         now: Timestamp,
     ) -> impl Future<Output = Result<Pod>> + Send;
 
+    /// Asks the API server to evict the pod (policy/v1 Eviction, so `PodDisruptionBudgets` are
+    /// respected), or with `dry_run` only whether it would.
+    fn evict(&self, pod: &Pod, dry_run: bool) -> impl Future<Output = Result<Eviction>> + Send;
+
     /// Records an Event about the pod.
     fn event(
         &self,
@@ -79,6 +83,17 @@ pub trait Writes: Send + Sync {
         message: &str,
         now: Timestamp,
     ) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// What the API server answered an eviction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// The pod is being deleted (or, for a dry run, would be).
+    Evicted,
+    /// 429: a `PodDisruptionBudget` does not allow it now; the server's message.
+    Blocked(String),
+    /// The pod is gone, or is another pod by now (a UID precondition failed).
+    Gone,
 }
 
 impl Writes for crate::writer::Writer {
@@ -121,6 +136,9 @@ impl Writes for crate::writer::Writer {
         now: Timestamp,
     ) -> Result<Pod> {
         Self::set_condition(self, pod, allocated, reason, message, now).await
+    }
+    async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
+        Self::evict(self, pod, dry_run).await
     }
     async fn event(
         &self,

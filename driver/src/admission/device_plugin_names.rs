@@ -418,6 +418,7 @@ fn gpu_share(
 ) -> GpuShare {
     GpuShare {
         tier: None,
+        patience: None,
         api_version: names::CONFIG_API_VERSION.to_owned(),
         kind: names::GPU_SHARE_KIND.to_owned(),
         memory: memory_gib.map(|g| Quantity::from_bytes(g.saturating_mul(GIB))),

@@ -7,6 +7,7 @@ use k8s_openapi::api::resource::v1 as res;
 use super::snapshot::{SelectorCache, Snapshot, claim_name};
 use crate::config::Tier;
 use crate::error::{Error, Result};
+use crate::patience::{self, Patience};
 use crate::quantity::Quantity;
 use crate::share::ShareRequest;
 use crate::tier;
@@ -39,6 +40,10 @@ pub(crate) struct ReqSpec {
     pub(crate) capacity_share: Option<std::result::Result<ShareRequest, Error>>,
     /// The tier of the request's shares, as [`crate::tier::request_tier`] resolves it.
     pub(crate) tier: Tier,
+    /// The share's patience when it is delay-tolerant ([`crate::patience::request_patience`]).
+    pub(crate) patience: Option<Patience>,
+    /// Whether this attempt places the share only on fragments ([`super::delay`]).
+    pub(crate) fragments_only: bool,
 }
 
 impl ReqSpec {
@@ -109,7 +114,7 @@ fn share_of(
     full: &str,
     raw: &RawRequest<'_>,
     field: &str,
-) -> Result<(RequestShare, Tier)> {
+) -> Result<(RequestShare, Tier, Option<Patience>)> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let class_fields = validation::class_config_fields(&class_name, Some(class));
     let claim_fields = validation::claim_config_fields(claim);
@@ -131,7 +136,12 @@ fn share_of(
         CapacityShares::OnTesseraDevices,
     )?;
     let tier = tier::request_tier(driver, full, &class_name, &class_configs, &claim_configs)?;
-    Ok((share, tier))
+    // Only a share can wait for a fragment.
+    let patience = match share {
+        RequestShare::Plain => None,
+        _ => patience::request_patience(driver, full, &class_configs, &claim_configs)?,
+    };
+    Ok((share, tier, patience))
 }
 
 struct RawRequest<'a> {
@@ -213,12 +223,13 @@ fn prepare_request(
             Some(out)
         }
     };
-    let (share, capacity_share, tier) = match share_of(driver, class, claim, &full, raw, field) {
-        Err(err) => return Err(e(err.to_string())),
-        Ok((RequestShare::Plain, tier)) => (None, None, tier),
-        Ok((RequestShare::Config(s), tier)) => (Some(s), None, tier),
-        Ok((RequestShare::Capacity(r), tier)) => (None, Some(r), tier),
-    };
+    let (share, capacity_share, tier, patience) =
+        match share_of(driver, class, claim, &full, raw, field) {
+            Err(err) => return Err(e(err.to_string())),
+            Ok((RequestShare::Plain, tier, p)) => (None, None, tier, p),
+            Ok((RequestShare::Config(s), tier, p)) => (Some(s), None, tier, p),
+            Ok((RequestShare::Capacity(r), tier, p)) => (None, Some(r), tier, p),
+        };
     Ok(ReqSpec {
         base: base.to_owned(),
         sub: sub.map(str::to_owned),
@@ -234,6 +245,8 @@ fn prepare_request(
         share,
         capacity_share,
         tier,
+        patience,
+        fragments_only: false,
     })
 }
 

@@ -528,6 +528,9 @@ impl<'a> Search<'a> {
             if !entry.tessera_shared || u.exclusive > 0 || excl_any {
                 return Ok(false);
             }
+            if spec.fragments_only && !super::delay::is_fragment(u) {
+                return Ok(false);
+            }
             // Each card of a share is a distinct GPU.
             if self.picks[c].iter().any(|p| p.device == dev && p.req == r) {
                 return Ok(false);

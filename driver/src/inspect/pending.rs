@@ -28,6 +28,12 @@ pub enum Verdict {
     /// The controller refused its claims for a fault only their owner can fix (the message
     /// says which); it tries again when the pod or one of its claims changes.
     Refused,
+    /// The pod is delay-tolerant and waits for a GPU that is already partly used; the message
+    /// says until when (then it is placed on any GPU).
+    WaitingForFragment,
+    /// The controller evicted batch pods to make room for this online pod and waits for them
+    /// to terminate; the message names them.
+    Preempting,
 }
 
 /// One of the pod's claims.
@@ -141,12 +147,9 @@ pub fn explain_pod(
             .clone_into(&mut explanation.message);
         return Ok(explanation);
     }
-    if let Some(why) = refusal(pod) {
-        explanation.verdict = Verdict::Refused;
-        explanation.message = format!(
-            "gated by Tessera; the controller refused its claims: {why} (only their owner can fix \
-             this: the controller tries again when the pod or one of its claims changes)"
-        );
+    if let Some((verdict, message)) = recorded(pod, pending.is_empty()) {
+        explanation.verdict = verdict;
+        explanation.message = message;
         return Ok(explanation);
     }
     if pending.is_empty() {
@@ -285,6 +288,44 @@ fn resolve_claims(
     (resolved_pod, states, pending, missing)
 }
 
+/// What the controller recorded on the pod that answers for it: a refusal, or (while claims are
+/// pending) that it waits on purpose.
+fn recorded(pod: &core::Pod, nothing_pending: bool) -> Option<(Verdict, String)> {
+    if let Some(why) = refusal(pod) {
+        let message = format!(
+            "gated by Tessera; the controller refused its claims: {why} (only their owner can fix \
+             this: the controller tries again when the pod or one of its claims changes)"
+        );
+        return Some((Verdict::Refused, message));
+    }
+    let (verdict, why) = waiting(pod).filter(|_| !nothing_pending)?;
+    Some((verdict, format!("gated by Tessera; it {why}")))
+}
+
+/// What the controller recorded that the pod waits for on purpose: its condition, false with
+/// reason `WaitingForFragment` or `Preempting`, and the message (which says until when, or for
+/// whom).
+fn waiting(pod: &core::Pod) -> Option<(Verdict, String)> {
+    let condition = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| c.type_ == names::CONDITION_ALLOCATED && c.status == "False")?;
+    let verdict = match condition.reason.as_deref()? {
+        names::REASON_WAITING_FOR_FRAGMENT => Verdict::WaitingForFragment,
+        names::REASON_PREEMPTING => Verdict::Preempting,
+        _ => return None,
+    };
+    let message = condition
+        .message
+        .clone()
+        .unwrap_or_else(|| "waits (no reason given)".to_owned());
+    let message = message
+        .strip_prefix("preempting: ")
+        .map_or_else(|| message.clone(), |rest| format!("is preempting: {rest}"));
+    Some((verdict, message))
+}
+
 /// The controller's refusal recorded on the pod: its condition, false with reason
 /// `AllocationRefused`, and the message.
 fn refusal(pod: &core::Pod) -> Option<String> {
@@ -398,6 +439,61 @@ mod tests {
         assert_eq!(e.verdict, Verdict::Refused);
         assert!(
             e.message.contains("refused") && e.message.contains("field is immutable"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_pod_waiting_for_a_fragment_says_until_when() {
+        let until = "2026-11-25T01:40:00Z";
+        let pod: core::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [], "schedulingGates": [{"name": names::SCHEDULING_GATE}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+            "status": {"conditions": [{"type": names::CONDITION_ALLOCATED, "status": "False",
+                "reason": names::REASON_WAITING_FOR_FRAGMENT,
+                "message": format!("waits for a fragment until {until}: the pod is delay-tolerant")}]},
+        }))
+        .unwrap();
+        let claim: res::ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
+        }))
+        .unwrap();
+        let cluster = ClusterObjects {
+            classes: &[],
+            slices: &[],
+            claims: std::slice::from_ref(&claim),
+            nodes: &[],
+        };
+        let e = explain_pod(names::DEFAULT_DRIVER_NAME, Policy::FirstFit, &pod, &cluster).unwrap();
+        assert_eq!(e.verdict, Verdict::WaitingForFragment);
+        assert!(
+            e.message.contains("waits for a fragment") && e.message.contains(until),
+            "{}",
+            e.message
+        );
+        let mut preempting = pod;
+        let condition = &mut preempting
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0];
+        condition.reason = Some(names::REASON_PREEMPTING.to_owned());
+        condition.message = Some("preempting: evicted batch pods ns/b on node n".to_owned());
+        let e = explain_pod(
+            names::DEFAULT_DRIVER_NAME,
+            Policy::FirstFit,
+            &preempting,
+            &cluster,
+        )
+        .unwrap();
+        assert_eq!(e.verdict, Verdict::Preempting);
+        assert!(
+            e.message.contains("is preempting: evicted batch pods ns/b"),
             "{}",
             e.message
         );

@@ -12,7 +12,8 @@
 //! resourceVersion precondition), the `status` subresource, `pods/binding` (POST: sets
 //! `spec.nodeName`; 409 for a pod already bound or still gated, as a real server answers, and
 //! for a UID that does not match), JSON merge patch, JSON patch,
-//! delete and deleteCollection. As on a real server, deleting an object that carries finalizers
+//! delete and deleteCollection; `PodDisruptionBudgets` (policy/v1) and the `pods/eviction`
+//! subresource with budget checks (see `eviction`). As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
 //! by a merge patch (apply creates an absent object); `managedFields` are recorded only when a
@@ -22,6 +23,7 @@
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
 //! Errors come back as `metav1.Status`. A test can queue error answers per verb and resource.
 
+mod eviction;
 mod patch;
 mod store;
 mod watches;
@@ -48,6 +50,10 @@ pub const RESOURCE_GROUP: &str = "resource.k8s.io";
 pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
 /// The only version of [`COORDINATION_GROUP`] the fake serves.
 const COORDINATION_VERSION: &str = "v1";
+/// The policy group (`PodDisruptionBudgets`), served in v1 only.
+pub const POLICY_GROUP: &str = "policy";
+/// The only version of [`POLICY_GROUP`] the fake serves.
+const POLICY_VERSION: &str = "v1";
 
 /// What a request does, for fault injection and the request log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -85,7 +91,7 @@ pub struct Kind {
     pub has_status: bool,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind {
         resource: "nodes",
         kind: "Node",
@@ -141,6 +147,13 @@ const KINDS: [Kind; 8] = [
         group: COORDINATION_GROUP,
         namespaced: true,
         has_status: false,
+    },
+    Kind {
+        resource: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        group: POLICY_GROUP,
+        namespaced: true,
+        has_status: true,
     },
 ];
 
@@ -297,6 +310,13 @@ impl FakeApiServer {
     /// API server serves them.
     pub fn set_managed_fields(&self, on: bool) {
         self.shared.lock().managed_fields = on;
+    }
+
+    /// Makes later creation and deletion timestamps the wall clock's (whole seconds) instead
+    /// of the fixed time, for tests whose subject counts time from them (a delay-tolerant
+    /// pod's patience runs from its creation).
+    pub fn use_wall_clock(&self, on: bool) {
+        self.shared.lock().wall_clock = on;
     }
 
     /// The names of the stored objects of `resource` that satisfy `predicate` (without
@@ -469,6 +489,8 @@ struct Target {
     status: bool,
     /// `pods/<name>/binding`.
     binding: bool,
+    /// The `pods/eviction` subresource.
+    eviction: bool,
 }
 
 impl Target {
@@ -481,6 +503,9 @@ impl Target {
     }
 
     fn resource_label(&self) -> String {
+        if self.eviction {
+            return format!("{}/eviction", self.kind.resource);
+        }
         if self.status {
             format!("{}/status", self.kind.resource)
         } else if self.binding {
@@ -505,18 +530,26 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         {
             (COORDINATION_GROUP, *version, rest)
         }
+        ["apis", group, version, rest @ ..]
+            if *group == POLICY_GROUP && *version == POLICY_VERSION =>
+        {
+            (POLICY_GROUP, *version, rest)
+        }
         _ => return None,
     };
     let (namespace, rest) = match rest {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_owned()), rest),
         _ => (None, rest),
     };
-    let (resource, name, status, binding) = match rest {
-        [resource] => (*resource, None, false, false),
-        [resource, name] => (*resource, Some((*name).to_owned()), false, false),
-        [resource, name, "status"] => (*resource, Some((*name).to_owned()), true, false),
+    let (resource, name, status, binding, eviction) = match rest {
+        [resource] => (*resource, None, false, false, false),
+        [resource, name] => (*resource, Some((*name).to_owned()), false, false, false),
+        [resource, name, "status"] => (*resource, Some((*name).to_owned()), true, false, false),
         ["pods", name, "binding"] if group.is_empty() => {
-            ("pods", Some((*name).to_owned()), false, true)
+            ("pods", Some((*name).to_owned()), false, true, false)
+        }
+        ["pods", name, "eviction"] if group.is_empty() => {
+            ("pods", Some((*name).to_owned()), false, false, true)
         }
         _ => return None,
     };
@@ -540,7 +573,57 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         name,
         status,
         binding,
+        eviction,
     })
+}
+
+/// An `APIGroup`'s name and versions, for a group served in one version.
+fn one_version_group(group: &str, version: &str) -> Value {
+    let v = json!({"groupVersion": format!("{group}/{version}"), "version": version});
+    json!({"name": group, "versions": [v.clone()], "preferredVersion": v})
+}
+
+/// The `APIResourceList` of one group version.
+fn resource_list(group: &str, version: &str) -> Value {
+    let list: Vec<Value> = KINDS
+        .iter()
+        .filter(|k| k.group == group)
+        .flat_map(|k| {
+            let verbs = json!([
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch"
+            ]);
+            let mut out = vec![json!({
+                "name": k.resource,
+                "singularName": k.kind.to_lowercase(),
+                "namespaced": k.namespaced,
+                "kind": k.kind,
+                "verbs": verbs,
+            })];
+            if k.has_status {
+                out.push(json!({
+                    "name": format!("{}/status", k.resource),
+                    "singularName": "",
+                    "namespaced": k.namespaced,
+                    "kind": k.kind,
+                    "verbs": ["get", "patch", "update"],
+                }));
+            }
+            out
+        })
+        .collect();
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list})
 }
 
 fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
@@ -557,54 +640,9 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             "preferredVersion": group_versions().first().cloned().unwrap_or(Value::Null),
         })
     };
-    let coordination = || {
-        let version = json!({
-            "groupVersion": format!("{COORDINATION_GROUP}/{COORDINATION_VERSION}"),
-            "version": COORDINATION_VERSION,
-        });
-        json!({"name": COORDINATION_GROUP, "versions": [version.clone()], "preferredVersion": version})
-    };
-    let resources = |group: &str, version: &str| {
-        let list: Vec<Value> = KINDS
-            .iter()
-            .filter(|k| k.group == group)
-            .flat_map(|k| {
-                let verbs = json!([
-                    "create",
-                    "delete",
-                    "deletecollection",
-                    "get",
-                    "list",
-                    "patch",
-                    "update",
-                    "watch"
-                ]);
-                let mut out = vec![json!({
-                    "name": k.resource,
-                    "singularName": k.kind.to_lowercase(),
-                    "namespaced": k.namespaced,
-                    "kind": k.kind,
-                    "verbs": verbs,
-                })];
-                if k.has_status {
-                    out.push(json!({
-                        "name": format!("{}/status", k.resource),
-                        "singularName": "",
-                        "namespaced": k.namespaced,
-                        "kind": k.kind,
-                        "verbs": ["get", "patch", "update"],
-                    }));
-                }
-                out
-            })
-            .collect();
-        let group_version = if group.is_empty() {
-            version.to_owned()
-        } else {
-            format!("{group}/{version}")
-        };
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list})
-    };
+    let coordination = || one_version_group(COORDINATION_GROUP, COORDINATION_VERSION);
+    let policy = || one_version_group(POLICY_GROUP, POLICY_VERSION);
+    let resources = resource_list;
     match segments {
         ["api"] => Some(json!({
             "kind": "APIVersions",
@@ -619,6 +657,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
                 vec![group()]
             };
             groups.push(coordination());
+            groups.push(policy());
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["apis", g] if *g == RESOURCE_GROUP && !versions.is_empty() => {
@@ -636,8 +675,17 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             g["apiVersion"] = json!("v1");
             Some(g)
         }
-        ["apis", g, v] if *g == COORDINATION_GROUP && *v == COORDINATION_VERSION => {
-            Some(resources(COORDINATION_GROUP, v))
+        ["apis", g, v]
+            if (*g == COORDINATION_GROUP && *v == COORDINATION_VERSION)
+                || (*g == POLICY_GROUP && *v == POLICY_VERSION) =>
+        {
+            Some(resources(g, v))
+        }
+        ["apis", g] if *g == POLICY_GROUP => {
+            let mut g = policy();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            Some(g)
         }
         ["version"] => Some(json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-fake"})),
         _ => None,
@@ -687,6 +735,10 @@ async fn wait_latency(shared: &Shared, verb: Verb) {
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one request's route, from path to answer, reads best top to bottom"
+)]
 async fn handle(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
@@ -712,6 +764,14 @@ async fn handle(
         .iter()
         .any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
     let verb = match (req.method().clone(), target.name.is_some()) {
+        (Method::POST, true) if target.eviction => Verb::Create,
+        _ if target.eviction => {
+            return error_response(&StatusError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{} is not allowed on {path}", req.method()),
+            ));
+        }
         (Method::GET, true) => Verb::Get,
         (Method::GET, false) if is_watch => Verb::Watch,
         (Method::GET, false) => Verb::List,
@@ -766,6 +826,13 @@ async fn handle(
         None if verb == Verb::Watch => {
             shared.watches.wait_until_let_through().await;
             return watch_response(shared, &target, &params, stopped);
+        }
+        None if target.eviction => {
+            let dry_run = params.iter().any(|(k, v)| k == "dryRun" && v == "All");
+            let namespace = target.namespace.clone().unwrap_or_default();
+            let name = target.name.clone().unwrap_or_default();
+            parse_body(&body)
+                .and_then(|b| eviction::evict(&mut shared.lock(), &namespace, &name, &b, dry_run))
         }
         None => {
             shared.lock().manager = manager;

@@ -88,6 +88,8 @@ pub(crate) struct Store {
     pub(crate) requests: Vec<RecordedRequest>,
     /// Whether writes record `metadata.managedFields`, as a real server does.
     pub(crate) managed_fields: bool,
+    /// Creation and deletion timestamps from the wall clock instead of the fixed time.
+    pub(crate) wall_clock: bool,
     /// Who the write being carried out comes from (its `User-Agent`), for `managedFields`.
     pub(crate) manager: String,
 }
@@ -180,12 +182,26 @@ fn has_finalizers(object: &Value) -> bool {
         .is_some_and(|f| !f.is_empty())
 }
 
+/// The fixed timestamp: tests compare stored objects, and wall-clock time would not help them.
+const FIXED_TIME: &str = "2026-01-01T00:00:00Z";
+
 fn now() -> String {
-    // A fixed timestamp: tests compare stored objects, and wall-clock time would not help them.
-    "2026-01-01T00:00:00Z".to_owned()
+    FIXED_TIME.to_owned()
 }
 
 impl Store {
+    /// A creation or deletion timestamp ([`Store::wall_clock`]).
+    fn timestamp(&self) -> String {
+        if self.wall_clock {
+            // Whole seconds, as the API server writes them.
+            let clock = k8s_openapi::jiff::Timestamp::now();
+            k8s_openapi::jiff::Timestamp::from_second(clock.as_second())
+                .map_or_else(|_| now(), |t| t.to_string())
+        } else {
+            now()
+        }
+    }
+
     fn bump(&mut self) -> u64 {
         self.rv += 1;
         self.rv
@@ -288,7 +304,7 @@ impl Store {
             json!(format!("00000000-0000-4000-8000-{:012x}", self.uid_counter)),
         );
         set_meta(&mut object, "resourceVersion", json!(rv.to_string()));
-        set_meta(&mut object, "creationTimestamp", json!(now()));
+        set_meta(&mut object, "creationTimestamp", json!(self.timestamp()));
         set_meta(&mut object, "generation", json!(1));
         if kind.has_status
             && let Value::Object(map) = &mut object
@@ -458,6 +474,7 @@ impl Store {
         name: &str,
     ) -> Result<Value, StatusError> {
         let key = (kind.resource, namespace.cloned(), name.to_owned());
+        let at = self.timestamp();
         if let Some(object) = self.objects.get_mut(&key)
             && has_finalizers(object)
         {
@@ -465,7 +482,7 @@ impl Store {
             if object.pointer("/metadata/deletionTimestamp").is_some() {
                 return Ok(object.clone());
             }
-            set_meta(object, "deletionTimestamp", json!(now()));
+            set_meta(object, "deletionTimestamp", json!(at));
             let mut object = object.clone();
             let rv = self.bump();
             set_meta(&mut object, "resourceVersion", json!(rv.to_string()));

@@ -283,6 +283,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
         metrics_addr: None,
         shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
         fast_path: true,
+        preemption: false,
     }
 }
 
