@@ -10,6 +10,7 @@
 //! controller just allocated look free.
 
 pub mod reflector;
+mod slim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -191,14 +192,19 @@ fn slim_node(node: &mut Node) {
 #[derive(Debug)]
 pub struct ClusterView {
     driver_name: String,
-    slices: BTreeMap<String, res::ResourceSlice>,
+    /// Shared with the snapshot, which refers to their devices instead of copying them.
+    slices: BTreeMap<String, Arc<res::ResourceSlice>>,
     classes: BTreeMap<String, res::DeviceClass>,
     claims: BTreeMap<String, res::ResourceClaim>,
     pods: BTreeMap<String, Pod>,
     nodes: BTreeMap<String, Node>,
+    /// Each node's allocatable amounts, parsed when the node is stored (same keys as `nodes`).
+    allocatable: BTreeMap<String, Resources>,
     node_list: Option<Arc<Vec<Node>>>,
     snapshot: Option<Snapshot>,
     synced: BTreeSet<Resource>,
+    /// Per resource being listed page by page: the keys its pages had so far.
+    listing: BTreeMap<Resource, BTreeSet<String>>,
     generation: u64,
     workload: Workload,
     learned: BTreeSet<String>,
@@ -216,9 +222,11 @@ impl ClusterView {
             claims: BTreeMap::new(),
             pods: BTreeMap::new(),
             nodes: BTreeMap::new(),
+            allocatable: BTreeMap::new(),
             node_list: None,
             snapshot: None,
             synced: BTreeSet::new(),
+            listing: BTreeMap::new(),
             generation: 0,
             workload: Workload::new(),
             learned: BTreeSet::new(),
@@ -271,6 +279,15 @@ impl ClusterView {
         &self.nodes
     }
 
+    /// Every node in name order, with its allocatable amounts
+    /// ([`tessera_driver::nodefit::node_allocatable`], worked out when the node was stored).
+    pub fn nodes_allocatable(&self) -> impl Iterator<Item = (&String, &Node, Resources)> {
+        self.nodes
+            .iter()
+            .zip(self.allocatable.values())
+            .map(|((name, node), a)| (name, node, *a))
+    }
+
     /// Every node, in name order, shared: the allocator's candidate list when all nodes fit a
     /// pod, without copying a thousand Node objects per pod.
     pub fn node_list(&mut self) -> Arc<Vec<Node>> {
@@ -285,15 +302,15 @@ impl ClusterView {
         let snapshot = if let Some(s) = self.snapshot.take() {
             s
         } else {
-            let slices: Vec<res::ResourceSlice> = self.slices.values().cloned().collect();
+            let slices: Vec<Arc<res::ResourceSlice>> = self.slices.values().cloned().collect();
             let classes: Vec<res::DeviceClass> = self.classes.values().cloned().collect();
-            let allocated: Vec<res::ResourceClaim> = self
-                .claims
-                .values()
-                .filter(|c| gate::is_allocated(c))
-                .cloned()
-                .collect();
-            let mut fresh = Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?;
+            let mut fresh = Snapshot::for_driver_shared(&self.driver_name, &slices, &classes, &[])?;
+            for claim in self.claims.values() {
+                if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref())
+                {
+                    fresh.commit(claim, allocation);
+                }
+            }
             fresh.set_workload(self.workload.clone());
             fresh
         };
@@ -333,24 +350,36 @@ impl ClusterView {
     /// controller's own writes). Objects that do not decode are logged and skipped.
     pub fn apply(&mut self, resource: Resource, change: Change) {
         match change {
-            Change::Listed(items) => {
-                let seen: BTreeSet<String> = items.iter().map(json_key).collect();
-                let gone: Vec<String> = self
-                    .keys(resource)
-                    .into_iter()
-                    .filter(|k| !seen.contains(k))
-                    .collect();
-                for key in gone {
-                    self.remove(resource, &key);
-                }
-                for item in items {
-                    self.upsert(resource, item);
-                }
-                self.synced.insert(resource);
-                self.generation += 1;
-            }
+            Change::Listed(items) => self.list_page(resource, items, true, true),
+            Change::Page { items, first, last } => self.list_page(resource, items, first, last),
             Change::Applied(value) => self.upsert(resource, value),
             Change::Deleted(value) => self.remove(resource, &json_key(&value)),
+        }
+    }
+
+    /// One page of a list of `resource` (a whole list is one page that is first and last):
+    /// its objects are stored at once, and after the last page what no page had is removed.
+    fn list_page(&mut self, resource: Resource, items: Vec<Value>, first: bool, last: bool) {
+        if first {
+            self.listing.insert(resource, BTreeSet::new());
+        }
+        let keys: Vec<String> = items.iter().map(json_key).collect();
+        self.listing.entry(resource).or_default().extend(keys);
+        for item in items {
+            self.upsert(resource, item);
+        }
+        if last {
+            let seen = self.listing.remove(&resource).unwrap_or_default();
+            let gone: Vec<String> = self
+                .keys(resource)
+                .into_iter()
+                .filter(|k| !seen.contains(k))
+                .collect();
+            for key in gone {
+                self.remove(resource, &key);
+            }
+            self.synced.insert(resource);
+            self.generation += 1;
         }
     }
 
@@ -397,9 +426,9 @@ impl ClusterView {
         match &mut object {
             Object::Pod(p) => slim_pod(p),
             Object::Node(n) => slim_node(n),
-            Object::ResourceSlice(s) => s.metadata.managed_fields = None,
+            Object::ResourceSlice(s) => slim::slice(s),
             Object::DeviceClass(c) => c.metadata.managed_fields = None,
-            Object::ResourceClaim(c) => c.metadata.managed_fields = None,
+            Object::ResourceClaim(c) => slim::claim(c),
             Object::ResourceClaimTemplate(_) => {}
         }
         match object {
@@ -410,7 +439,7 @@ impl ClusterView {
                         .get(&key)
                         .and_then(|o| meta_version(&o.metadata)),
                 ) {
-                    self.slices.insert(key, s);
+                    self.slices.insert(key, Arc::new(s));
                     self.snapshot = None;
                     self.generation += 1;
                 }
@@ -445,6 +474,8 @@ impl ClusterView {
                     version,
                     self.nodes.get(&key).and_then(|o| meta_version(&o.metadata)),
                 ) {
+                    self.allocatable
+                        .insert(key.clone(), tessera_driver::nodefit::node_allocatable(&n));
                     self.nodes.insert(key, n);
                     self.node_list = None;
                     self.generation += 1;
@@ -484,7 +515,7 @@ impl ClusterView {
 
     /// Applies a claim the controller just wrote (the server's answer).
     pub fn put_written_claim(&mut self, mut claim: res::ResourceClaim) {
-        claim.metadata.managed_fields = None;
+        slim::claim(&mut claim);
         let key = claim_path(&claim);
         let version = meta_version(&claim.metadata);
         self.put_claim(key, claim, version);
@@ -536,6 +567,7 @@ impl ClusterView {
             }
             Resource::Nodes => {
                 self.nodes.remove(key);
+                self.allocatable.remove(key);
                 self.node_list = None;
             }
         }
@@ -614,6 +646,32 @@ mod tests {
         }
         assert!(view.is_synced());
         assert!(view.claims().is_empty());
+    }
+
+    #[test]
+    fn a_list_in_pages_means_what_one_list_means() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let node = |name: &str| {
+            json!({"apiVersion": "v1", "kind": "Node",
+                                       "metadata": {"name": name, "resourceVersion": "1"}})
+        };
+        view.apply(Resource::Nodes, Change::Applied(node("old")));
+        let page = |items, first, last| Change::Page { items, first, last };
+        // A list abandoned after one page: its objects were stored, but what it did not
+        // have is only removed by a list that ends.
+        view.apply(Resource::Nodes, page(vec![node("x")], true, false));
+        view.apply(Resource::Nodes, page(vec![node("a")], true, false));
+        assert!(!view.is_synced() && view.nodes().contains_key("old"));
+        view.apply(Resource::Nodes, page(vec![node("b")], false, true));
+        let names: Vec<&String> = view.nodes().keys().collect();
+        assert_eq!(names, ["a", "b"]);
+        // The next list in pages drops what none of its pages had.
+        view.apply(Resource::Nodes, page(vec![node("b")], true, false));
+        view.apply(Resource::Nodes, page(vec![], false, true));
+        let names: Vec<&String> = view.nodes().keys().collect();
+        assert_eq!(names, ["b"]);
+        let allocatable: Vec<&String> = view.nodes_allocatable().map(|(n, _, _)| n).collect();
+        assert_eq!(allocatable, ["b"]);
     }
 
     #[test]

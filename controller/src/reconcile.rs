@@ -411,14 +411,20 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         let mut fits = Vec::with_capacity(view.nodes().len());
         let mut misfits = Vec::new();
         let mut total = 0;
-        for (name, node) in view.nodes() {
+        // Both in name order: walked side by side rather than looked up per node.
+        let mut usage = usage.iter().peekable();
+        for (name, node, allocatable) in view.nodes_allocatable() {
             if only.is_some_and(|o| o != name) {
                 fits.push(false);
                 continue;
             }
             total += 1;
-            let used = usage.get(name).copied().unwrap_or_default();
-            match nodefit::check(pod, requests, node, used) {
+            while usage.next_if(|(n, _)| *n < name).is_some() {}
+            let used = usage
+                .next_if(|(n, _)| *n == name)
+                .map(|(_, u)| *u)
+                .unwrap_or_default();
+            match nodefit::check_on(pod, requests, node, allocatable, used) {
                 Ok(()) => fits.push(true),
                 Err(m) => {
                     fits.push(false);

@@ -19,6 +19,17 @@ use super::Resource;
 pub enum Change {
     /// The complete current state (after a list): objects not in it are gone.
     Listed(Vec<Value>),
+    /// One page of a list, handed on as it arrives so that a large list is never held whole:
+    /// the first page starts the list, and after the last one objects not in any page are
+    /// gone (the pages together mean what one [`Change::Listed`] means).
+    Page {
+        /// The page's objects.
+        items: Vec<Value>,
+        /// Whether this page starts a list (an earlier unfinished list is abandoned).
+        first: bool,
+        /// Whether this page ends the list.
+        last: bool,
+    },
     /// An object was added or modified.
     Applied(Value),
     /// An object was deleted.
@@ -27,31 +38,16 @@ pub enum Change {
 
 /// Longest pause between failed attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// How many objects one list request asks for (the server hands out the rest page by page).
-const LIST_PAGE: u32 = 500;
 /// How long one watch request lasts before the server ends it (and it is resumed).
 const WATCH_TIMEOUT_SECONDS: u32 = 290;
 
-fn with_type(mut value: Value, api: &ApiResource) -> Value {
-    // List items may come without apiVersion and kind; the decoders need them.
-    if let Value::Object(map) = &mut value {
-        map.entry("apiVersion")
-            .or_insert_with(|| Value::String(api.api_version.clone()));
-        map.entry("kind")
-            .or_insert_with(|| Value::String(api.kind.clone()));
+/// How many objects one list request asks for (the server hands out the rest page by page):
+/// fewer for slices, each of which may hold up to 128 devices.
+fn list_page(resource: Resource) -> u32 {
+    match resource {
+        Resource::Slices => 50,
+        _ => 500,
     }
-    value
-}
-
-fn to_value(object: &DynamicObject, api: &ApiResource) -> Option<Value> {
-    serde_json::to_value(object).ok().map(|v| with_type(v, api))
-}
-
-/// Drops what nothing reads before the object is copied on (managedFields are often most of
-/// an object's size).
-fn slimmed(mut object: DynamicObject) -> DynamicObject {
-    object.metadata.managed_fields = None;
-    object
 }
 
 /// Reflects `resource` (served as `api`) into `tx` until `tx` is closed.
@@ -64,12 +60,13 @@ pub async fn run(
     let objects: Api<DynamicObject> = Api::all_with(client, &api);
     let mut backoff = Duration::from_millis(100);
     'list: loop {
-        // Listed a page at a time, so a large list is never in memory whole and undecoded.
-        let mut items = Vec::new();
+        // Listed a page at a time, each page handed on as it comes, so a large list is never
+        // in memory whole and undecoded.
         let mut continue_token: Option<String> = None;
         let mut version;
+        let mut first = true;
         loop {
-            let mut params = ListParams::default().limit(LIST_PAGE);
+            let mut params = ListParams::default().limit(list_page(resource));
             if let Some(token) = &continue_token {
                 params = params.continue_token(token);
             }
@@ -84,17 +81,20 @@ pub async fn run(
             };
             version = page.metadata.resource_version.clone().unwrap_or_default();
             continue_token = page.metadata.continue_.clone().filter(|c| !c.is_empty());
-            items.extend(
-                page.items
-                    .into_iter()
-                    .filter_map(|o| to_value(&slimmed(o), &api)),
-            );
-            if continue_token.is_none() {
+            let items = page
+                .items
+                .into_iter()
+                .filter_map(|o| super::slim::object_value(o, &api))
+                .collect();
+            let last = continue_token.is_none();
+            let change = Change::Page { items, first, last };
+            if tx.send((resource, change)).await.is_err() {
+                return;
+            }
+            first = false;
+            if last {
                 break;
             }
-        }
-        if tx.send((resource, Change::Listed(items))).await.is_err() {
-            return;
         }
         loop {
             let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
@@ -115,13 +115,13 @@ pub async fn run(
                         if let Some(rv) = &o.metadata.resource_version {
                             version.clone_from(rv);
                         }
-                        to_value(&slimmed(o), &api).map(Change::Applied)
+                        super::slim::object_value(o, &api).map(Change::Applied)
                     }
                     Ok(WatchEvent::Deleted(o)) => {
                         if let Some(rv) = &o.metadata.resource_version {
                             version.clone_from(rv);
                         }
-                        to_value(&slimmed(o), &api).map(Change::Deleted)
+                        super::slim::object_value(o, &api).map(Change::Deleted)
                     }
                     Ok(WatchEvent::Bookmark(b)) => {
                         version = b.metadata.resource_version;
