@@ -8,7 +8,9 @@
 //! `controller_scale` (and of issue 15's real-cluster measurement), sent as the API server
 //! sends them (`managedFields` included). Each phase prints the process's resident memory
 //! (`VmRSS`) and its peak (`VmHWM`); per-object figures are the growth of `VmRSS` over the
-//! phase divided by the objects added. For exact heap figures run it under
+//! phase divided by the objects added (slices come in list pages of 50, each dropped once
+//! applied, so their figure is what the view and the snapshot keep plus one page in flight).
+//! For exact heap figures run it under
 //! `valgrind --tool=massif` (docs/controller.md, "Memory and CPU at scale").
 //!
 //! The writes go to an in-memory store that answers each as the API server would (the
@@ -42,6 +44,8 @@ use tessera_driver::slices::{self, RenderOptions};
 use tessera_driver::{gate, names};
 
 const GPUS: usize = 8;
+/// Slices per list page (the reflector's page for slices).
+const SLICE_PAGE: usize = 50;
 /// Pods created between two passes.
 const BATCH: usize = 50;
 
@@ -393,25 +397,34 @@ async fn run(nodes: usize, pods: usize) {
         ),
     );
     let rss = phase("nodes", start, nodes, "node");
-    // The slices as one list, as the reflector hands them over after listing.
+    // The slices in pages of 50, as the reflector lists them and hands them on: each page
+    // is decoded into the view and dropped before the next is read.
     let options = RenderOptions {
         consumable_capacity: true,
         ..RenderOptions::default()
     };
-    let mut listed = Vec::with_capacity(nodes);
-    for node in &inventory(nodes).nodes {
-        for slice in slices::render(node, &options).unwrap() {
-            let mut v = apiversion::encode_slice(&slice, ApiVersion::V1).unwrap();
-            v["metadata"]["resourceVersion"] = json!("1");
-            listed.push(served(v));
+    let inventory = inventory(nodes);
+    let pages: Vec<&[_]> = inventory.nodes.chunks(SLICE_PAGE).collect();
+    let mut took = Duration::ZERO;
+    for (i, chunk) in pages.iter().enumerate() {
+        let mut items = Vec::with_capacity(chunk.len());
+        for node in *chunk {
+            for slice in slices::render(node, &options).unwrap() {
+                let mut v = apiversion::encode_slice(&slice, ApiVersion::V1).unwrap();
+                v["metadata"]["resourceVersion"] = json!("1");
+                items.push(served(v));
+            }
         }
+        let change = Change::Page {
+            items,
+            first: i == 0,
+            last: i + 1 == pages.len(),
+        };
+        let cpu = thread_cpu();
+        view.apply(Resource::Slices, change);
+        took += thread_cpu().saturating_sub(cpu);
     }
-    let before_list = phase("slices listed (JSON values)", rss, devices, "device");
-    let cpu = thread_cpu();
-    view.apply(Resource::Slices, Change::Listed(listed));
-    let took = thread_cpu().saturating_sub(cpu);
     let rss = phase("slices in the view", rss, devices, "device");
-    let _ = before_list;
     let cpu = thread_cpu();
     view.snapshot().unwrap();
     let snap_took = thread_cpu().saturating_sub(cpu);

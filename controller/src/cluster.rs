@@ -202,6 +202,8 @@ pub struct ClusterView {
     allocatable: BTreeMap<String, Resources>,
     node_list: Option<Arc<Vec<Node>>>,
     snapshot: Option<Snapshot>,
+    /// How many snapshots were built.
+    builds: u64,
     synced: BTreeSet<Resource>,
     /// Per resource being listed page by page: the keys its pages had so far.
     listing: BTreeMap<Resource, BTreeSet<String>>,
@@ -225,6 +227,7 @@ impl ClusterView {
             allocatable: BTreeMap::new(),
             node_list: None,
             snapshot: None,
+            builds: 0,
             synced: BTreeSet::new(),
             listing: BTreeMap::new(),
             generation: 0,
@@ -312,9 +315,18 @@ impl ClusterView {
                 }
             }
             fresh.set_workload(self.workload.clone());
+            self.builds += 1;
             fresh
         };
         Ok(self.snapshot.insert(snapshot))
+    }
+
+    /// A stamp that changes whenever the use of some device may have changed (the snapshot
+    /// was rebuilt, or an allocation was committed or released on it); `None` when the
+    /// snapshot cannot be built.
+    pub fn device_use_version(&mut self) -> Option<(u64, u64)> {
+        let version = self.snapshot().ok()?.usage_version();
+        Some((self.builds, version))
     }
 
     /// Records that the pod `pod` (its `namespace/name`) taught the snapshot `shape`
@@ -760,6 +772,36 @@ mod tests {
                 "metadata": {"name": "n", "labels": {"zone": "a"}},
                 "spec": {"unschedulable": true}, "status": {"allocatable": {"cpu": "8"}}})
         );
+    }
+
+    #[test]
+    fn the_device_use_stamp_moves_with_allocations_only() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        view.apply(
+            Resource::Slices,
+            Change::Applied(
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "n1-gpus", "resourceVersion": "1"},
+                "spec": {"driver": "gpu.tessera.dev", "nodeName": "n1",
+                         "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": "gpu-0"}]}}),
+            ),
+        );
+        let start = view.device_use_version().unwrap();
+        assert_eq!(view.device_use_version(), Some(start));
+        // A pod or an unallocated claim changes no device's use.
+        view.apply(Resource::Claims, Change::Applied(claim("4", None)));
+        view.apply(
+            Resource::Pods,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "1"}})),
+        );
+        assert_eq!(view.device_use_version(), Some(start));
+        view.apply(Resource::Claims, Change::Applied(claim("5", Some("n1"))));
+        let allocated = view.device_use_version().unwrap();
+        assert_ne!(allocated, start);
+        view.apply(Resource::Claims, Change::Applied(claim("6", None)));
+        assert_ne!(view.device_use_version().unwrap(), allocated);
     }
 
     #[test]

@@ -151,6 +151,8 @@ pub struct Reconciler<W = Writer> {
     remembered: HashMap<String, Remembered>,
     reported_unbound: BTreeSet<String>,
     gauges_at: Option<Instant>,
+    /// The view's device-use stamp the gauges were last worked out for.
+    gauges_of: Option<(u64, u64)>,
     /// The view's generation when orphans were last looked for.
     released_at: Option<u64>,
     /// When unbound allocations were last looked for.
@@ -210,6 +212,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             remembered: HashMap::new(),
             reported_unbound: BTreeSet::new(),
             gauges_at: None,
+            gauges_of: None,
             released_at: None,
             unbound_at: None,
         }
@@ -317,12 +320,18 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 self.report_unbound(view).await;
             }
         }
+        // The per-device gauges walk every device: worked out again only when device use
+        // changed since, and while pods are being placed at most once a GAUGE_INTERVAL.
         let busy = report.placed > 0 || report.released > 0;
-        let due = self
-            .gauges_at
-            .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
+        let stamp = view.device_use_version();
+        let due = stamp.is_some()
+            && stamp != self.gauges_of
+            && self
+                .gauges_at
+                .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
         let usage = if due {
             self.gauges_at = Some(Instant::now());
+            self.gauges_of = stamp;
             view.snapshot().ok().map(|s| s.device_usage())
         } else {
             None

@@ -263,6 +263,8 @@ pub struct Snapshot {
     pub(crate) model_free: ModelFree,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
+    /// Bumped whenever the use of some device changes.
+    usage_changes: u64,
 }
 
 /// The key a claim is tracked by: its UID, else `namespace/name`.
@@ -355,6 +357,7 @@ impl Snapshot {
             model_free: ModelFree::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
+            usage_changes: 0,
         };
         for class in classes {
             let name = class.metadata.name.clone().unwrap_or_default();
@@ -735,7 +738,15 @@ impl Snapshot {
             .collect()
     }
 
+    /// A number that changes whenever the use of some device changes (a commit or release
+    /// that touched a device), so that figures derived from device use (gauges) are worked
+    /// out again only when they can differ.
+    pub fn usage_version(&self) -> u64 {
+        self.usage_changes
+    }
+
     fn apply(&mut self, c: &Contribution, add: bool) {
+        self.usage_changes += 1;
         let before = self.uses[c.device].holders();
         let u = &mut self.uses[c.device];
         match (c.exclusive, add) {

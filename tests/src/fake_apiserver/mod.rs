@@ -4,7 +4,8 @@
 //! Plain HTTP on 127.0.0.1 with an ephemeral port. It serves discovery (`/api`, `/api/v1`,
 //! `/apis`, `/apis/resource.k8s.io[/<version>]`, with the resource.k8s.io versions a test
 //! chooses), and for Nodes, Pods, Events, DeviceClasses, ResourceSlices, ResourceClaims,
-//! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field selectors), watch (`?watch=true`,
+//! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field
+//! selectors, pages with `limit` and `continue`), watch (`?watch=true`,
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first), create, update (PUT, with a
 //! resourceVersion precondition), the `status` subresource, JSON merge patch, JSON patch,
@@ -627,6 +628,58 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
     }
 }
 
+/// One page of a list, as a real server pages with `limit` and `continue`: items in key order
+/// after the token's key, at most `limit`; the token carries the first page's
+/// resourceVersion, which every page reports (a watch from it then sees what changed since).
+fn page(items: Vec<Value>, params: &[(String, String)], rv: u64) -> (Vec<Value>, Value) {
+    let param = |k: &str| {
+        params
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let key = |o: &Value| {
+        let text = |p: &str| {
+            o.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        (text("/metadata/namespace"), text("/metadata/name"))
+    };
+    let limit = param("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let token = param("continue").filter(|t| !t.is_empty());
+    let (rv, after) = match token.and_then(|t| {
+        let mut parts = t.splitn(3, '|');
+        Some((
+            parts.next()?.parse::<u64>().ok()?,
+            parts.next()?,
+            parts.next()?,
+        ))
+    }) {
+        Some((rv, ns, name)) => (rv, Some((ns.to_owned(), name.to_owned()))),
+        None => (rv, None),
+    };
+    let mut rest: Vec<Value> = items
+        .into_iter()
+        .filter(|o| after.as_ref().is_none_or(|a| key(o) > *a))
+        .collect();
+    rest.sort_by_key(key);
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if let Some(limit) = limit
+        && rest.len() > limit
+    {
+        rest.truncate(limit);
+        if let Some(last) = rest.last() {
+            let (ns, name) = key(last);
+            metadata["continue"] = json!(format!("{rv}|{ns}|{name}"));
+        }
+    }
+    (rest, metadata)
+}
+
 fn select(objects: Vec<Value>, params: &[(String, String)]) -> Result<Vec<Value>, StatusError> {
     let param = |k: &str| {
         params
@@ -804,13 +857,18 @@ fn serve(
                     store.delete(kind, ns.as_ref(), n)?;
                 }
             }
+            let (items, metadata) = if verb == Verb::List {
+                page(selected, params, store.rv)
+            } else {
+                (selected, json!({"resourceVersion": store.rv.to_string()}))
+            };
             Ok((
                 200,
                 json!({
                     "kind": format!("{}List", kind.kind),
                     "apiVersion": target.api_version(),
-                    "metadata": {"resourceVersion": store.rv.to_string()},
-                    "items": selected,
+                    "metadata": metadata,
+                    "items": items,
                 }),
             ))
         }
