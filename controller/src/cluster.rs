@@ -12,6 +12,8 @@
 pub mod reflector;
 mod slim;
 
+pub(crate) use slim::claim as slim_claim;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -120,7 +122,7 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
 /// images, env,
 /// volumes, container statuses, ...) is dropped on the way in: at thousands of pods it is most
 /// of their size.
-fn slim_pod(pod: &mut Pod) {
+pub(crate) fn slim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.labels = None;

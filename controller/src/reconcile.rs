@@ -748,7 +748,18 @@ fn apply_updates(view: &mut ClusterView, updates: Vec<ViewUpdate>) {
 
 fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task::JoinError>) {
     match joined {
-        Ok(done) => out.push(done),
+        Ok(mut done) => {
+            // The server's answers wait here until every pod of the pass is written (hundreds
+            // of pods when many arrive at once): keep of them only what the view will keep.
+            for update in &mut done.updates {
+                match update {
+                    ViewUpdate::Claim(c) => crate::cluster::slim_claim(c),
+                    ViewUpdate::Pod(p) => crate::cluster::slim_pod(p),
+                    ViewUpdate::ForgetClaim(_) | ViewUpdate::ForgetPod(_) => {}
+                }
+            }
+            out.push(done);
+        }
         // A task only ends this way if it panicked; its pod is tried again by a later pass.
         Err(e) => warn!(error = %e, "a pod's writes ended abnormally"),
     }

@@ -65,7 +65,7 @@ pub(super) fn slice(slice: &mut res::ResourceSlice) {
 /// deletion time, finalizers (the finalizer patch rewrites the list), Tessera's own
 /// annotations (who allocated it), the spec and the status. Labels, other annotations, owner
 /// references and `managedFields` go.
-pub(super) fn claim(claim: &mut res::ResourceClaim) {
+pub(crate) fn claim(claim: &mut res::ResourceClaim) {
     let ours = names::ANNOTATION_ALLOCATED_BY
         .split_once('/')
         .map_or(names::ANNOTATION_ALLOCATED_BY, |(domain, _)| domain);

@@ -500,3 +500,36 @@ async fn different_pods_writes_are_in_flight_together_each_in_protocol_order() {
     // ...while the second pod's writes start before the first pod's are done.
     assert!(at("mark ns/b") < at("ungate ns/p"), "{calls:?}");
 }
+
+#[test]
+fn answers_waiting_for_the_end_of_a_pass_are_kept_slim() {
+    let mut claim: res::ResourceClaim = serde_json::from_value(claim_json("c1", "3")).unwrap();
+    claim.metadata.labels = Some([("app".to_owned(), "x".to_owned())].into());
+    claim.metadata.managed_fields = Some(vec![Default::default()]);
+    let mut pod: Pod = serde_json::from_value(pod_json("p1", &["c1"])).unwrap();
+    pod.metadata.managed_fields = Some(vec![Default::default()]);
+    let done = Done {
+        job: Job {
+            pod: pod.clone(),
+            claims: Vec::new(),
+            started: Instant::now(),
+        },
+        updates: vec![
+            ViewUpdate::Claim(Box::new(claim)),
+            ViewUpdate::Pod(Box::new(pod)),
+        ],
+        written: Vec::new(),
+        pod_gone: false,
+        result: Ok(()),
+    };
+    let mut out = Vec::new();
+    push_done(&mut out, Ok(done));
+    let [ViewUpdate::Claim(c), ViewUpdate::Pod(p)] = out[0].updates.as_slice() else {
+        panic!("updates changed: {:?}", out[0].updates);
+    };
+    assert!(c.metadata.labels.is_none() && c.metadata.managed_fields.is_none());
+    assert!(p.metadata.managed_fields.is_none());
+    // Containers keep only what decisions read.
+    let containers = &p.spec.as_ref().unwrap().containers;
+    assert!(containers.iter().all(|c| c.image.is_none()));
+}
