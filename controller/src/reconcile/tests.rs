@@ -505,9 +505,13 @@ async fn different_pods_writes_are_in_flight_together_each_in_protocol_order() {
 fn answers_waiting_for_the_end_of_a_pass_are_kept_slim() {
     let mut claim: res::ResourceClaim = serde_json::from_value(claim_json("c1", "3")).unwrap();
     claim.metadata.labels = Some([("app".to_owned(), "x".to_owned())].into());
-    claim.metadata.managed_fields = Some(vec![Default::default()]);
+    claim.metadata.managed_fields = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry::default(),
+    ]);
     let mut pod: Pod = serde_json::from_value(pod_json("p1", &["c1"])).unwrap();
-    pod.metadata.managed_fields = Some(vec![Default::default()]);
+    pod.metadata.managed_fields = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry::default(),
+    ]);
     let done = Done {
         job: Job {
             pod: pod.clone(),
