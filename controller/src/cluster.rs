@@ -10,6 +10,9 @@
 //! controller just allocated look free.
 
 pub mod reflector;
+mod slim;
+
+pub(crate) use slim::claim as slim_claim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -120,7 +123,7 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
 /// images, env,
 /// volumes, container statuses, ...) is dropped on the way in: at thousands of pods it is most
 /// of their size.
-fn slim_pod(pod: &mut Pod) {
+pub(crate) fn slim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.labels = None;
@@ -199,14 +202,21 @@ fn slim_node(node: &mut Node) {
 #[derive(Debug)]
 pub struct ClusterView {
     driver_name: String,
-    slices: BTreeMap<String, res::ResourceSlice>,
+    /// Shared with the snapshot, which refers to their devices instead of copying them.
+    slices: BTreeMap<String, Arc<res::ResourceSlice>>,
     classes: BTreeMap<String, res::DeviceClass>,
     claims: BTreeMap<String, res::ResourceClaim>,
     pods: BTreeMap<String, Pod>,
     nodes: BTreeMap<String, Node>,
+    /// Each node's allocatable amounts, parsed when the node is stored (same keys as `nodes`).
+    allocatable: BTreeMap<String, Resources>,
     node_list: Option<Arc<Vec<Node>>>,
     snapshot: Option<Snapshot>,
+    /// How many snapshots were built.
+    builds: u64,
     synced: BTreeSet<Resource>,
+    /// Per resource being listed page by page: the keys its pages had so far.
+    listing: BTreeMap<Resource, BTreeSet<String>>,
     generation: u64,
     /// Grows whenever a claim becomes allocated (a share placed may make a fragment).
     allocations: u64,
@@ -226,9 +236,12 @@ impl ClusterView {
             claims: BTreeMap::new(),
             pods: BTreeMap::new(),
             nodes: BTreeMap::new(),
+            allocatable: BTreeMap::new(),
             node_list: None,
             snapshot: None,
+            builds: 0,
             synced: BTreeSet::new(),
+            listing: BTreeMap::new(),
             generation: 0,
             allocations: 0,
             workload: Workload::new(),
@@ -288,6 +301,15 @@ impl ClusterView {
         &self.nodes
     }
 
+    /// Every node in name order, with its allocatable amounts
+    /// ([`tessera_driver::nodefit::node_allocatable`], worked out when the node was stored).
+    pub fn nodes_allocatable(&self) -> impl Iterator<Item = (&String, &Node, Resources)> {
+        self.nodes
+            .iter()
+            .zip(self.allocatable.values())
+            .map(|((name, node), a)| (name, node, *a))
+    }
+
     /// Every node, in name order, shared: the allocator's candidate list when all nodes fit a
     /// pod, without copying a thousand Node objects per pod.
     pub fn node_list(&mut self) -> Arc<Vec<Node>> {
@@ -302,19 +324,28 @@ impl ClusterView {
         let snapshot = if let Some(s) = self.snapshot.take() {
             s
         } else {
-            let slices: Vec<res::ResourceSlice> = self.slices.values().cloned().collect();
+            let slices: Vec<Arc<res::ResourceSlice>> = self.slices.values().cloned().collect();
             let classes: Vec<res::DeviceClass> = self.classes.values().cloned().collect();
-            let allocated: Vec<res::ResourceClaim> = self
-                .claims
-                .values()
-                .filter(|c| gate::is_allocated(c))
-                .cloned()
-                .collect();
-            let mut fresh = Snapshot::for_driver(&self.driver_name, &slices, &classes, &allocated)?;
+            let mut fresh = Snapshot::for_driver_shared(&self.driver_name, &slices, &classes, &[])?;
+            for claim in self.claims.values() {
+                if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref())
+                {
+                    fresh.commit(claim, allocation);
+                }
+            }
             fresh.set_workload(self.workload.clone());
+            self.builds += 1;
             fresh
         };
         Ok(self.snapshot.insert(snapshot))
+    }
+
+    /// A stamp that changes whenever the use of some device may have changed (the snapshot
+    /// was rebuilt, or an allocation was committed or released on it); `None` when the
+    /// snapshot cannot be built.
+    pub fn device_use_version(&mut self) -> Option<(u64, u64)> {
+        let version = self.snapshot().ok()?.usage_version();
+        Some((self.builds, version))
     }
 
     /// Records that the pod `pod` (its `namespace/name`) taught the snapshot `shape`
@@ -350,24 +381,36 @@ impl ClusterView {
     /// controller's own writes). Objects that do not decode are logged and skipped.
     pub fn apply(&mut self, resource: Resource, change: Change) {
         match change {
-            Change::Listed(items) => {
-                let seen: BTreeSet<String> = items.iter().map(json_key).collect();
-                let gone: Vec<String> = self
-                    .keys(resource)
-                    .into_iter()
-                    .filter(|k| !seen.contains(k))
-                    .collect();
-                for key in gone {
-                    self.remove(resource, &key);
-                }
-                for item in items {
-                    self.upsert(resource, item);
-                }
-                self.synced.insert(resource);
-                self.generation += 1;
-            }
+            Change::Listed(items) => self.list_page(resource, items, true, true),
+            Change::Page { items, first, last } => self.list_page(resource, items, first, last),
             Change::Applied(value) => self.upsert(resource, value),
             Change::Deleted(value) => self.remove(resource, &json_key(&value)),
+        }
+    }
+
+    /// One page of a list of `resource` (a whole list is one page that is first and last):
+    /// its objects are stored at once, and after the last page what no page had is removed.
+    fn list_page(&mut self, resource: Resource, items: Vec<Value>, first: bool, last: bool) {
+        if first {
+            self.listing.insert(resource, BTreeSet::new());
+        }
+        let keys: Vec<String> = items.iter().map(json_key).collect();
+        self.listing.entry(resource).or_default().extend(keys);
+        for item in items {
+            self.upsert(resource, item);
+        }
+        if last {
+            let seen = self.listing.remove(&resource).unwrap_or_default();
+            let gone: Vec<String> = self
+                .keys(resource)
+                .into_iter()
+                .filter(|k| !seen.contains(k))
+                .collect();
+            for key in gone {
+                self.remove(resource, &key);
+            }
+            self.synced.insert(resource);
+            self.generation += 1;
         }
     }
 
@@ -414,9 +457,9 @@ impl ClusterView {
         match &mut object {
             Object::Pod(p) => slim_pod(p),
             Object::Node(n) => slim_node(n),
-            Object::ResourceSlice(s) => s.metadata.managed_fields = None,
+            Object::ResourceSlice(s) => slim::slice(s),
             Object::DeviceClass(c) => c.metadata.managed_fields = None,
-            Object::ResourceClaim(c) => c.metadata.managed_fields = None,
+            Object::ResourceClaim(c) => slim::claim(c),
             Object::ResourceClaimTemplate(_) => {}
         }
         match object {
@@ -427,7 +470,7 @@ impl ClusterView {
                         .get(&key)
                         .and_then(|o| meta_version(&o.metadata)),
                 ) {
-                    self.slices.insert(key, s);
+                    self.slices.insert(key, Arc::new(s));
                     self.snapshot = None;
                     self.generation += 1;
                 }
@@ -462,6 +505,8 @@ impl ClusterView {
                     version,
                     self.nodes.get(&key).and_then(|o| meta_version(&o.metadata)),
                 ) {
+                    self.allocatable
+                        .insert(key.clone(), tessera_driver::nodefit::node_allocatable(&n));
                     self.nodes.insert(key, n);
                     self.node_list = None;
                     self.generation += 1;
@@ -504,7 +549,7 @@ impl ClusterView {
 
     /// Applies a claim the controller just wrote (the server's answer).
     pub fn put_written_claim(&mut self, mut claim: res::ResourceClaim) {
-        claim.metadata.managed_fields = None;
+        slim::claim(&mut claim);
         let key = claim_path(&claim);
         let version = meta_version(&claim.metadata);
         self.put_claim(key, claim, version);
@@ -556,6 +601,7 @@ impl ClusterView {
             }
             Resource::Nodes => {
                 self.nodes.remove(key);
+                self.allocatable.remove(key);
                 self.node_list = None;
             }
         }
@@ -677,6 +723,32 @@ mod tests {
     }
 
     #[test]
+    fn a_list_in_pages_means_what_one_list_means() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let node = |name: &str| {
+            json!({"apiVersion": "v1", "kind": "Node",
+                                       "metadata": {"name": name, "resourceVersion": "1"}})
+        };
+        view.apply(Resource::Nodes, Change::Applied(node("old")));
+        let page = |items, first, last| Change::Page { items, first, last };
+        // A list abandoned after one page: its objects were stored, but what it did not
+        // have is only removed by a list that ends.
+        view.apply(Resource::Nodes, page(vec![node("x")], true, false));
+        view.apply(Resource::Nodes, page(vec![node("a")], true, false));
+        assert!(!view.is_synced() && view.nodes().contains_key("old"));
+        view.apply(Resource::Nodes, page(vec![node("b")], false, true));
+        let names: Vec<&String> = view.nodes().keys().collect();
+        assert_eq!(names, ["a", "b"]);
+        // The next list in pages drops what none of its pages had.
+        view.apply(Resource::Nodes, page(vec![node("b")], true, false));
+        view.apply(Resource::Nodes, page(vec![], false, true));
+        let names: Vec<&String> = view.nodes().keys().collect();
+        assert_eq!(names, ["b"]);
+        let allocatable: Vec<&String> = view.nodes_allocatable().map(|(n, _, _)| n).collect();
+        assert_eq!(allocatable, ["b"]);
+    }
+
+    #[test]
     fn the_shared_node_list_follows_node_changes() {
         let mut view = ClusterView::new("gpu.tessera.dev");
         let node =
@@ -762,6 +834,36 @@ mod tests {
                 "metadata": {"name": "n", "labels": {"zone": "a"}},
                 "spec": {"unschedulable": true}, "status": {"allocatable": {"cpu": "8"}}})
         );
+    }
+
+    #[test]
+    fn the_device_use_stamp_moves_with_allocations_only() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        view.apply(
+            Resource::Slices,
+            Change::Applied(
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "n1-gpus", "resourceVersion": "1"},
+                "spec": {"driver": "gpu.tessera.dev", "nodeName": "n1",
+                         "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": "gpu-0"}]}}),
+            ),
+        );
+        let start = view.device_use_version().unwrap();
+        assert_eq!(view.device_use_version(), Some(start));
+        // A pod or an unallocated claim changes no device's use.
+        view.apply(Resource::Claims, Change::Applied(claim("4", None)));
+        view.apply(
+            Resource::Pods,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "1"}})),
+        );
+        assert_eq!(view.device_use_version(), Some(start));
+        view.apply(Resource::Claims, Change::Applied(claim("5", Some("n1"))));
+        let allocated = view.device_use_version().unwrap();
+        assert_ne!(allocated, start);
+        view.apply(Resource::Claims, Change::Applied(claim("6", None)));
+        assert_ne!(view.device_use_version().unwrap(), allocated);
     }
 
     #[test]

@@ -183,6 +183,8 @@ pub struct Reconciler<W = Writer> {
     remembered: HashMap<String, Remembered>,
     reported_unbound: BTreeSet<String>,
     gauges_at: Option<Instant>,
+    /// The view's device-use stamp the gauges were last worked out for.
+    gauges_of: Option<(u64, u64)>,
     /// The view's generation when orphans were last looked for.
     released_at: Option<u64>,
     /// When unbound allocations were last looked for.
@@ -246,6 +248,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             remembered: HashMap::new(),
             reported_unbound: BTreeSet::new(),
             gauges_at: None,
+            gauges_of: None,
             released_at: None,
             unbound_at: None,
         }
@@ -355,12 +358,18 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 self.report_unbound(view).await;
             }
         }
+        // The per-device gauges walk every device: worked out again only when device use
+        // changed since, and while pods are being placed at most once a GAUGE_INTERVAL.
         let busy = report.placed > 0 || report.released > 0;
-        let due = self
-            .gauges_at
-            .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
+        let stamp = view.device_use_version();
+        let due = stamp.is_some()
+            && stamp != self.gauges_of
+            && self
+                .gauges_at
+                .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
         let usage = if due {
             self.gauges_at = Some(Instant::now());
+            self.gauges_of = stamp;
             view.snapshot().ok().map(|s| s.device_usage())
         } else {
             None
@@ -471,14 +480,20 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         let mut fits = Vec::with_capacity(view.nodes().len());
         let mut misfits = Vec::new();
         let mut total = 0;
-        for (name, node) in view.nodes() {
+        // Both in name order: walked side by side rather than looked up per node.
+        let mut usage = usage.iter().peekable();
+        for (name, node, allocatable) in view.nodes_allocatable() {
             if only.is_some_and(|o| o != name) {
                 fits.push(false);
                 continue;
             }
             total += 1;
-            let used = usage.get(name).copied().unwrap_or_default();
-            match nodefit::check(pod, requests, node, used) {
+            while usage.next_if(|(n, _)| *n < name).is_some() {}
+            let used = usage
+                .next_if(|(n, _)| *n == name)
+                .map(|(_, u)| *u)
+                .unwrap_or_default();
+            match nodefit::check_on(pod, requests, node, allocatable, used) {
                 Ok(()) => fits.push(true),
                 Err(m) => {
                     fits.push(false);
@@ -821,7 +836,18 @@ fn apply_updates(view: &mut ClusterView, updates: Vec<ViewUpdate>) {
 
 fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task::JoinError>) {
     match joined {
-        Ok(done) => out.push(done),
+        Ok(mut done) => {
+            // The server's answers wait here until every pod of the pass is written (hundreds
+            // of pods when many arrive at once): keep of them only what the view will keep.
+            for update in &mut done.updates {
+                match update {
+                    ViewUpdate::Claim(c) => crate::cluster::slim_claim(c),
+                    ViewUpdate::Pod(p) => crate::cluster::slim_pod(p),
+                    ViewUpdate::ForgetClaim(_) | ViewUpdate::ForgetPod(_) => {}
+                }
+            }
+            out.push(done);
+        }
         // A task only ends this way if it panicked; its pod is tried again by a later pass.
         Err(e) => warn!(error = %e, "a pod's writes ended abnormally"),
     }

@@ -420,19 +420,19 @@ impl Allocator {
                 request: req.full.clone(),
                 driver: entry.driver.clone(),
                 pool: entry.pool.clone(),
-                device: entry.device.name.clone(),
+                device: entry.device().name.clone(),
                 admin_access: req.admin.then_some(true),
                 tolerations: (!req.tolerations.is_empty()).then(|| req.tolerations.clone()),
                 share_id,
                 consumed_capacity: consumed,
-                binding_conditions: entry.device.binding_conditions.clone(),
-                binding_failure_conditions: entry.device.binding_failure_conditions.clone(),
+                binding_conditions: entry.device().binding_conditions.clone(),
+                binding_failure_conditions: entry.device().binding_failure_conditions.clone(),
             });
             if let Some(per) = pick.share.filter(|_| entry.tessera_shared && !req.admin) {
                 shares.push(DeviceShare {
                     request: req.full.clone(),
                     pool: entry.pool.clone(),
-                    device: entry.device.name.clone(),
+                    device: entry.device().name.clone(),
                     memory: Quantity::from_bytes(per.memory_bytes),
                     compute: per.compute_percent,
                     tier: req.tier,
@@ -480,7 +480,7 @@ fn single(claim: String, request: Option<String>, kind: FailureKind) -> Unsatisf
 
 /// The capacity name to write in a result: as the device spells it.
 fn status_name(entry: &snapshot::DeviceEntry, fq: &str) -> String {
-    let raw = entry.device.capacity.as_ref();
+    let raw = entry.device().capacity.as_ref();
     if raw.is_some_and(|c| c.contains_key(fq)) {
         return fq.to_owned();
     }
@@ -558,7 +558,7 @@ fn result_node_selector(snap: &Snapshot, picks: &[Pick], node: &str) -> Option<N
     let mut exprs: Vec<NodeSelectorRequirement> = Vec::new();
     for pick in picks {
         let entry = &snap.devices[pick.device];
-        if matches!(entry.scope, NodeScope::Node(_)) || entry.device.binds_to_node == Some(true) {
+        if matches!(entry.scope, NodeScope::Node(_)) || entry.device().binds_to_node == Some(true) {
             return Some(NodeSelector {
                 node_selector_terms: vec![NodeSelectorTerm {
                     match_expressions: None,
@@ -661,38 +661,59 @@ fn accepted_models(
     cache: &mut snapshot::SelectorCache,
     specs: &[ClaimSpec],
 ) -> Option<std::sync::Arc<[String]>> {
-    let all: BTreeSet<&String> = snap
-        .devices
-        .iter()
-        .filter_map(|d| d.gpu_model.as_ref())
-        .collect();
-    let mut accepted = all.clone();
+    // The cluster's models, each once (computed when the snapshot was built).
+    let all = snap.model_shares.len();
+    let mut accepted: BTreeSet<&str> = snap.model_shares.iter().map(|(m, _)| m.as_str()).collect();
     for claim in specs {
         for alts in &claim.requests {
             let Some(req) = alts.first().filter(|r| !r.admin) else {
                 continue;
             };
-            let mut models: BTreeSet<&String> = BTreeSet::new();
-            for &dev in class_devices(snap, cache, req).iter() {
-                let Some(model) = snap.devices[dev].gpu_model.as_ref() else {
-                    continue;
-                };
-                if models.contains(model) {
-                    continue;
-                }
-                if req
-                    .selectors
-                    .iter()
-                    .all(|&e| snap.eval(cache, e, dev).unwrap_or(false))
-                {
-                    models.insert(model);
-                }
-            }
-            accepted.retain(|m| models.contains(m));
+            let models = request_models(snap, cache, req);
+            accepted.retain(|m| models.iter().any(|a| a == m));
         }
     }
-    (!accepted.is_empty() && accepted.len() < all.len())
-        .then(|| accepted.into_iter().cloned().collect::<Vec<_>>().into())
+    (!accepted.is_empty() && accepted.len() < all).then(|| {
+        accepted
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+            .into()
+    })
+}
+
+/// The models of the devices a request's class and selectors select, found once per class and
+/// selectors on a snapshot (devices never change in one), not once per pod.
+fn request_models(
+    snap: &Snapshot,
+    cache: &mut snapshot::SelectorCache,
+    req: &ReqSpec,
+) -> std::sync::Arc<Vec<String>> {
+    let key = (req.class.clone(), req.selectors.clone());
+    if let Some(models) = cache.request_models.get(&key) {
+        return std::sync::Arc::clone(models);
+    }
+    let mut models: Vec<String> = Vec::new();
+    for &dev in class_devices(snap, cache, req).iter() {
+        let Some(model) = snap.devices[dev].gpu_model.as_ref() else {
+            continue;
+        };
+        if models.contains(model) {
+            continue;
+        }
+        if req
+            .selectors
+            .iter()
+            .all(|&e| snap.eval(cache, e, dev).unwrap_or(false))
+        {
+            models.push(model.clone());
+        }
+    }
+    let models = std::sync::Arc::new(models);
+    cache
+        .request_models
+        .insert(key, std::sync::Arc::clone(&models));
+    models
 }
 
 /// A sound lower bound of what a pod needs of one node, to skip nodes without searching.

@@ -298,6 +298,18 @@ fn taint_text(t: &Taint) -> String {
 /// Whether `pod`, needing `requests`, fits `node`, on which assigned pods already use `used`.
 /// Returns the first filter that fails, in kube-scheduler's filter order.
 pub fn check(pod: &Pod, requests: Resources, node: &Node, used: Resources) -> Result<(), Misfit> {
+    check_on(pod, requests, node, node_allocatable(node), used)
+}
+
+/// [`check`] with the node's [`node_allocatable`] already worked out, for callers that check
+/// many pods against the same nodes (parsing the node's quantities once, not once per pod).
+pub fn check_on(
+    pod: &Pod,
+    requests: Resources,
+    node: &Node,
+    allocatable: Resources,
+    used: Resources,
+) -> Result<(), Misfit> {
     let spec = pod.spec.as_ref();
     let tolerations = spec
         .and_then(|s| s.tolerations.as_deref())
@@ -344,7 +356,7 @@ pub fn check(pod: &Pod, requests: Resources, node: &Node, used: Resources) -> Re
             return Err(Misfit::Taint(taint_text(taint)));
         }
     }
-    let free = node_allocatable(node).minus(used);
+    let free = allocatable.minus(used);
     if requests.pods > free.pods {
         return Err(Misfit::Pods);
     }

@@ -7,7 +7,9 @@
 //!
 //! kube-runtime announces a (re)list as `Init`, one `InitApply` per object, then `InitDone`;
 //! the objects are gathered and handed on as one [`Change::Listed`], the complete current
-//! state, so a consumer can drop whatever it holds that the list no longer has.
+//! state, so a consumer can drop whatever it holds that the list no longer has — or, with
+//! [`WatchOptions::pages`], as [`Change::Page`]s of at most a page's objects each, handed on as
+//! they come, so a large list is never held whole (the controller's view, at 1,000 nodes).
 
 use std::time::Duration;
 
@@ -25,6 +27,17 @@ use crate::error::{Error, Result};
 pub enum Change {
     /// The complete current state (after a list): objects not in it are gone.
     Listed(Vec<Value>),
+    /// One page of a list ([`WatchOptions::pages`]): the first page starts the list (an
+    /// unfinished earlier one is abandoned), and after the last one objects not in any page
+    /// are gone; together the pages mean what one [`Change::Listed`] means.
+    Page {
+        /// The page's objects.
+        items: Vec<Value>,
+        /// Whether this page starts a list.
+        first: bool,
+        /// Whether this page ends the list.
+        last: bool,
+    },
     /// An object was added or modified.
     Applied(Value),
     /// An object was deleted.
@@ -40,6 +53,8 @@ pub struct WatchOptions {
     pub page_size: u32,
     /// How long one watch request lasts before the server ends it (and it is resumed).
     pub timeout_seconds: u32,
+    /// Hand a list on a page at a time ([`Change::Page`]) rather than whole ([`Change::Listed`]).
+    pub pages: bool,
 }
 
 impl Default for WatchOptions {
@@ -48,6 +63,7 @@ impl Default for WatchOptions {
             field_selector: None,
             page_size: 500,
             timeout_seconds: 290,
+            pages: false,
         }
     }
 }
@@ -64,21 +80,31 @@ impl WatchOptions {
     }
 }
 
-/// Fills in `apiVersion` and `kind` (list items may come without them; decoders need them) and
-/// drops `managedFields`, which nothing in Tessera reads and which are often most of an
-/// object's size.
+/// The JSON object of what the client decoded, made by moving its parts (not by serialising
+/// the whole object again), with `apiVersion` and `kind` filled in from `api` where a list
+/// item came without them (decoders need them), and without `managedFields`, which nothing in
+/// Tessera reads and which are often most of an object's size. `None` for an object whose body
+/// is not a JSON object.
 fn to_value(object: DynamicObject, api: &ApiResource) -> Option<Value> {
-    let mut value = serde_json::to_value(object).ok()?;
-    if let Value::Object(map) = &mut value {
-        map.entry("apiVersion")
-            .or_insert_with(|| Value::String(api.api_version.clone()));
-        map.entry("kind")
-            .or_insert_with(|| Value::String(api.kind.clone()));
-        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
-            meta.remove("managedFields");
-        }
-    }
-    Some(value)
+    let DynamicObject {
+        types,
+        mut metadata,
+        data,
+    } = object;
+    metadata.managed_fields = None;
+    let mut map = match data {
+        Value::Object(map) => map,
+        Value::Null => serde_json::Map::new(),
+        _ => return None,
+    };
+    let (api_version, kind) = match types {
+        Some(t) => (t.api_version, t.kind),
+        None => (api.api_version.clone(), api.kind.clone()),
+    };
+    map.insert("apiVersion".to_owned(), Value::String(api_version));
+    map.insert("kind".to_owned(), Value::String(kind));
+    map.insert("metadata".to_owned(), serde_json::to_value(&metadata).ok()?);
+    Some(Value::Object(map))
 }
 
 /// What went wrong in one step of the watch, as an [`Error::Api`].
@@ -132,18 +158,41 @@ pub fn changes<B: Backoff + 'static>(
     let objects: Api<DynamicObject> = Api::all_with(client, api);
     let events = StreamBackoff::new(watcher(objects, options.watcher_config()), backoff);
     let api = api.clone();
-    // Objects of a list in progress, handed on whole at its end.
+    let (pages, page_size) = (
+        options.pages,
+        usize::try_from(options.page_size).unwrap_or(usize::MAX).max(1),
+    );
+    // Objects of a list in progress: handed on whole at its end, or a page at a time.
     let mut listing: Vec<Value> = Vec::new();
+    let mut first = true;
+    let page = move |listing: &mut Vec<Value>, first: &mut bool, last: bool| {
+        let items = std::mem::take(listing);
+        let change = if pages {
+            Change::Page {
+                items,
+                first: std::mem::replace(first, false),
+                last,
+            }
+        } else {
+            Change::Listed(items)
+        };
+        Some(Ok(change))
+    };
     events.filter_map(move |event| match event {
         Ok(Event::Init) => {
             listing = Vec::new();
+            first = true;
             None
         }
         Ok(Event::InitApply(object)) => {
             listing.extend(to_value(object, &api));
-            None
+            if pages && listing.len() >= page_size {
+                page(&mut listing, &mut first, false)
+            } else {
+                None
+            }
         }
-        Ok(Event::InitDone) => Some(Ok(Change::Listed(std::mem::take(&mut listing)))),
+        Ok(Event::InitDone) => page(&mut listing, &mut first, true),
         Ok(Event::Apply(object)) => to_value(object, &api).map(|v| Ok(Change::Applied(v))),
         Ok(Event::Delete(object)) => to_value(object, &api).map(|v| Ok(Change::Deleted(v))),
         Err(e) => Some(Err(watch_error(&api, &e))),
@@ -200,6 +249,7 @@ mod tests {
             field_selector: Some("spec.nodeName=n1".to_owned()),
             page_size: 50,
             timeout_seconds: 60,
+            pages: true,
         };
         let config = options.watcher_config();
         assert_eq!(config.field_selector.as_deref(), Some("spec.nodeName=n1"));

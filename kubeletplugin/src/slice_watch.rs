@@ -55,11 +55,25 @@ pub(crate) async fn run(publisher: Arc<SlicePublisher>, drifted: Arc<Notify>) {
                     tessera_kubeapi::backoff(initial, max),
                 );
                 let mut changes = std::pin::pin!(changes);
+                // A list handed on in pages (not asked for here: one node's slices are few)
+                // is judged once whole.
+                let mut listing: Vec<serde_json::Value> = Vec::new();
                 while let Some(change) = changes.next().await {
                     match change {
                         Ok(Change::Listed(items)) => {
                             pauses.reset();
                             judge(&publisher, SliceEvent::Listed(&items), &drifted).await;
+                        }
+                        Ok(Change::Page { items, first, last }) => {
+                            if first {
+                                listing.clear();
+                            }
+                            listing.extend(items);
+                            if last {
+                                pauses.reset();
+                                let items = std::mem::take(&mut listing);
+                                judge(&publisher, SliceEvent::Listed(&items), &drifted).await;
+                            }
                         }
                         Ok(Change::Applied(v)) => {
                             judge(&publisher, SliceEvent::Applied(&v), &drifted).await;

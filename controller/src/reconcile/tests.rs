@@ -801,3 +801,41 @@ async fn an_online_pod_preempts_once_and_waits_while_its_victim_terminates() {
     );
     assert!(!gate::is_gated(&fake.state().pods["ns/online"]));
 }
+
+#[test]
+fn answers_waiting_for_the_end_of_a_pass_are_kept_slim() {
+    let mut claim: res::ResourceClaim = serde_json::from_value(claim_json("c1", "3")).unwrap();
+    claim.metadata.labels = Some([("app".to_owned(), "x".to_owned())].into());
+    claim.metadata.managed_fields = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry::default(),
+    ]);
+    let mut pod: Pod = serde_json::from_value(pod_json("p1", &["c1"])).unwrap();
+    pod.metadata.managed_fields = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry::default(),
+    ]);
+    let done = Done {
+        job: Job {
+            pod: pod.clone(),
+            claims: Vec::new(),
+            started: Instant::now(),
+            reserve: false,
+        },
+        updates: vec![
+            ViewUpdate::Claim(Box::new(claim)),
+            ViewUpdate::Pod(Box::new(pod)),
+        ],
+        written: Vec::new(),
+        pod_gone: false,
+        result: Ok(()),
+    };
+    let mut out = Vec::new();
+    push_done(&mut out, Ok(done));
+    let [ViewUpdate::Claim(c), ViewUpdate::Pod(p)] = out[0].updates.as_slice() else {
+        panic!("updates changed: {:?}", out[0].updates);
+    };
+    assert!(c.metadata.labels.is_none() && c.metadata.managed_fields.is_none());
+    assert!(p.metadata.managed_fields.is_none());
+    // Containers keep only what decisions read.
+    let containers = &p.spec.as_ref().unwrap().containers;
+    assert!(containers.iter().all(|c| c.image.is_none()));
+}

@@ -106,7 +106,7 @@ enum ConstraintState {
 
 pub(crate) fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrSet> {
     let entry = &snap.devices[dev];
-    let attrs = entry.device.attributes.as_ref()?;
+    let attrs = entry.device().attributes.as_ref()?;
     let attr = attrs.get(name).or_else(|| {
         let (domain, id) = name.split_once('/')?;
         if domain == entry.driver {

@@ -15,7 +15,7 @@
 //! of Tessera's record, else the whole device; any other result holds the device whole.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
@@ -39,7 +39,6 @@ pub(crate) struct DeviceEntry {
     pub(crate) driver: String,
     pub(crate) pool: String,
     pub(crate) pool_idx: usize,
-    pub(crate) device: res::Device,
     pub(crate) scope: NodeScope,
     pub(crate) capacity: BTreeMap<String, Capacity>,
     /// `allowMultipleAllocations`.
@@ -60,19 +59,39 @@ pub(crate) struct DeviceEntry {
     pub(crate) gpu_model: Option<String>,
     /// Fully qualified memory and compute capacity names (computed once: hot in searches).
     share_keys: (String, String),
-    cel: OnceLock<CelDevice>,
+    /// The slice that publishes the device, shared with whoever handed it in (the
+    /// controller's view keeps the same one), and the device's position in its list: a
+    /// device is held once, not once by the caller and again by the snapshot.
+    slice: Arc<res::ResourceSlice>,
+    at: usize,
 }
+
+/// What [`DeviceEntry::device`] answers should its position not be found (it always is:
+/// entries are made from the devices of their own slice, which nobody changes).
+static NO_DEVICE: std::sync::LazyLock<res::Device> = std::sync::LazyLock::new(res::Device::default);
 
 impl DeviceEntry {
     /// `driver/pool/device`, for messages.
     pub(crate) fn id(&self) -> String {
-        format!("{}/{}/{}", self.driver, self.pool, self.device.name)
+        format!("{}/{}/{}", self.driver, self.pool, self.device().name)
     }
 
-    /// The CEL view of the device, built on first use.
-    pub(crate) fn cel(&self) -> &CelDevice {
-        self.cel
-            .get_or_init(|| CelDevice::new(&self.driver, &self.device))
+    /// The device as its slice lists it.
+    pub(crate) fn device(&self) -> &res::Device {
+        self.slice
+            .spec
+            .devices
+            .as_deref()
+            .and_then(|d| d.get(self.at))
+            .unwrap_or(&NO_DEVICE)
+    }
+
+    /// The CEL view of the device. Built for each evaluation and dropped after it: every
+    /// (expression, device) result is cached by the snapshot, so each is built once per
+    /// distinct expression, and a snapshot of thousands of devices does not keep a second
+    /// copy of every attribute in CEL form.
+    pub(crate) fn cel(&self) -> CelDevice {
+        CelDevice::new(&self.driver, self.device())
     }
 
     /// Fully qualified memory and compute capacity names of this device's driver.
@@ -177,6 +196,8 @@ pub(crate) struct SelectorCache {
     pub(crate) class_matches_multi: HashMap<String, bool>,
     /// Per class: the devices its selectors select (devices never change in a snapshot).
     pub(crate) class_devices: HashMap<String, Arc<Vec<usize>>>,
+    /// Per class and request selectors: the GPU models of the devices they select.
+    pub(crate) request_models: HashMap<(String, Vec<usize>), Arc<Vec<String>>>,
     candidate_names: Arc<Vec<String>>,
     candidate_ids: Arc<Vec<Option<usize>>>,
     /// Node scores of cacheable policies.
@@ -242,6 +263,8 @@ pub struct Snapshot {
     pub(crate) model_free: ModelFree,
     cel: CelCache,
     selectors: Mutex<SelectorCache>,
+    /// Bumped whenever the use of some device changes.
+    usage_changes: u64,
 }
 
 /// The key a claim is tracked by: its UID, else `namespace/name`.
@@ -299,6 +322,19 @@ impl Snapshot {
         classes: &[res::DeviceClass],
         allocated: &[res::ResourceClaim],
     ) -> Result<Self> {
+        let shared: Vec<Arc<res::ResourceSlice>> = slices.iter().cloned().map(Arc::new).collect();
+        Self::for_driver_shared(tessera_driver, &shared, classes, allocated)
+    }
+
+    /// [`Snapshot::for_driver`] over slices the caller keeps too: the snapshot refers to
+    /// their devices instead of copying them (a long-lived holder such as the controller's
+    /// cluster view then holds each device once).
+    pub fn for_driver_shared(
+        tessera_driver: &str,
+        slices: &[Arc<res::ResourceSlice>],
+        classes: &[res::DeviceClass],
+        allocated: &[res::ResourceClaim],
+    ) -> Result<Self> {
         let mut snap = Self {
             tessera_driver: tessera_driver.to_owned(),
             devices: Vec::new(),
@@ -321,6 +357,7 @@ impl Snapshot {
             model_free: ModelFree::new(),
             cel: CelCache::new(),
             selectors: Mutex::new(SelectorCache::default()),
+            usage_changes: 0,
         };
         for class in classes {
             let name = class.metadata.name.clone().unwrap_or_default();
@@ -362,9 +399,9 @@ impl Snapshot {
         Ok(snap)
     }
 
-    fn gather_pools(&mut self, slices: &[res::ResourceSlice]) -> Result<()> {
+    fn gather_pools(&mut self, slices: &[Arc<res::ResourceSlice>]) -> Result<()> {
         let mut seen_names = std::collections::HashSet::new();
-        let mut groups: BTreeMap<(String, String), Vec<&res::ResourceSlice>> = BTreeMap::new();
+        let mut groups: BTreeMap<(String, String), Vec<&Arc<res::ResourceSlice>>> = BTreeMap::new();
         for slice in slices {
             let name = slice.metadata.name.clone().unwrap_or_default();
             if !name.is_empty() && !seen_names.insert(name.clone()) {
@@ -381,7 +418,7 @@ impl Snapshot {
                 .map(|s| s.spec.pool.generation)
                 .max()
                 .unwrap_or_default();
-            let mut current: Vec<&res::ResourceSlice> = group
+            let mut current: Vec<&Arc<res::ResourceSlice>> = group
                 .into_iter()
                 .filter(|s| s.spec.pool.generation == newest)
                 .collect();
@@ -401,7 +438,8 @@ impl Snapshot {
                 self.pools.push(pool);
                 continue;
             }
-            if let Err(why) = Self::check_pool(&current, &mut pool.counters) {
+            let plain: Vec<&res::ResourceSlice> = current.iter().map(|s| &***s).collect();
+            if let Err(why) = Self::check_pool(&plain, &mut pool.counters) {
                 pool.unusable = Some(format!(
                     "resource pool {driver}/{pool_name} is invalid: {why}"
                 ));
@@ -416,7 +454,7 @@ impl Snapshot {
                 );
                 let per_device = slice.spec.per_device_node_selection == Some(true);
                 let scope = slice_scope(&slice.spec);
-                for device in slice.spec.devices.iter().flatten() {
+                for (at, device) in slice.spec.devices.iter().flatten().enumerate() {
                     let scope = if per_device {
                         NodeScope::from_fields(
                             device.node_name.as_ref(),
@@ -426,7 +464,8 @@ impl Snapshot {
                     } else {
                         scope.clone()
                     };
-                    self.add_device(&object, &driver, &pool_name, pool_idx, device, scope)?;
+                    let place = (pool_idx, Arc::clone(slice), at);
+                    self.add_device(&object, &driver, &pool_name, place, device, scope)?;
                 }
             }
         }
@@ -479,7 +518,7 @@ impl Snapshot {
         object: &str,
         driver: &str,
         pool: &str,
-        pool_idx: usize,
+        (pool_idx, slice, at): (usize, Arc<res::ResourceSlice>, usize),
         device: &res::Device,
         scope: NodeScope,
     ) -> Result<()> {
@@ -551,8 +590,8 @@ impl Snapshot {
                 capacity::qualify(names::CAP_MEMORY, driver),
                 capacity::qualify(names::CAP_COMPUTE, driver),
             ),
-            device: device.clone(),
-            cel: OnceLock::new(),
+            slice,
+            at,
         });
         Ok(())
     }
@@ -699,7 +738,15 @@ impl Snapshot {
             .collect()
     }
 
+    /// A number that changes whenever the use of some device changes (a commit or release
+    /// that touched a device), so that figures derived from device use (gauges) are worked
+    /// out again only when they can differ.
+    pub fn usage_version(&self) -> u64 {
+        self.usage_changes
+    }
+
     fn apply(&mut self, c: &Contribution, add: bool) {
+        self.usage_changes += 1;
         let before = self.uses[c.device].holders();
         let u = &mut self.uses[c.device];
         match (c.exclusive, add) {
@@ -991,7 +1038,7 @@ impl Snapshot {
             }
             _ => {}
         }
-        match cache.exprs[expr].evaluate(self.devices[idx].cel()) {
+        match cache.exprs[expr].evaluate(&self.devices[idx].cel()) {
             Ok(b) => {
                 cache.results[expr][idx] = if b { 2 } else { 1 };
                 Ok(b)

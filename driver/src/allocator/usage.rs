@@ -60,7 +60,7 @@ impl Snapshot {
                 DeviceUsage {
                     driver: entry.driver.clone(),
                     pool: entry.pool.clone(),
-                    device: entry.device.name.clone(),
+                    device: entry.device().name.clone(),
                     exclusive: used.exclusive,
                     shares: used.shares,
                     memory_total,

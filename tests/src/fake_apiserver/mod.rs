@@ -4,7 +4,8 @@
 //! Plain HTTP on 127.0.0.1 with an ephemeral port. It serves discovery (`/api`, `/api/v1`,
 //! `/apis`, `/apis/resource.k8s.io[/<version>]`, with the resource.k8s.io versions a test
 //! chooses), and for Nodes, Pods, Events, DeviceClasses, ResourceSlices, ResourceClaims,
-//! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field selectors), watch (`?watch=true`,
+//! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field
+//! selectors, pages with `limit` and `continue`), watch (`?watch=true`,
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first; `allowWatchBookmarks=true` gets
 //! bookmarks when a test sends them; a watch from before the compacted history gets 410 Gone;
