@@ -25,6 +25,7 @@
 //! while let Some(change) = changes.next().await {
 //!     match change {
 //!         Ok(Change::Listed(all)) => { /* the complete current state */ }
+//!         Ok(Change::Page { .. }) => { /* only with `WatchOptions::pages` */ }
 //!         Ok(Change::Applied(one) | Change::Deleted(one)) => { /* one object */ }
 //!         Err(e) => { /* logged; the stream backs off and goes on */ }
 //!     }
