@@ -45,6 +45,7 @@
 //! the rule and device counts (needed and found, or the constraint no node can meet); only
 //! inconsistent snapshot input is an [`Error`](crate::Error).
 
+mod booking;
 mod capacity;
 pub(crate) mod nodeselect;
 mod place;
@@ -420,6 +421,7 @@ impl Allocator {
                 binding_failure_conditions: entry.device.binding_failure_conditions.clone(),
             });
             if let Some(per) = pick.share.filter(|_| entry.tessera_shared && !req.admin) {
+                let (over_memory, over_compute) = pick.over.unwrap_or_default();
                 shares.push(DeviceShare {
                     request: req.full.clone(),
                     pool: entry.pool.clone(),
@@ -427,6 +429,11 @@ impl Allocator {
                     memory: Quantity::from_bytes(per.memory_bytes),
                     compute: per.compute_percent,
                     tier: req.tier,
+                    guaranteed_memory: (over_memory > 0).then(|| {
+                        Quantity::from_bytes(per.memory_bytes.saturating_sub(over_memory))
+                    }),
+                    guaranteed_compute: (over_compute > 0)
+                        .then(|| per.compute_percent.saturating_sub(over_compute)),
                 });
                 if !share_requests.contains(&req.full) {
                     share_requests.push(req.full.clone());
@@ -726,6 +733,10 @@ fn quick_need(
                 continue;
             }
             let count = u32::try_from(req.count).unwrap_or(u32::MAX);
+            // Over-committed memory may fit where no memory is free: no sound bound.
+            if req.share.is_some() && req.overcommit.memory.overcommits() {
+                continue;
+            }
             if let Some(share) = &req.share {
                 need.share_cards = need.share_cards.max(share.cards);
                 match share.memory {

@@ -7,6 +7,7 @@ use k8s_openapi::api::resource::v1 as res;
 use super::snapshot::{SelectorCache, Snapshot, claim_name};
 use crate::config::Tier;
 use crate::error::{Error, Result};
+use crate::overcommit::{self, Overcommit};
 use crate::quantity::Quantity;
 use crate::share::ShareRequest;
 use crate::tier;
@@ -39,6 +40,8 @@ pub(crate) struct ReqSpec {
     pub(crate) capacity_share: Option<std::result::Result<ShareRequest, Error>>,
     /// The tier of the request's shares, as [`crate::tier::request_tier`] resolves it.
     pub(crate) tier: Tier,
+    /// The class's over-commit factors when the tier is batch; none for online shares.
+    pub(crate) overcommit: Overcommit,
 }
 
 impl ReqSpec {
@@ -109,7 +112,7 @@ fn share_of(
     full: &str,
     raw: &RawRequest<'_>,
     field: &str,
-) -> Result<(RequestShare, Tier)> {
+) -> Result<(RequestShare, Tier, Overcommit)> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let class_fields = validation::class_config_fields(&class_name, Some(class));
     let claim_fields = validation::claim_config_fields(claim);
@@ -131,7 +134,11 @@ fn share_of(
         CapacityShares::OnTesseraDevices,
     )?;
     let tier = tier::request_tier(driver, full, &class_name, &class_configs, &claim_configs)?;
-    Ok((share, tier))
+    let overcommit = match tier {
+        Tier::Online => Overcommit::NONE,
+        Tier::Batch => overcommit::request_overcommit(driver, full, &class_configs)?,
+    };
+    Ok((share, tier, overcommit))
 }
 
 struct RawRequest<'a> {
@@ -213,11 +220,12 @@ fn prepare_request(
             Some(out)
         }
     };
-    let (share, capacity_share, tier) = match share_of(driver, class, claim, &full, raw, field) {
-        Err(err) => return Err(e(err.to_string())),
-        Ok((RequestShare::Plain, tier)) => (None, None, tier),
-        Ok((RequestShare::Config(s), tier)) => (Some(s), None, tier),
-        Ok((RequestShare::Capacity(r), tier)) => (None, Some(r), tier),
+    let (share, tier, overcommit) =
+        share_of(driver, class, claim, &full, raw, field).map_err(|err| e(err.to_string()))?;
+    let (share, capacity_share) = match share {
+        RequestShare::Plain => (None, None),
+        RequestShare::Config(s) => (Some(s), None),
+        RequestShare::Capacity(r) => (None, Some(r)),
     };
     Ok(ReqSpec {
         base: base.to_owned(),
@@ -234,6 +242,7 @@ fn prepare_request(
         share,
         capacity_share,
         tier,
+        overcommit,
     })
 }
 
