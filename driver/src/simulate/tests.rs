@@ -41,6 +41,7 @@ fn run(policy: Policy, seed: u64) -> SeedResult {
         policy,
         seed,
         history: None,
+        mixing: None,
     };
     replay(
         &cluster(),
