@@ -197,7 +197,7 @@ impl Allocator {
     /// one of `candidates`: only nodes with that much free (where the snapshot tracks it,
     /// [`Snapshot::set_host`]) are considered. Nothing is committed: callers that place pods
     /// one after another use [`Allocator::place_pod`], which does.
-    #[allow(clippy::too_many_lines)] // Reason: the whole decision in one place: prepare, order, search, build.
+    /// (Preparing the claims here; ordering, searching and building in `place_specs`.)
     pub fn allocate_pod(
         &self,
         snapshot: &Snapshot,
@@ -219,14 +219,54 @@ impl Allocator {
                 }
             }
         }
+        // Batch is over-committed only where it fits nowhere without: a pod with over-commit
+        // allowed is placed as if it had none first (crate::overcommit).
+        if specs
+            .iter()
+            .any(|s| s.requests.iter().flatten().any(|r| r.overcommit.any()))
+        {
+            let strict: Vec<ClaimSpec> = specs
+                .iter()
+                .cloned()
+                .map(request::without_overcommit)
+                .collect();
+            if let Ok(p) = self.place_specs(
+                snapshot, &mut cache, claims, &strict, candidates, host, false,
+            ) {
+                return Ok(p);
+            }
+        }
+        self.place_specs(
+            snapshot,
+            &mut cache,
+            claims,
+            &specs,
+            candidates,
+            host,
+            self.explain,
+        )
+    }
+
+    /// Places prepared claims; `explain` diagnoses a pod that fits nowhere.
+    #[allow(clippy::too_many_lines, clippy::too_many_arguments)] // Reason: the whole decision in one place: order, search, build.
+    fn place_specs(
+        &self,
+        snapshot: &Snapshot,
+        cache: &mut snapshot::SelectorCache,
+        claims: &[&res::ResourceClaim],
+        specs: &[ClaimSpec],
+        candidates: &[Node],
+        host: &HostResources,
+        explain: bool,
+    ) -> Result<Placement, Unsatisfiable> {
         let first = specs.first().map(|s| s.name.clone()).unwrap_or_default();
         if candidates.is_empty() {
             return Err(single(first, None, FailureKind::NoNodes));
         }
-        let need = quick_need(snapshot, &mut cache, &specs);
+        let need = quick_need(snapshot, cache, specs);
         // Policies that order nodes look at every candidate, so the cached id list is made
         // exact first; first-fit usually stops early and checks only the nodes it visits.
-        let ids = snapshot.candidate_ids(&mut cache, candidates, self.policy.orders_nodes());
+        let ids = snapshot.candidate_ids(cache, candidates, self.policy.orders_nodes());
         let id_of = |pos: usize| ids.get(snapshot, candidates, pos);
         let empty = snapshot::NodeSummary::default();
         let summary = |pos: usize| id_of(pos).map_or(&empty, |id| &snapshot.summaries[id]);
@@ -235,7 +275,7 @@ impl Allocator {
         let may_fit = |pos: usize| {
             host_fits(pos) && (!snapshot.global.is_empty() || need.may_fit(summary(pos)))
         };
-        let ask = pod_ask(&specs, host);
+        let ask = pod_ask(specs, host);
         // CPU-only pods take no GPU and hold nothing back; where their CPU goes is the
         // policies' concern (stranded GPU).
         let held_back = snapshot
@@ -322,7 +362,7 @@ impl Allocator {
             };
             let mut search = Search::new(
                 snapshot,
-                &mut cache,
+                cache,
                 &specs,
                 self.policy.as_ref(),
                 node,
@@ -374,11 +414,11 @@ impl Allocator {
             let nodes = u32::try_from(without_room).unwrap_or(u32::MAX);
             return Err(single(first, None, FailureKind::HostResources { nodes }));
         }
-        if !self.explain {
+        if !explain {
             return Err(single(first, None, FailureKind::Unexplained));
         }
-        let ids = snapshot.candidate_ids(&mut cache, candidates, true);
-        Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
+        let ids = snapshot.candidate_ids(cache, candidates, true);
+        Err(diagnose(snapshot, cache, specs, candidates, &ids))
     }
 
     fn build(

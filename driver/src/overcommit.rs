@@ -252,6 +252,34 @@ mod tests {
     }
 
     #[test]
+    fn class_validation_refuses_a_bad_factor_naming_the_field() {
+        let class = |factor: serde_json::Value| -> k8s_openapi::api::resource::v1::DeviceClass {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "batch"},
+                "spec": {"config": [{"opaque": {"driver": "gpu.tessera.dev", "parameters": {
+                    "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy",
+                    "tier": "batch", "batchComputeOvercommit": factor}}}]}
+            }))
+            .unwrap()
+        };
+        let cel = crate::cel::CelCache::new();
+        let check =
+            |f| crate::validation::validate_device_class(&class(f), "gpu.tessera.dev", &cel);
+        assert!(check(serde_json::json!(2)).is_empty());
+        assert!(check(serde_json::json!(1.5)).is_empty());
+        for bad in [
+            serde_json::json!(0.5),
+            serde_json::json!(11),
+            serde_json::json!("2"),
+        ] {
+            let errors = check(bad.clone());
+            assert_eq!(errors.len(), 1, "{bad}: {errors:?}");
+            let text = errors[0].to_string();
+            assert!(text.contains("DeviceClass batch"), "{text}");
+        }
+    }
+
+    #[test]
     fn a_share_that_fits_is_guaranteed_in_full_whatever_the_factor() {
         let books = Books {
             capacity: 100,

@@ -63,6 +63,14 @@ impl ReqSpec {
     }
 }
 
+/// The same claim with over-commit switched off: every share booked in full, as online.
+pub(crate) fn without_overcommit(mut claim: ClaimSpec) -> ClaimSpec {
+    for req in claim.requests.iter_mut().flatten() {
+        req.overcommit = Overcommit::NONE;
+    }
+    claim
+}
+
 /// A `matchAttribute` or `distinctAttribute` constraint.
 #[derive(Debug, Clone)]
 pub(crate) struct ConstraintSpec {

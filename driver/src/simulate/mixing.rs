@@ -126,7 +126,10 @@ pub fn overcommitted_milli(snap: &Snapshot) -> u64 {
         .map(|d| {
             let total = d.memory_total.nanos();
             let by_memory = if total > 0 {
-                d.memory_overcommitted.nanos().saturating_mul(i128::from(WHOLE_GPU)) / total
+                d.memory_overcommitted
+                    .nanos()
+                    .saturating_mul(i128::from(WHOLE_GPU))
+                    / total
             } else {
                 0
             };

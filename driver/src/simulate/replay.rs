@@ -323,9 +323,11 @@ pub fn replay(
                 memory_bytes: s.memory_bytes.min(pod.host.memory_bytes),
             }));
         }
-        let class = tracker.as_ref().map_or(crate::names::CLASS_SHARED_GPU, |t| {
-            t.class_of(pod, crate::names::CLASS_SHARED_GPU)
-        });
+        let class = tracker
+            .as_ref()
+            .map_or(crate::names::CLASS_SHARED_GPU, |t| {
+                t.class_of(pod, crate::names::CLASS_SHARED_GPU)
+            });
         let claim = claim_in(pod, seq, &cluster.driver_name, class);
         if claim.as_ref().is_some_and(|(_, rounded)| *rounded) {
             result.rounded_pods += 1;

@@ -115,8 +115,17 @@ fn the_enforcement_backend_is_published_on_shared_gpus_only() {
     };
     let slices = render(&n, &opts).expect("render");
     let d = devices(&slices);
-    assert_eq!(attr(d[0], "enforcement").string.as_deref(), Some("hami-core"));
-    assert!(!d[1].attributes.as_ref().unwrap().contains_key("enforcement"));
+    assert_eq!(
+        attr(d[0], "enforcement").string.as_deref(),
+        Some("hami-core")
+    );
+    assert!(
+        !d[1]
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key("enforcement")
+    );
     // Without it (the default) nothing is published, so golden slices stay as they were.
     let plain = render(&n, &RenderOptions::default()).expect("render");
     assert!(

@@ -234,3 +234,25 @@ fn two_batch_cards_of_one_pod_on_one_gpu_count_each_other() {
     ok = with_config(ok, share_config("10Gi", Some(50)));
     assert!(place(&mut snap, &ok).is_some());
 }
+
+#[test]
+fn batch_is_over_committed_only_where_it_fits_nowhere_without() {
+    let slices = vec![slice(
+        "a-0",
+        "a",
+        vec![
+            gpu("gpu-0", "shared", "x", true),
+            gpu("gpu-1", "shared", "x", true),
+        ],
+    )];
+    let mut snap = Snapshot::new(&slices, &all_classes(), &[]).unwrap();
+    let full = place(&mut snap, &share("online", SHARED, "10Gi", 100)).unwrap();
+    assert_eq!(devices_of(&full), ["a/gpu-0"]);
+    // First-fit would take gpu-0 by over-committing it; the empty gpu-1 wins instead.
+    let b = place(&mut snap, &share("b1", BATCH2, "10Gi", 100)).unwrap();
+    assert_eq!(devices_of(&b), ["a/gpu-1"]);
+    assert!(recorded_devices(&b)[0].get("guaranteedCompute").is_none());
+    // Now nothing fits without over-commit: the next batch share over-commits.
+    let b2 = place(&mut snap, &share("b2", BATCH2, "10Gi", 50)).unwrap();
+    assert_eq!(recorded_devices(&b2)[0]["guaranteedCompute"], 0);
+}
