@@ -220,7 +220,7 @@ impl Allocator {
             }
         }
         // Batch is over-committed only where it fits nowhere without: a pod with over-commit
-        // allowed is placed as if it had none first (crate::overcommit).
+        // allowed is placed as if it had none first ([`crate::overcommit`]).
         if specs
             .iter()
             .any(|s| s.requests.iter().flatten().any(|r| r.overcommit.any()))
@@ -363,7 +363,7 @@ impl Allocator {
             let mut search = Search::new(
                 snapshot,
                 cache,
-                &specs,
+                specs,
                 self.policy.as_ref(),
                 node,
                 devices,

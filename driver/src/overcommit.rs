@@ -13,6 +13,8 @@
 //!   (`min(ask, C − sum(guaranteed))`), and the rest of its ask is over-committed.
 //! * **Factor 1** (the default, and always for online shares): the whole ask must be free and is
 //!   guaranteed, exactly as without tiers.
+//! * **Last resort:** the allocator places a pod with over-commit only when it fits nowhere
+//!   without (`Allocator::allocate_pod` tries the pod with every factor 1 first).
 //! * **Memory** is over-committed only when the class sets a memory factor **and** the GPU's
 //!   node backs it (`enforcement: hami-core`, whose oversubscription spills to host memory);
 //!   everywhere else a batch share's memory is guaranteed in full like an online one.
@@ -226,10 +228,6 @@ mod tests {
         Factor::from_hundredths(h).unwrap()
     }
 
-    fn any(x: u64) -> Option<u64> {
-        Some(x)
-    }
-
     #[test]
     fn factors_are_exact_hundredths_within_one_to_ten() {
         assert_eq!(Factor::from_f64(2.0).unwrap(), factor(200));
@@ -288,7 +286,7 @@ mod tests {
         };
         for f in [Factor::ONE, factor(200)] {
             assert_eq!(
-                book(books, 60, f, any),
+                book(books, 60, f, Some),
                 Some(Booked {
                     guaranteed: 60,
                     over: 0
@@ -304,7 +302,7 @@ mod tests {
             guaranteed: 70,
             over: 0,
         };
-        assert_eq!(book(books, 35, Factor::ONE, any), None);
+        assert_eq!(book(books, 35, Factor::ONE, Some), None);
     }
 
     #[test]
@@ -315,7 +313,7 @@ mod tests {
             over: 0,
         };
         assert_eq!(
-            book(books, 50, factor(200), any),
+            book(books, 50, factor(200), Some),
             Some(Booked {
                 guaranteed: 30,
                 over: 20
@@ -328,14 +326,14 @@ mod tests {
             over: 50,
         };
         assert_eq!(
-            book(full, 50, factor(200), any),
+            book(full, 50, factor(200), Some),
             Some(Booked {
                 guaranteed: 0,
                 over: 50
             })
         );
-        assert_eq!(book(full, 55, factor(200), any), None);
-        assert_eq!(book(full, 5, factor(150), any), None);
+        assert_eq!(book(full, 55, factor(200), Some), None);
+        assert_eq!(book(full, 5, factor(150), Some), None);
     }
 
     #[test]

@@ -85,7 +85,7 @@ pub struct PreparedDevice {
     /// The share's tier as the allocator recorded it; online for a whole device.
     pub tier: Tier,
     /// Whether the share may use more memory than it is guaranteed (a batch share whose class
-    /// over-commits memory, crate::overcommit): only a `hami-core` node can back that.
+    /// over-commits memory, [`crate::overcommit`]): only a `hami-core` node can back that.
     pub memory_overcommitted: bool,
     /// The allocation result's `shareID`, for a device that allows several allocations;
     /// returned to kubelet with the device.

@@ -41,7 +41,7 @@ pub struct RenderOptions {
     pub max_devices_per_slice: usize,
     /// How the node enforces shares (`mps`, `hami-core`, `none`), published on shared GPUs as
     /// the `enforcement` attribute; `None` publishes nothing. Batch memory over-commit is
-    /// allowed only on GPUs that say `hami-core` (crate::overcommit).
+    /// allowed only on GPUs that say `hami-core` ([`crate::overcommit`]).
     pub enforcement: Option<String>,
 }
 

@@ -170,12 +170,9 @@ impl Progress {
     }
 }
 
-/// Runs the simulation and appends the report to `out`.
-pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
-    let nodes_name = args.nodes.display().to_string();
-    let pods_name = args.pods.display().to_string();
-    let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
-    let pods = parse_pods(&pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
+/// Reads the pod list, refusing one the replay cannot use.
+fn read_pods(args: &SimulateArgs, pods_name: &str) -> Result<Vec<simulate::TracePod>> {
+    let pods = parse_pods(pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
     if pods.iter().all(|p| p.gpu_demand() == 0) {
         return Err(Error::Malformed(format!(
             "{pods_name}: none of the {} tasks asks for a GPU (num_gpu is 0 on every line); \
@@ -183,6 +180,21 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
             pods.len()
         )));
     }
+    if args.mixing.is_some() && pods.iter().any(|p| p.best_effort.is_none()) {
+        return Err(Error::Malformed(format!(
+            "{pods_name}: --mixing needs each task's qos (BE is batch, anything else online), \
+             and this pod list has no qos column"
+        )));
+    }
+    Ok(pods)
+}
+
+/// Runs the simulation and appends the report to `out`.
+pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
+    let nodes_name = args.nodes.display().to_string();
+    let pods_name = args.pods.display().to_string();
+    let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
+    let pods = read_pods(args, &pods_name)?;
     let history = match &args.history {
         Some(path) => {
             let name = path.display().to_string();
@@ -191,21 +203,7 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
         }
         None => None,
     };
-    let class: res::DeviceClass = serde_yaml::from_str(SHARED_CLASS)
-        .map_err(|e| Error::Malformed(format!("deviceclasses/shared-gpu.yaml: {e}")))?;
-    let mut classes = vec![class];
-    let mut mixing = None;
-    let mut enforcement = None;
-    if let Some(m) = args.mixing {
-        let batch = batch_class(m)?;
-        mixing = Some(Mixing {
-            batch_class: batch.metadata.name.clone().unwrap_or_default(),
-        });
-        classes.push(batch);
-        if m.memory.overcommits() {
-            enforcement = Some(names::ENFORCEMENT_HAMI_CORE);
-        }
-    }
+    let (classes, mixing, enforcement) = classes(args.mixing)?;
     let cluster = Cluster::with_enforcement(nodes, classes, driver, enforcement)
         .map_err(|e| malformed(&e))?;
     // The report's fragmentation uses the whole trace's shapes, as the paper's measure does;
@@ -288,6 +286,27 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
     }
     table(&summary, &seconds, &pods_name, out);
     Ok(())
+}
+
+/// The classes of the replay, how it mixes tiers, and the GPUs' enforcement backend.
+fn classes(
+    mixing: Option<MixingArgs>,
+) -> Result<(Vec<res::DeviceClass>, Option<Mixing>, Option<&'static str>)> {
+    let class: res::DeviceClass = serde_yaml::from_str(SHARED_CLASS)
+        .map_err(|e| Error::Malformed(format!("deviceclasses/shared-gpu.yaml: {e}")))?;
+    let Some(m) = mixing else {
+        return Ok((vec![class], None, None));
+    };
+    let batch = batch_class(m)?;
+    let mixing = Mixing {
+        batch_class: batch.metadata.name.clone().unwrap_or_default(),
+    };
+    // Memory over-commit needs GPUs that can back it.
+    let enforcement = m
+        .memory
+        .overcommits()
+        .then_some(names::ENFORCEMENT_HAMI_CORE);
+    Ok((vec![class, batch], Some(mixing), enforcement))
 }
 
 /// The shipped batch class with the factors of `m` in its `TierPolicy`.

@@ -67,7 +67,7 @@ pub(crate) fn book_share(
         move |x: u64| match cap {
             Some(cap) => {
                 capacity::floor_to_policy(Quantity::from_units(i64::try_from(x).ok()?), cap)
-                    .and_then(|q| q.as_units())
+                    .and_then(Quantity::as_units)
                     .and_then(|v| u64::try_from(v).ok())
             }
             None => Some(x),

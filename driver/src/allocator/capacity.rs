@@ -174,7 +174,7 @@ pub(crate) fn consumed_quantity(requested: Option<Quantity>, cap: &Capacity) -> 
 }
 
 /// The largest amount at most `value` that the capacity's policy accepts as consumed, so a
-/// batch share's guarantee (crate::overcommit) is always a valid `consumedCapacity`; `None`
+/// batch share's guarantee ([`crate::overcommit`]) is always a valid `consumedCapacity`; `None`
 /// when there is none (below the range's minimum or every listed value).
 pub(crate) fn floor_to_policy(value: Quantity, cap: &Capacity) -> Option<Quantity> {
     let Some(policy) = &cap.policy else {

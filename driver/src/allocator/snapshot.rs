@@ -35,6 +35,7 @@ const BLOCKING_EFFECTS: [&str; 2] = ["NoSchedule", "NoExecute"];
 
 /// One device of a complete, valid pool.
 #[derive(Debug)]
+#[allow(clippy::struct_excessive_bools)] // Reason: independent facts about a device, read in hot search loops.
 pub(crate) struct DeviceEntry {
     pub(crate) driver: String,
     pub(crate) pool: String,
@@ -103,7 +104,7 @@ pub(crate) struct DeviceUse {
     pub(crate) shares: u32,
     /// Capacity consumed by shares, by fully qualified name: what they are guaranteed.
     pub(crate) consumed: Amounts,
-    /// What batch shares were booked beyond their guarantee (crate::overcommit), by name.
+    /// What batch shares were booked beyond their guarantee ([`crate::overcommit`]), by name.
     pub(crate) over: Amounts,
 }
 
@@ -831,7 +832,7 @@ impl Snapshot {
     }
 
     /// What batch shares of a shared GPU were booked beyond their guarantee: memory bytes and
-    /// compute percent, committed use plus `inflight` (crate::overcommit).
+    /// compute percent, committed use plus `inflight` ([`crate::overcommit`]).
     pub(crate) fn share_over(&self, idx: usize, inflight: Option<(u64, i64)>) -> (u64, i64) {
         let (mem, comp) = &self.devices[idx].share_keys;
         let over = &self.uses[idx].over;

@@ -24,7 +24,7 @@ pub struct DeviceUsage {
     pub memory_used: Quantity,
     /// Compute in use, in percent: 100 when held whole, else what its shares are guaranteed.
     pub compute_used: i64,
-    /// Memory booked by batch shares beyond their guarantee (crate::overcommit).
+    /// Memory booked by batch shares beyond their guarantee ([`crate::overcommit`]).
     pub memory_overcommitted: Quantity,
     /// Compute booked by batch shares beyond their guarantee, in percent.
     pub compute_overcommitted: i64,

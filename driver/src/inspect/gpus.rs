@@ -47,7 +47,7 @@ pub struct GpuRow {
     pub compute_allocated: i64,
     /// Compute free, in percent.
     pub compute_free: i64,
-    /// Memory batch shares were booked beyond their guarantee (crate::overcommit); usable
+    /// Memory batch shares were booked beyond their guarantee ([`crate::overcommit`]); usable
     /// only while the guaranteed shares leave it idle. Left out when none.
     #[serde(skip_serializing_if = "quantity_is_zero")]
     pub memory_overcommitted: Quantity,

@@ -1,4 +1,4 @@
-//! Over-commit bookkeeping (crate::overcommit): online is never over-committed, batch is
+//! Over-commit bookkeeping ([`crate::overcommit`]): online is never over-committed, batch is
 //! over-committed only up to its class's factor, memory only where the class opts in and the
 //! node's backend can back it, and kube-scheduler's view (`consumedCapacity`) never passes a
 //! GPU's capacity.
