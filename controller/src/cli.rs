@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use tessera_driver::allocator::Policy;
 use tessera_driver::names;
+use tessera_driver::overcommit::Factor;
 
 use crate::error::{Error, Result};
 
@@ -99,6 +100,17 @@ pub enum Command {
         /// Output format.
         #[arg(short = 'o', long, default_value = "table")]
         output: SimulateFormat,
+        /// Mix tiers: best-effort tasks (`qos` BE) become batch shares of
+        /// `batch.gpu.tessera.dev`, the rest stay online; reports online and batch apart.
+        #[arg(long)]
+        mixing: bool,
+        /// With --mixing: the batch class's compute over-commit factor (1.0..=10.0).
+        #[arg(long, requires = "mixing", value_parser = simulate::parse_factor)]
+        batch_overcommit: Option<Factor>,
+        /// With --mixing: the batch class's memory over-commit factor; every simulated GPU
+        /// then publishes `enforcement: hami-core`, which can back it.
+        #[arg(long, requires = "mixing", value_parser = simulate::parse_factor)]
+        batch_memory_overcommit: Option<Factor>,
     },
     /// Show a live cluster's GPUs per node (mode, memory and compute allocated and free, the
     /// claims and pods using them), or why a gated pod is pending (`inspect pod NAME`).
@@ -211,6 +223,9 @@ impl Cli {
                 seeds,
                 history,
                 output,
+                mixing,
+                batch_overcommit,
+                batch_memory_overcommit,
             } => {
                 let seeds = match (seed, seeds) {
                     (Some(s), _) => vec![*s],
@@ -225,6 +240,10 @@ impl Cli {
                     history: history.clone(),
                     json: *output == SimulateFormat::Json,
                     progress: true,
+                    mixing: mixing.then(|| simulate::MixingArgs {
+                        compute: batch_overcommit.unwrap_or(Factor::ONE),
+                        memory: batch_memory_overcommit.unwrap_or(Factor::ONE),
+                    }),
                 };
                 simulate::run(&args, &self.driver_name, out)
             }

@@ -498,6 +498,88 @@ fn simulate_defaults_to_the_best_policy_and_prints_a_table() {
 }
 
 #[test]
+fn simulate_mixing_reports_online_and_batch_apart_and_refuses_bad_factors() {
+    let nodes = write_temp("nodes-mix.csv", TRACE_NODES);
+    let pods = write_temp(
+        "pods-mix.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n\
+         p0,4000,8192,1,500,,LS\np1,4000,8192,1,600,,BE\np2,4000,8192,1,700,,BE\n\
+         p3,4000,8192,1,1000,,Burstable\n",
+    );
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "simulate",
+            "--nodes",
+            nodes.to_str().unwrap(),
+            "--pods",
+            pods.to_str().unwrap(),
+            "--seeds",
+            "1..2",
+            "--mixing",
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        tessera_json(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let json = run(&["--batch-memory-overcommit", "2", "-o", "json"]);
+    let mean = &json["mixing"];
+    assert!(mean["online_placed_pct_at_100"].is_f64(), "{json}");
+    assert!(mean["batch_overcommitted_pct_at_100"].is_f64(), "{json}");
+    let seed = &json["seeds"][0]["mixing"];
+    assert!(seed["online_gpu_tasks"].as_u64().unwrap() > 0, "{json}");
+    // Without --mixing the JSON has no mixing figures.
+    let plain = tessera_json(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seed",
+        "1",
+        "-o",
+        "json",
+    ]);
+    assert!(plain.get("mixing").is_none(), "{plain}");
+    // A factor out of range, or one without --mixing, is a usage error.
+    let a = args(&["--batch-overcommit", "0.5"]);
+    let out = tessera(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1.0..=10.0"));
+    let out = tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--batch-overcommit",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    // A pod list without qos cannot be mixed.
+    let bare = write_temp("pods-bare.csv", TRACE_PODS);
+    let out = tessera(&[
+        "simulate",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        bare.to_str().unwrap(),
+        "--seed",
+        "1",
+        "--mixing",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("qos"));
+}
+
+#[test]
 fn simulate_names_the_file_line_and_column_of_a_bad_value() {
     let nodes = write_temp("nodes3.csv", TRACE_NODES);
     let pods = write_temp(

@@ -45,6 +45,7 @@
 //! the rule and device counts (needed and found, or the constraint no node can meet); only
 //! inconsistent snapshot input is an [`Error`](crate::Error).
 
+mod booking;
 mod capacity;
 mod delay;
 pub(crate) mod nodeselect;
@@ -202,7 +203,7 @@ impl Allocator {
     /// one of `candidates`: only nodes with that much free (where the snapshot tracks it,
     /// [`Snapshot::set_host`]) are considered. Nothing is committed: callers that place pods
     /// one after another use [`Allocator::place_pod`], which does.
-    #[allow(clippy::too_many_lines)] // Reason: the whole decision in one place: prepare, order, search, build.
+    /// (Preparing the claims here; ordering, searching and building in `place_specs`.)
     pub fn allocate_pod(
         &self,
         snapshot: &Snapshot,
@@ -227,14 +228,54 @@ impl Allocator {
         if self.fragments_only {
             delay::restrict(&mut specs);
         }
+        // Batch is over-committed only where it fits nowhere without: a pod with over-commit
+        // allowed is placed as if it had none first ([`crate::overcommit`]).
+        if specs
+            .iter()
+            .any(|s| s.requests.iter().flatten().any(|r| r.overcommit.any()))
+        {
+            let strict: Vec<ClaimSpec> = specs
+                .iter()
+                .cloned()
+                .map(request::without_overcommit)
+                .collect();
+            if let Ok(p) = self.place_specs(
+                snapshot, &mut cache, claims, &strict, candidates, host, false,
+            ) {
+                return Ok(p);
+            }
+        }
+        self.place_specs(
+            snapshot,
+            &mut cache,
+            claims,
+            &specs,
+            candidates,
+            host,
+            self.explain,
+        )
+    }
+
+    /// Places prepared claims; `explain` diagnoses a pod that fits nowhere.
+    #[allow(clippy::too_many_lines, clippy::too_many_arguments)] // Reason: the whole decision in one place: order, search, build.
+    fn place_specs(
+        &self,
+        snapshot: &Snapshot,
+        cache: &mut snapshot::SelectorCache,
+        claims: &[&res::ResourceClaim],
+        specs: &[ClaimSpec],
+        candidates: &[Node],
+        host: &HostResources,
+        explain: bool,
+    ) -> Result<Placement, Unsatisfiable> {
         let first = specs.first().map(|s| s.name.clone()).unwrap_or_default();
         if candidates.is_empty() {
             return Err(single(first, None, FailureKind::NoNodes));
         }
-        let need = quick_need(snapshot, &mut cache, &specs);
+        let need = quick_need(snapshot, cache, specs);
         // Policies that order nodes look at every candidate, so the cached id list is made
         // exact first; first-fit usually stops early and checks only the nodes it visits.
-        let ids = snapshot.candidate_ids(&mut cache, candidates, self.policy.orders_nodes());
+        let ids = snapshot.candidate_ids(cache, candidates, self.policy.orders_nodes());
         let id_of = |pos: usize| ids.get(snapshot, candidates, pos);
         let empty = snapshot::NodeSummary::default();
         let summary = |pos: usize| id_of(pos).map_or(&empty, |id| &snapshot.summaries[id]);
@@ -243,7 +284,7 @@ impl Allocator {
         let may_fit = |pos: usize| {
             host_fits(pos) && (!snapshot.global.is_empty() || need.may_fit(summary(pos)))
         };
-        let ask = pod_ask(&specs, host);
+        let ask = pod_ask(specs, host);
         // CPU-only pods take no GPU and hold nothing back; where their CPU goes is the
         // policies' concern (stranded GPU).
         let held_back = snapshot
@@ -330,8 +371,8 @@ impl Allocator {
             };
             let mut search = Search::new(
                 snapshot,
-                &mut cache,
-                &specs,
+                cache,
+                specs,
                 self.policy.as_ref(),
                 node,
                 devices,
@@ -382,11 +423,11 @@ impl Allocator {
             let nodes = u32::try_from(without_room).unwrap_or(u32::MAX);
             return Err(single(first, None, FailureKind::HostResources { nodes }));
         }
-        if !self.explain {
+        if !explain {
             return Err(single(first, None, FailureKind::Unexplained));
         }
-        let ids = snapshot.candidate_ids(&mut cache, candidates, true);
-        Err(diagnose(snapshot, &mut cache, &specs, candidates, &ids))
+        let ids = snapshot.candidate_ids(cache, candidates, true);
+        Err(diagnose(snapshot, cache, specs, candidates, &ids))
     }
 
     fn build(
@@ -429,6 +470,7 @@ impl Allocator {
                 binding_failure_conditions: entry.device().binding_failure_conditions.clone(),
             });
             if let Some(per) = pick.share.filter(|_| entry.tessera_shared && !req.admin) {
+                let (over_memory, over_compute) = pick.over.unwrap_or_default();
                 shares.push(DeviceShare {
                     request: req.full.clone(),
                     pool: entry.pool.clone(),
@@ -436,6 +478,11 @@ impl Allocator {
                     memory: Quantity::from_bytes(per.memory_bytes),
                     compute: per.compute_percent,
                     tier: req.tier,
+                    guaranteed_memory: (over_memory > 0).then(|| {
+                        Quantity::from_bytes(per.memory_bytes.saturating_sub(over_memory))
+                    }),
+                    guaranteed_compute: (over_compute > 0)
+                        .then(|| per.compute_percent.saturating_sub(over_compute)),
                 });
                 if !share_requests.contains(&req.full) {
                     share_requests.push(req.full.clone());
@@ -756,6 +803,10 @@ fn quick_need(
                 continue;
             }
             let count = u32::try_from(req.count).unwrap_or(u32::MAX);
+            // Over-committed memory may fit where no memory is free: no sound bound.
+            if req.share.is_some() && req.overcommit.memory.overcommits() {
+                continue;
+            }
             if let Some(share) = &req.share {
                 need.share_cards = need.share_cards.max(share.cards);
                 match share.memory {

@@ -71,6 +71,8 @@ struct Plan<'a> {
     cuda: Vec<CudaDevice>,
     /// The claim's tier: batch when any of its shares is batch, else online.
     tier: Tier,
+    /// Whether any share may use more memory than it is guaranteed (needs `hami-core`).
+    memory_overcommitted: bool,
 }
 
 impl PreparedClaim {
@@ -167,11 +169,13 @@ impl<'a> Plan<'a> {
         let mut uuid_of_minor: BTreeMap<u32, &str> = BTreeMap::new();
         let mut cuda: BTreeMap<&str, Option<PerDeviceShare>> = BTreeMap::new();
         let mut tier = Tier::Online;
+        let mut memory_overcommitted = false;
         for (i, d) in claim.devices.iter().enumerate() {
             let field = format!("devices[{i}]");
             check_device(&who, &field, d)?;
             if d.share.is_some() {
                 tier = tier.max(d.tier);
+                memory_overcommitted |= d.memory_overcommitted;
             }
             if let Some(first) = by_name.get(d.device.as_str()) {
                 if first.pool != d.pool || first.gpu != d.gpu || first.mig != d.mig {
@@ -234,6 +238,7 @@ impl<'a> Plan<'a> {
             devices,
             cuda,
             tier,
+            memory_overcommitted,
         })
     }
 
@@ -329,6 +334,15 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
         device_nodes: CONTROL_NODES.iter().map(|p| DeviceNode::at(*p)).collect(),
         ..ContainerEdits::default()
     };
+    if plan.memory_overcommitted && !matches!(enforcement, Enforcement::HamiCore { .. }) {
+        return Err(check::err(
+            &who,
+            "devices: a batch share may use more memory than it is guaranteed (its class \
+             over-commits memory), which only a hami-core node can back (HAMi-core's \
+             oversubscription); this node enforces shares otherwise, so the claim is refused \
+             rather than given a limit its GPU cannot hold: delete its pod to allocate it again",
+        ));
+    }
     if plan.has_shares() {
         let backend = match enforcement {
             Enforcement::Mps {
@@ -348,7 +362,17 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
                     enforcement::hami_claim_dir(cache_dir, &claim.uid),
                     enforcement::hami_lock_dir(cache_dir, &claim.uid),
                 ];
-                enforcement::hami_edits(library_path, cache_dir, &claim.uid, &plan.cuda, plan.tier)
+                let mut edits = enforcement::hami_edits(
+                    library_path,
+                    cache_dir,
+                    &claim.uid,
+                    &plan.cuda,
+                    plan.tier,
+                );
+                if plan.memory_overcommitted {
+                    edits.env.push("CUDA_OVERSUBSCRIBE=true".to_owned());
+                }
+                edits
             }
             Enforcement::None => ContainerEdits::default(),
         };

@@ -360,6 +360,7 @@ mod tests {
                 compute_percent: 25,
             }),
             tier: crate::config::Tier::Online,
+            memory_overcommitted: false,
             share_id: None,
         }
     }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::names;
 use crate::patience::Patience;
+use crate::overcommit::Factor;
 use crate::quantity::Quantity;
 
 /// A user's request for a share of one or more GPUs.
@@ -101,6 +102,14 @@ pub struct TierPolicy {
     /// already partly used ([`crate::patience`]); absent means they do not wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patience: Option<Patience>,
+    /// The class's batch shares may book compute up to this factor times a GPU's compute
+    /// (online shares never; see [`crate::overcommit`]); absent means 1, no over-commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_compute_overcommit: Option<Factor>,
+    /// The class's batch shares may book memory up to this factor times a GPU's memory, on
+    /// GPUs whose node can back it (`enforcement: hami-core`); absent means 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_memory_overcommit: Option<Factor>,
 }
 
 /// The resolved share of one device in an allocation.
@@ -113,14 +122,35 @@ pub struct DeviceShare {
     pub pool: String,
     /// The device name within the pool.
     pub device: String,
-    /// Memory limit in bytes.
+    /// Memory limit in bytes: what the share may use.
     pub memory: Quantity,
-    /// Compute limit in percent of the GPU; 0 means not isolated.
+    /// Compute limit in percent of the GPU; 0 means not isolated. What the share may use.
     pub compute: i64,
     /// The share's tier as the allocator resolved it; absent (records written before tiers)
     /// means online.
     #[serde(default, skip_serializing_if = "Tier::is_online")]
     pub tier: Tier,
+    /// The memory the share is guaranteed, when less than `memory` (a batch share whose class
+    /// over-commits memory); absent means all of `memory`. The rest is usable only while the
+    /// GPU's other shares leave it free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guaranteed_memory: Option<Quantity>,
+    /// The compute the share is guaranteed, when less than `compute` (a batch share whose
+    /// class over-commits compute); absent means all of `compute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guaranteed_compute: Option<i64>,
+}
+
+impl DeviceShare {
+    /// The memory the share is guaranteed.
+    pub fn guaranteed_memory(&self) -> Quantity {
+        self.guaranteed_memory.unwrap_or(self.memory)
+    }
+
+    /// The compute the share is guaranteed.
+    pub fn guaranteed_compute(&self) -> i64 {
+        self.guaranteed_compute.unwrap_or(self.compute)
+    }
 }
 
 /// The allocator's record of the resolved shares in one allocation.

@@ -8,6 +8,8 @@
 //! * [`apiversion`]: reading and writing resource.k8s.io v1, v1beta2 and v1beta1 objects.
 //! * [`config`], [`share`], [`tier`], [`patience`]: Tessera's opaque config API, the share
 //!   rules, tiers and delay tolerance.
+//! * [`config`], [`share`]: Tessera's opaque config API and the share rules.
+//! * [`tier`], [`overcommit`]: a share's tier, and how batch shares over-commit a GPU.
 //! * [`cel`]: the Kubernetes DRA CEL environment.
 //! * [`allocator`]: structured allocation with Tessera's shares and placement policies.
 //! * [`fragmentation`]: idle GPU capacity that typical task shapes cannot use.
@@ -44,6 +46,7 @@ pub mod lease;
 pub mod mps;
 pub mod names;
 pub mod nodefit;
+pub mod overcommit;
 pub mod packing;
 pub mod patience;
 pub mod prepare;

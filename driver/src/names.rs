@@ -69,6 +69,11 @@ pub const TYPE_MIG: &str = "mig";
 pub const SHARING_EXCLUSIVE: &str = "exclusive";
 /// Value of [`ATTR_SHARING`] for a GPU many claims share.
 pub const SHARING_SHARED: &str = "shared";
+/// Attribute of a shared GPU: how its node enforces shares (`mps`, `hami-core`, `none`),
+/// published when the kubelet plugin knows it. Batch memory over-commit needs `hami-core`.
+pub const ATTR_ENFORCEMENT: &str = "enforcement";
+/// Value of [`ATTR_ENFORCEMENT`] on nodes that enforce shares with HAMi-core.
+pub const ENFORCEMENT_HAMI_CORE: &str = "hami-core";
 
 /// Capacity: memory in bytes.
 pub const CAP_MEMORY: &str = "memory";

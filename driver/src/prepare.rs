@@ -84,6 +84,9 @@ pub struct PreparedDevice {
     pub share: Option<PerDeviceShare>,
     /// The share's tier as the allocator recorded it; online for a whole device.
     pub tier: Tier,
+    /// Whether the share may use more memory than it is guaranteed (a batch share whose class
+    /// over-commits memory, [`crate::overcommit`]): only a `hami-core` node can back that.
+    pub memory_overcommitted: bool,
     /// The allocation result's `shareID`, for a device that allows several allocations;
     /// returned to kubelet with the device.
     pub share_id: Option<String>,
@@ -161,18 +164,16 @@ pub fn prepare_on_node(
                 result.device, result.request
             ))
         };
-        let share = resolve_share(
-            result,
-            record.map(|(share, _)| share),
-            trusted.asks_gpu_share(&result.request),
-        )
-        .map_err(device_err)?;
+        let share = resolve_share(result, record, trusted.asks_gpu_share(&result.request))
+            .map_err(device_err)?;
         let tier = match share {
             None => Tier::Online,
             Some(_) => trusted
-                .tier(&result.request, record.map(|(_, tier)| tier))
+                .tier(&result.request, record.map(|r| r.tier))
                 .map_err(device_err)?,
         };
+        let memory_overcommitted =
+            record.is_some_and(|r| r.guaranteed.memory_bytes < r.share.memory_bytes);
         devices.push(PreparedDevice {
             request: result.request.clone(),
             pool: result.pool.clone(),
@@ -185,6 +186,7 @@ pub fn prepare_on_node(
             mig,
             share,
             tier,
+            memory_overcommitted,
             share_id: result.share_id.clone(),
         });
     }
@@ -302,34 +304,50 @@ fn consumed_share(
     }))
 }
 
+/// One device's entry of the allocator's record: what the share may use, what it is
+/// guaranteed (equal unless a batch share over-commits), and its tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recorded {
+    share: PerDeviceShare,
+    guaranteed: PerDeviceShare,
+    tier: Tier,
+}
+
 /// A device's share, from what the allocation booked (`consumed`) and what the allocator
 /// recorded (`record`); `asks_gpu_share` says whether the request asks for a `GpuShare`.
+/// What was booked is the record's guarantee: an over-committed batch share may use more.
 fn resolve_share(
     result: &res::DeviceRequestAllocationResult,
-    record: Option<PerDeviceShare>,
+    record: Option<Recorded>,
     asks_gpu_share: bool,
 ) -> std::result::Result<Option<PerDeviceShare>, String> {
     let consumed = consumed_share(result)?;
     match (record, consumed) {
-        (Some(record), Some(booked)) => {
+        (
+            Some(Recorded {
+                share, guaranteed, ..
+            }),
+            Some(booked),
+        ) => {
             let compute_within = booked.compute_percent == 0
-                || (record.compute_percent > 0 && record.compute_percent <= booked.compute_percent);
-            if record.memory_bytes > booked.memory_bytes || !compute_within {
+                || (share.compute_percent > 0
+                    && guaranteed.compute_percent <= booked.compute_percent);
+            if guaranteed.memory_bytes > booked.memory_bytes || !compute_within {
                 return Err(format!(
-                    "the AllocatedShares record (memory {} bytes, compute {}) disagrees with \
-                     consumedCapacity (memory {} bytes, compute {}): the record must stay \
-                     within what was booked; the allocation was changed by something other than \
-                     Tessera's allocator, so deallocate the claim (delete its pod) and let \
-                     Tessera allocate it again",
-                    record.memory_bytes,
-                    record.compute_percent,
+                    "the AllocatedShares record (guaranteed memory {} bytes, compute {}) \
+                     disagrees with consumedCapacity (memory {} bytes, compute {}): the record \
+                     must stay within what was booked; the allocation was changed by something \
+                     other than Tessera's allocator, so deallocate the claim (delete its pod) \
+                     and let Tessera allocate it again",
+                    guaranteed.memory_bytes,
+                    guaranteed.compute_percent,
                     booked.memory_bytes,
                     booked.compute_percent
                 ));
             }
-            Ok(Some(record))
+            Ok(Some(share))
         }
-        (Some(record), None) => Ok(Some(record)),
+        (Some(record), None) => Ok(Some(record.share)),
         (None, booked) if asks_gpu_share => Err(format!(
             "the request asks for a GpuShare, but the allocation has no AllocatedShares record \
              for the device{}: it was allocated by kube-scheduler, which does not read GpuShare, \
@@ -345,11 +363,49 @@ fn resolve_share(
     }
 }
 
+/// What a record's device is guaranteed: all of its share unless it names less. Only a batch
+/// share is ever over-committed, and never to more than it may use.
+fn guaranteed_share(
+    d: &config::DeviceShare,
+    share: PerDeviceShare,
+) -> std::result::Result<PerDeviceShare, String> {
+    let memory_bytes = d
+        .guaranteed_memory()
+        .as_units()
+        .and_then(|b| u64::try_from(b).ok())
+        .filter(|&b| b <= share.memory_bytes)
+        .ok_or_else(|| {
+            format!(
+                "guaranteedMemory {} is not a whole number of bytes within 0..=memory",
+                d.guaranteed_memory()
+            )
+        })?;
+    let compute_percent = d.guaranteed_compute();
+    if !(0..=share.compute_percent).contains(&compute_percent) {
+        return Err(format!(
+            "guaranteedCompute {compute_percent} is not within 0..=compute ({})",
+            share.compute_percent
+        ));
+    }
+    let guaranteed = PerDeviceShare {
+        memory_bytes,
+        compute_percent,
+    };
+    if guaranteed != share && d.tier == Tier::Online {
+        return Err(
+            "an online share is guaranteed less than it may use; online shares are never \
+             over-committed, so the record cannot be trusted"
+                .to_owned(),
+        );
+    }
+    Ok(guaranteed)
+}
+
 /// The allocator's share records of one allocation, and which requests ask for a `GpuShare`;
 /// only what the claim's author could not have written.
 struct TrustedShares {
-    /// (request, pool, device) -> share and tier.
-    records: BTreeMap<(String, String, String), (PerDeviceShare, Tier)>,
+    /// (request, pool, device) -> the recorded share.
+    records: BTreeMap<(String, String, String), Recorded>,
     /// Requests a `GpuShare` config applies to; `None` in the set means every request.
     gpu_share_requests: Vec<Option<Vec<String>>>,
     /// The classes' `TierPolicy` configs (source `FromClass`) and the requests they apply to.
@@ -446,8 +502,15 @@ impl TrustedShares {
                             memory_bytes,
                             compute_percent: d.compute,
                         };
+                        let guaranteed = guaranteed_share(&d, share)
+                            .map_err(|m| format!("{field}.devices[{j}]: {m}"))?;
                         let key = (d.request, d.pool, d.device);
-                        if records.insert(key.clone(), (share, d.tier)).is_some() {
+                        let recorded = Recorded {
+                            share,
+                            guaranteed,
+                            tier: d.tier,
+                        };
+                        if records.insert(key.clone(), recorded).is_some() {
                             return Err(format!(
                                 "{field} records device {}/{} for request {} twice",
                                 key.1, key.2, key.0
@@ -490,10 +553,7 @@ impl TrustedShares {
         Ok(tier)
     }
 
-    fn record(
-        &self,
-        result: &res::DeviceRequestAllocationResult,
-    ) -> Option<(PerDeviceShare, Tier)> {
+    fn record(&self, result: &res::DeviceRequestAllocationResult) -> Option<Recorded> {
         self.records
             .get(&(
                 result.request.clone(),

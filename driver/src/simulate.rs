@@ -11,8 +11,10 @@
 //! * [`order`]: the seeded arrival order.
 //! * [`cluster`]: the trace as Kubernetes objects (and the milli-GPU to share mapping).
 //! * [`replay`]: one seed's replay and its curves; [`Summary`] the mean over seeds.
+//! * [`mixing`]: best-effort tasks as batch shares, and what mixing tiers measures.
 
 pub mod cluster;
+pub mod mixing;
 pub mod order;
 pub mod replay;
 pub mod trace;
@@ -20,6 +22,7 @@ pub mod trace;
 use serde::Serialize;
 
 pub use cluster::Cluster;
+pub use mixing::{Mixing, MixingResult, MixingSummary};
 pub use replay::{IdleByKind, ReplayOptions, SeedResult, replay};
 pub use trace::{TraceNode, TracePod, parse_nodes, parse_pods};
 
@@ -42,6 +45,9 @@ pub struct Summary {
     pub allocation_curve: Vec<Option<f64>>,
     /// Mean fragmentation curve.
     pub fragmentation_curve: Vec<Option<f64>>,
+    /// Mean mixing figures, when the seeds mixed tiers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mixing: Option<MixingSummary>,
 }
 
 fn mean_curve(curves: &[&[Option<f64>]]) -> Vec<Option<f64>> {
@@ -82,6 +88,10 @@ impl Summary {
             failed_pods: failed,
             allocation_curve: mean_curve(&alloc),
             fragmentation_curve: mean_curve(&frag),
+            mixing: seeds
+                .iter()
+                .any(|s| s.mixing.is_some())
+                .then(|| MixingSummary::new(seeds.iter().filter_map(|s| s.mixing.as_ref()))),
             seeds,
         }
     }

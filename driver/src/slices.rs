@@ -39,6 +39,10 @@ pub struct RenderOptions {
     /// Devices per slice, at most the API's limit (128, or 64 when a device has taints); a
     /// lower value only makes more, smaller slices.
     pub max_devices_per_slice: usize,
+    /// How the node enforces shares (`mps`, `hami-core`, `none`), published on shared GPUs as
+    /// the `enforcement` attribute; `None` publishes nothing. Batch memory over-commit is
+    /// allowed only on GPUs that say `hami-core` ([`crate::overcommit`]).
+    pub enforcement: Option<String>,
 }
 
 impl Default for RenderOptions {
@@ -48,6 +52,7 @@ impl Default for RenderOptions {
             pool_generation: 1,
             consumable_capacity: false,
             max_devices_per_slice: limits::MAX_DEVICES_PER_SLICE,
+            enforcement: None,
         }
     }
 }
@@ -289,6 +294,9 @@ fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
         names::ATTR_STD_PCI_BUS_ID.to_owned(),
         string(&gpu.pci_bus_id),
     );
+    if let Some(enforcement) = opts.enforcement.as_deref().filter(|_| shared) {
+        a.insert(names::ATTR_ENFORCEMENT.to_owned(), string(enforcement));
+    }
 
     let consumable = shared && opts.consumable_capacity;
     let mut c = BTreeMap::new();

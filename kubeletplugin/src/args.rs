@@ -73,6 +73,17 @@ pub enum EnforcementKind {
     None,
 }
 
+impl EnforcementKind {
+    /// The name published as the shared GPUs' `enforcement` attribute (the flag's spelling).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mps => "mps",
+            Self::HamiCore => tessera_driver::names::ENFORCEMENT_HAMI_CORE,
+            Self::None => "none",
+        }
+    }
+}
+
 /// The Tessera kubelet plugin.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tessera-kubelet-plugin", version, about)]
@@ -302,7 +313,10 @@ impl Args {
             .context("an API client exists without --fake-claims")?;
         let publisher = SlicePublisher::new(
             client.clone(),
-            PublisherConfig::new(self.driver_name.clone(), self.node_name.clone()),
+            PublisherConfig {
+                enforcement: Some(self.enforcement.as_str().to_owned()),
+                ..PublisherConfig::new(self.driver_name.clone(), self.node_name.clone())
+            },
         );
         let publishing = Arc::new(publisher).spawn(inventory);
         let source = ApiClaimSource::new(client);
@@ -458,6 +472,21 @@ async fn shutdown_signal() {
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod enforcement_name_tests {
+    use clap::ValueEnum as _;
+
+    use super::EnforcementKind;
+
+    #[test]
+    fn the_published_enforcement_name_is_the_flag_value() {
+        for kind in EnforcementKind::value_variants() {
+            let value = kind.to_possible_value().expect("a value");
+            assert_eq!(value.get_name(), kind.as_str());
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct PublisherConfig {
     /// How long to wait after the watch saw the slices drift before publishing again, so a
     /// burst of deletions (kubelet removes every slice of the node) is answered at once.
     pub drift_settle: Duration,
+    /// The node's enforcement backend, published on shared GPUs (`enforcement` attribute).
+    pub enforcement: Option<String>,
 }
 
 impl PublisherConfig {
@@ -61,6 +63,7 @@ impl PublisherConfig {
             max_backoff: Duration::from_secs(30),
             max_devices_per_slice: slices::limits::MAX_DEVICES_PER_SLICE,
             drift_settle: Duration::from_millis(500),
+            enforcement: None,
         }
     }
 }
@@ -143,6 +146,7 @@ impl SlicePublisher {
             // Shared devices with request policies need the v1 API (Kubernetes 1.34+).
             consumable_capacity: version == ApiVersion::V1,
             max_devices_per_slice: self.config.max_devices_per_slice,
+            enforcement: self.config.enforcement.clone(),
         };
         let mut out = BTreeMap::new();
         for mut slice in slices::render(node, &opts)? {

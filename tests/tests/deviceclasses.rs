@@ -103,6 +103,7 @@ fn every_class_selects_exactly_its_devices() {
     let mut expected: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     expected.insert("gpu.tessera.dev", names("a100-node", &a100));
     expected.insert("batch.gpu.tessera.dev", shared.clone());
+    expected.insert("batch-overcommit.gpu.tessera.dev", shared.clone());
     expected.insert("shared.gpu.tessera.dev", shared);
     expected.insert("mig.gpu.tessera.dev", names("mig-node", &mig));
     expected.insert("a100-80g.gpu.tessera.dev", names("a100-node", &a100));

@@ -44,6 +44,10 @@ const CLASSES: &[(&str, &str)] = &[
         include_str!("../../../deviceclasses/batch-gpu.yaml"),
     ),
     (
+        "deviceclasses/batch-overcommit-gpu.yaml",
+        include_str!("../../../deviceclasses/batch-overcommit-gpu.yaml"),
+    ),
+    (
         "deviceclasses/model-a100-80g.yaml",
         include_str!("../../../deviceclasses/model-a100-80g.yaml"),
     ),
@@ -106,6 +110,10 @@ const CLAIMS: &[(&str, &str)] = &[
     (
         "examples/claims/12-share-delay-tolerant.yaml",
         include_str!("../../../examples/claims/12-share-delay-tolerant.yaml"),
+    ),
+    (
+        "examples/claims/13-share-batch-overcommit.yaml",
+        include_str!("../../../examples/claims/13-share-batch-overcommit.yaml"),
     ),
 ];
 

@@ -239,9 +239,23 @@ fn write_cluster_table(view: &ClusterView, out: &mut String) {
                     Some(next) => format!("{} (draining to {next})", gpu.mode),
                     None => gpu.mode.clone(),
                 },
-                format!("{}/{}", gpu.memory_allocated, gpu.memory_total),
+                if gpu.memory_overcommitted.is_zero() {
+                    format!("{}/{}", gpu.memory_allocated, gpu.memory_total)
+                } else {
+                    format!(
+                        "{}/{} (+{} over)",
+                        gpu.memory_allocated, gpu.memory_total, gpu.memory_overcommitted
+                    )
+                },
                 gpu.memory_free.to_string(),
-                format!("{}%", gpu.compute_allocated),
+                if gpu.compute_overcommitted == 0 {
+                    format!("{}%", gpu.compute_allocated)
+                } else {
+                    format!(
+                        "{}% (+{}% over)",
+                        gpu.compute_allocated, gpu.compute_overcommitted
+                    )
+                },
                 format!("{}%", gpu.compute_free),
                 if claims.is_empty() {
                     "-".to_owned()

@@ -47,7 +47,12 @@ pub fn device_lines(allocation: &res::AllocationResult) -> Vec<String> {
                 config::decode(&opaque.parameters.0, "config")
         {
             for d in record.devices {
-                shares.insert((d.pool.clone(), d.device.clone()), (d.memory, d.compute));
+                let guaranteed = (d.guaranteed_memory.is_some() || d.guaranteed_compute.is_some())
+                    .then(|| (d.guaranteed_memory(), d.guaranteed_compute()));
+                shares.insert(
+                    (d.pool.clone(), d.device.clone()),
+                    (d.memory, d.compute, guaranteed),
+                );
             }
         }
     }
@@ -56,15 +61,18 @@ pub fn device_lines(allocation: &res::AllocationResult) -> Vec<String> {
         .iter()
         .flat_map(|d| d.results.iter().flatten())
         .map(|r| {
-            let share = shares
-                .get(&(r.pool.clone(), r.device.clone()))
-                .map(|(memory, compute)| {
+            let share = shares.get(&(r.pool.clone(), r.device.clone())).map(
+                |(memory, compute, guaranteed)| {
+                    let over = guaranteed.map_or_else(String::new, |(m, c)| {
+                        format!(", guaranteed {m} and {c}% compute, the rest over-committed")
+                    });
                     if *compute > 0 {
-                        format!(" ({memory}, {compute}% compute)")
+                        format!(" ({memory}, {compute}% compute{over})")
                     } else {
-                        format!(" ({memory})")
+                        format!(" ({memory}{over})")
                     }
-                });
+                },
+            );
             let consumed = share.is_none().then(|| consumed_text(r)).flatten();
             format!(
                 "{} -> {}/{}{}",

@@ -16,14 +16,36 @@ use std::time::Instant;
 use k8s_openapi::api::resource::v1 as res;
 use serde::Serialize;
 use tessera_driver::allocator::Policy;
+use tessera_driver::names;
+use tessera_driver::overcommit::Factor;
 use tessera_driver::simulate::{
-    self, Cluster, ReplayOptions, SeedResult, Summary, parse_nodes, parse_pods,
+    self, Cluster, Mixing, ReplayOptions, SeedResult, Summary, parse_nodes, parse_pods,
 };
 
 use crate::error::{Error, Result};
 
 /// Tessera's share class, as shipped in `deviceclasses/`.
 const SHARED_CLASS: &str = include_str!("../../../deviceclasses/shared-gpu.yaml");
+/// Tessera's batch class, as shipped in `deviceclasses/` (mixing adds its factors).
+const BATCH_CLASS: &str = include_str!("../../../deviceclasses/batch-gpu.yaml");
+
+/// Reads an over-commit factor flag (`2`, `1.5`).
+pub fn parse_factor(s: &str) -> std::result::Result<Factor, String> {
+    let value: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number, e.g. 2 or 1.5"))?;
+    Factor::from_f64(value)
+}
+
+/// How a mixing replay's batch class over-commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixingArgs {
+    /// Batch compute factor.
+    pub compute: Factor,
+    /// Batch memory factor (the simulated GPUs then back it with `hami-core`).
+    pub memory: Factor,
+}
 
 /// An inclusive range of seeds, written `A..B` (the paper's seeds are `42..51`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +88,8 @@ pub struct SimulateArgs {
     pub json: bool,
     /// Draw a progress bar on standard error when it is a terminal.
     pub progress: bool,
+    /// Mix tiers (best-effort tasks batch), with these factors.
+    pub mixing: Option<MixingArgs>,
 }
 
 /// The JSON report.
@@ -146,12 +170,9 @@ impl Progress {
     }
 }
 
-/// Runs the simulation and appends the report to `out`.
-pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
-    let nodes_name = args.nodes.display().to_string();
-    let pods_name = args.pods.display().to_string();
-    let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
-    let pods = parse_pods(&pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
+/// Reads the pod list, refusing one the replay cannot use.
+fn read_pods(args: &SimulateArgs, pods_name: &str) -> Result<Vec<simulate::TracePod>> {
+    let pods = parse_pods(pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
     if pods.iter().all(|p| p.gpu_demand() == 0) {
         return Err(Error::Malformed(format!(
             "{pods_name}: none of the {} tasks asks for a GPU (num_gpu is 0 on every line); \
@@ -159,6 +180,21 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
             pods.len()
         )));
     }
+    if args.mixing.is_some() && pods.iter().any(|p| p.best_effort.is_none()) {
+        return Err(Error::Malformed(format!(
+            "{pods_name}: --mixing needs each task's qos (BE is batch, anything else online), \
+             and this pod list has no qos column"
+        )));
+    }
+    Ok(pods)
+}
+
+/// Runs the simulation and appends the report to `out`.
+pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
+    let nodes_name = args.nodes.display().to_string();
+    let pods_name = args.pods.display().to_string();
+    let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
+    let pods = read_pods(args, &pods_name)?;
     let history = match &args.history {
         Some(path) => {
             let name = path.display().to_string();
@@ -167,9 +203,9 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
         }
         None => None,
     };
-    let class: res::DeviceClass = serde_yaml::from_str(SHARED_CLASS)
-        .map_err(|e| Error::Malformed(format!("deviceclasses/shared-gpu.yaml: {e}")))?;
-    let cluster = Cluster::new(nodes, vec![class], driver).map_err(|e| malformed(&e))?;
+    let (classes, mixing, enforcement) = classes(args.mixing)?;
+    let cluster = Cluster::with_enforcement(nodes, classes, driver, enforcement)
+        .map_err(|e| malformed(&e))?;
     // The report's fragmentation uses the whole trace's shapes, as the paper's measure does;
     // the policy never sees them unless given as --history.
     let measure = simulate::workload_of(&pods);
@@ -195,6 +231,7 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
                         policy: args.policy,
                         seed,
                         history: history.clone(),
+                        mixing: mixing.clone(),
                     };
                     let started = Instant::now();
                     let outcome =
@@ -251,6 +288,91 @@ pub fn run(args: &SimulateArgs, driver: &str, out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// The classes of the replay, how it mixes tiers, and the GPUs' enforcement backend.
+fn classes(
+    mixing: Option<MixingArgs>,
+) -> Result<(Vec<res::DeviceClass>, Option<Mixing>, Option<&'static str>)> {
+    let class: res::DeviceClass = serde_yaml::from_str(SHARED_CLASS)
+        .map_err(|e| Error::Malformed(format!("deviceclasses/shared-gpu.yaml: {e}")))?;
+    let Some(m) = mixing else {
+        return Ok((vec![class], None, None));
+    };
+    let batch = batch_class(m)?;
+    let mixing = Mixing {
+        batch_class: batch.metadata.name.clone().unwrap_or_default(),
+    };
+    // Memory over-commit needs GPUs that can back it.
+    let enforcement = m
+        .memory
+        .overcommits()
+        .then_some(names::ENFORCEMENT_HAMI_CORE);
+    Ok((vec![class, batch], Some(mixing), enforcement))
+}
+
+/// The shipped batch class with the factors of `m` in its `TierPolicy`.
+fn batch_class(m: MixingArgs) -> Result<res::DeviceClass> {
+    let mut class: res::DeviceClass = serde_yaml::from_str(BATCH_CLASS)
+        .map_err(|e| Error::Malformed(format!("deviceclasses/batch-gpu.yaml: {e}")))?;
+    let policy = class
+        .spec
+        .config
+        .iter_mut()
+        .flatten()
+        .filter_map(|c| c.opaque.as_mut())
+        .find(|o| o.parameters.0["kind"] == names::TIER_POLICY_KIND)
+        .ok_or_else(|| {
+            Error::Malformed("deviceclasses/batch-gpu.yaml: no TierPolicy config".to_owned())
+        })?;
+    let set = |v: Factor| serde_json::to_value(v).unwrap_or(serde_json::Value::Null);
+    policy.parameters.0["batchComputeOvercommit"] = set(m.compute);
+    policy.parameters.0["batchMemoryOvercommit"] = set(m.memory);
+    Ok(class)
+}
+
+fn mixing_table(summary: &Summary, out: &mut String) {
+    let Some(mean) = &summary.mixing else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "mixing (BE tasks batch): {:>6} {:>13} {:>13} {:>14} {:>15} {:>18} {:>14}",
+        "SEED",
+        "ONLINE@100",
+        "BATCH@100",
+        "PLACED/CAP@100",
+        "BATCH-OVER@100",
+        "PREEMPT<100",
+        "PREEMPT-ALL"
+    );
+    for s in &summary.seeds {
+        let Some(m) = &s.mixing else { continue };
+        let _ = writeln!(
+            out,
+            "{:>31} {:>12.2}% {:>12.2}% {:>13.2}% {:>14.2}% {:>10}/{:<7} {:>6}/{:<7}",
+            s.seed,
+            m.online_placed_pct_at_100,
+            m.batch_placed_pct_at_100,
+            m.placed_pct_of_capacity_at_100,
+            m.batch_overcommitted_pct_at_100,
+            m.online_would_preempt_before_100,
+            m.online_gpu_tasks_before_100,
+            m.online_would_preempt,
+            m.online_gpu_tasks
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:>31} {:>12.2}% {:>12.2}% {:>13.2}% {:>14.2}% {:>17.2}% {:>13.2}%",
+        "mean",
+        mean.online_placed_pct_at_100,
+        mean.batch_placed_pct_at_100,
+        mean.placed_pct_of_capacity_at_100,
+        mean.batch_overcommitted_pct_at_100,
+        mean.online_preempt_pct_before_100,
+        mean.online_preempt_pct
+    );
+}
+
 fn table(summary: &Summary, seconds: &[f64], pods: &str, out: &mut String) {
     let pods = crate::cli::output::printable(pods, false);
     let _ = writeln!(out, "trace {pods}, policy {}", summary.policy);
@@ -293,6 +415,7 @@ fn table(summary: &Summary, seconds: &[f64], pods: &str, out: &mut String) {
         summary.unallocated_pct_at_100,
         summary.fragmentation_pct_at_100
     );
+    mixing_table(summary, out);
     if summary.seeds.iter().any(|s| s.rounded_pods > 0) {
         let _ = writeln!(
             out,

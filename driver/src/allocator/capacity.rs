@@ -173,6 +173,33 @@ pub(crate) fn consumed_quantity(requested: Option<Quantity>, cap: &Capacity) -> 
     req
 }
 
+/// The largest amount at most `value` that the capacity's policy accepts as consumed, so a
+/// batch share's guarantee ([`crate::overcommit`]) is always a valid `consumedCapacity`; `None`
+/// when there is none (below the range's minimum or every listed value).
+pub(crate) fn floor_to_policy(value: Quantity, cap: &Capacity) -> Option<Quantity> {
+    let Some(policy) = &cap.policy else {
+        return Some(value);
+    };
+    if let Some(range) = &policy.range {
+        if value < range.min {
+            return None;
+        }
+        let top = range.max.map_or(value, |m| m.min(value));
+        let Some(step) = range.step else {
+            return Some(top);
+        };
+        let steps = (top.nanos() - range.min.nanos()).div_euclid(step.nanos());
+        return Some(Quantity::from_nanos(
+            range.min.nanos() + steps * step.nanos(),
+            step.format(),
+        ));
+    }
+    if !policy.values.is_empty() {
+        return policy.values.iter().copied().filter(|v| *v <= value).max();
+    }
+    Some(value)
+}
+
 /// Whether a consumed amount breaks the capacity's policy.
 pub(crate) fn violates_policy(consumed: Quantity, policy: Option<&RequestPolicy>) -> bool {
     let Some(policy) = policy else {
@@ -294,6 +321,35 @@ mod tests {
         assert_eq!(consumed_quantity(Some(q("3")), &values), q("5"));
         assert_eq!(consumed_quantity(Some(q("11")), &values), q("11"));
         assert!(violates_policy(q("11"), values.policy.as_ref()));
+    }
+
+    #[test]
+    fn a_guarantee_floors_to_a_value_the_policy_accepts() {
+        let cap = memory_cap();
+        assert_eq!(floor_to_policy(q("3584Mi"), &cap), Some(q("3Gi")));
+        assert_eq!(floor_to_policy(q("3Gi"), &cap), Some(q("3Gi")));
+        assert_eq!(floor_to_policy(q("512Mi"), &cap), None);
+        let values = Capacity {
+            value: q("10"),
+            policy: Some(RequestPolicy {
+                default: Some(q("2")),
+                range: None,
+                values: vec![q("2"), q("5"), q("10")],
+            }),
+        };
+        assert_eq!(floor_to_policy(q("7"), &values), Some(q("5")));
+        assert_eq!(floor_to_policy(q("1"), &values), None);
+        let plain = Capacity {
+            value: q("100"),
+            policy: None,
+        };
+        assert_eq!(floor_to_policy(q("37"), &plain), Some(q("37")));
+        for x in ["0", "1Gi", "7Gi", "3584Mi"] {
+            if let Some(f) = floor_to_policy(q(x), &cap) {
+                assert!(!violates_policy(f, cap.policy.as_ref()), "{x} -> {f}");
+                assert!(f <= q(x));
+            }
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::snapshot::{SelectorCache, Snapshot, claim_name};
 use crate::config::Tier;
 use crate::error::{Error, Result};
 use crate::patience::{self, Patience};
+use crate::overcommit::{self, Overcommit};
 use crate::quantity::Quantity;
 use crate::share::ShareRequest;
 use crate::tier;
@@ -44,6 +45,8 @@ pub(crate) struct ReqSpec {
     pub(crate) patience: Option<Patience>,
     /// Whether this attempt places the share only on fragments ([`super::delay`]).
     pub(crate) fragments_only: bool,
+    /// The class's over-commit factors when the tier is batch; none for online shares.
+    pub(crate) overcommit: Overcommit,
 }
 
 impl ReqSpec {
@@ -63,6 +66,14 @@ impl ReqSpec {
         }
         None
     }
+}
+
+/// The same claim with over-commit switched off: every share booked in full, as online.
+pub(crate) fn without_overcommit(mut claim: ClaimSpec) -> ClaimSpec {
+    for req in claim.requests.iter_mut().flatten() {
+        req.overcommit = Overcommit::NONE;
+    }
+    claim
 }
 
 /// A `matchAttribute` or `distinctAttribute` constraint.
@@ -114,7 +125,7 @@ fn share_of(
     full: &str,
     raw: &RawRequest<'_>,
     field: &str,
-) -> Result<(RequestShare, Tier, Option<Patience>)> {
+) -> Result<(RequestShare, Tier, Option<Patience>, Overcommit)> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let class_fields = validation::class_config_fields(&class_name, Some(class));
     let claim_fields = validation::claim_config_fields(claim);
@@ -141,7 +152,11 @@ fn share_of(
         RequestShare::Plain => None,
         _ => patience::request_patience(driver, full, &class_configs, &claim_configs)?,
     };
-    Ok((share, tier, patience))
+    let overcommit = match tier {
+        Tier::Online => Overcommit::NONE,
+        Tier::Batch => overcommit::request_overcommit(driver, full, &class_configs)?,
+    };
+    Ok((share, tier, patience, overcommit))
 }
 
 struct RawRequest<'a> {
@@ -223,13 +238,13 @@ fn prepare_request(
             Some(out)
         }
     };
-    let (share, capacity_share, tier, patience) =
-        match share_of(driver, class, claim, &full, raw, field) {
-            Err(err) => return Err(e(err.to_string())),
-            Ok((RequestShare::Plain, tier, p)) => (None, None, tier, p),
-            Ok((RequestShare::Config(s), tier, p)) => (Some(s), None, tier, p),
-            Ok((RequestShare::Capacity(r), tier, p)) => (None, Some(r), tier, p),
-        };
+    let (share, tier, patience, overcommit) =
+        share_of(driver, class, claim, &full, raw, field).map_err(|err| e(err.to_string()))?;
+    let (share, capacity_share) = match share {
+        RequestShare::Plain => (None, None),
+        RequestShare::Config(s) => (Some(s), None),
+        RequestShare::Capacity(r) => (None, Some(r)),
+    };
     Ok(ReqSpec {
         base: base.to_owned(),
         sub: sub.map(str::to_owned),
@@ -247,6 +262,7 @@ fn prepare_request(
         tier,
         patience,
         fragments_only: false,
+        overcommit,
     })
 }
 

@@ -11,6 +11,7 @@ use std::rc::Rc;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 
+use super::booking;
 use super::capacity::{self, Amounts};
 use super::policy::{DeviceView, NodeView, PlacementPolicy, ScoreInput};
 use super::request::{ClaimSpec, MAX_RESULTS, ReqSpec};
@@ -44,6 +45,8 @@ pub(crate) struct Pick {
     pub(crate) share: Option<PerDeviceShare>,
     /// Amounts this pick holds in-flight on the device (shares and multi-allocation devices).
     inflight: Option<Amounts>,
+    /// What a batch share books beyond its guarantee (memory bytes, compute percent).
+    pub(crate) over: Option<(u64, i64)>,
     exclusive: bool,
     counters: bool,
 }
@@ -243,6 +246,8 @@ pub(crate) struct Search<'a> {
     cands: HashMap<(usize, usize, usize), Rc<Vec<usize>>>,
     excl: Vec<(usize, usize)>,
     inflight: HashMap<usize, Amounts>,
+    /// Over-committed memory bytes and compute of this search's batch picks, per device.
+    inflight_over: HashMap<usize, (u64, i64)>,
     holders: HashMap<usize, u32>,
     counters: HashMap<(usize, String), Amounts>,
     pub(crate) picks: Vec<Vec<Pick>>,
@@ -294,6 +299,7 @@ impl<'a> Search<'a> {
             cands: HashMap::new(),
             excl: Vec::new(),
             inflight: HashMap::new(),
+            inflight_over: HashMap::new(),
             holders: HashMap::new(),
             counters: HashMap::new(),
             picks: vec![Vec::new(); specs.len()],
@@ -507,6 +513,7 @@ impl<'a> Search<'a> {
         let mut consumed = None;
         let mut inflight = None;
         let mut share = None;
+        let mut over = None;
         let mut exclusive = false;
         // "All" candidates include tainted devices: an untolerated taint fails the request.
         if spec.all
@@ -538,16 +545,27 @@ impl<'a> Search<'a> {
             let Ok(per) = share_req.per_device(entry.memory) else {
                 return Ok(false);
             };
-            let (free_mem, free_compute) = self.snap.share_free(dev, self.inflight.get(&dev));
-            if per.memory_bytes > free_mem || per.compute_percent > free_compute {
+            let Some(booking) = booking::book_share(
+                self.snap,
+                dev,
+                spec,
+                per,
+                self.inflight.get(&dev),
+                self.inflight_over.get(&dev).copied(),
+            ) else {
                 return Ok(false);
-            }
+            };
+            // Only the guarantee is consumed (and written as consumedCapacity).
             let (mem, comp) = entry.share_names();
             let asked: Amounts = [
-                (mem, Quantity::from_bytes(per.memory_bytes)),
-                (comp, Quantity::from_units(per.compute_percent)),
+                (mem, Quantity::from_bytes(booking.memory.guaranteed)),
+                (
+                    comp,
+                    Quantity::from_units(i64::try_from(booking.compute.guaranteed).unwrap_or(0)),
+                ),
             ]
             .into();
+            over = booking.overcommitted().then(|| booking.over());
             if entry.multi {
                 let used = self.used_with_inflight(dev);
                 let requests: Amounts = asked
@@ -645,6 +663,10 @@ impl<'a> Search<'a> {
         if let Some(x) = &inflight {
             capacity::add_into(self.inflight.entry(dev).or_default(), x);
         }
+        if let Some((m, k)) = over {
+            let slot = self.inflight_over.entry(dev).or_default();
+            *slot = (slot.0.saturating_add(m), slot.1.saturating_add(k));
+        }
         self.picks[c].push(Pick {
             req: r,
             alt: a,
@@ -652,6 +674,7 @@ impl<'a> Search<'a> {
             consumed,
             share,
             inflight,
+            over,
             exclusive: mark,
             counters,
         });
@@ -679,6 +702,11 @@ impl<'a> Search<'a> {
             && let Some(slot) = self.inflight.get_mut(&dev)
         {
             capacity::sub_from(slot, x);
+        }
+        if let Some((m, k)) = pick.over
+            && let Some(slot) = self.inflight_over.get_mut(&dev)
+        {
+            *slot = (slot.0.saturating_sub(m), slot.1.saturating_sub(k));
         }
         if pick.counters {
             let entry = &self.snap.devices[dev];
@@ -802,8 +830,7 @@ fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcom
         let Ok(per) = share.per_device(entry.memory) else {
             return Ok(Outcome::TooSmall);
         };
-        let (m, c) = snap.share_free(dev, None);
-        if per.memory_bytes > m || per.compute_percent > c {
+        if booking::book_share(snap, dev, spec, per, None, None).is_none() {
             return Ok(Outcome::TooFull);
         }
     } else if (entry.multi && u.exclusive > 0) || (!entry.multi && u.holders() > 0) {

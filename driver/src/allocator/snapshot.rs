@@ -35,6 +35,7 @@ const BLOCKING_EFFECTS: [&str; 2] = ["NoSchedule", "NoExecute"];
 
 /// One device of a complete, valid pool.
 #[derive(Debug)]
+#[allow(clippy::struct_excessive_bools)] // Reason: independent facts about a device, read in hot search loops.
 pub(crate) struct DeviceEntry {
     pub(crate) driver: String,
     pub(crate) pool: String,
@@ -57,6 +58,8 @@ pub(crate) struct DeviceEntry {
     pub(crate) numa: Option<String>,
     /// For a Tessera whole GPU (`type=gpu`): its `model` attribute (empty when absent).
     pub(crate) gpu_model: Option<String>,
+    /// Its node can back over-committed memory (`enforcement: hami-core`).
+    pub(crate) backs_memory_overcommit: bool,
     /// Fully qualified memory and compute capacity names (computed once: hot in searches).
     share_keys: (String, String),
     /// The slice that publishes the device, shared with whoever handed it in (the
@@ -118,13 +121,41 @@ pub(crate) struct DeviceUse {
     pub(crate) exclusive: u32,
     /// Share allocations.
     pub(crate) shares: u32,
-    /// Capacity consumed by shares, by fully qualified name.
+    /// Capacity consumed by shares, by fully qualified name: what they are guaranteed.
     pub(crate) consumed: Amounts,
+    /// What batch shares were booked beyond their guarantee ([`crate::overcommit`]), by name.
+    pub(crate) over: Amounts,
 }
 
 impl DeviceUse {
     pub(crate) fn holders(&self) -> u32 {
         self.exclusive + self.shares
+    }
+}
+
+/// A share as the allocator recorded it: what it may use and what it is guaranteed.
+#[derive(Debug, Clone, Copy)]
+struct RecordedShare {
+    memory: Quantity,
+    compute: i64,
+    guaranteed_memory: Quantity,
+    guaranteed_compute: i64,
+}
+
+impl RecordedShare {
+    /// What was booked beyond the guarantee, by fully qualified capacity name of `entry`.
+    fn over(&self, entry: &DeviceEntry) -> Amounts {
+        let (mem, comp) = entry.share_names();
+        let mut over = Amounts::new();
+        let memory = self.memory.saturating_sub(self.guaranteed_memory);
+        if memory.nanos() > 0 {
+            over.insert(mem, memory);
+        }
+        let compute = self.compute.saturating_sub(self.guaranteed_compute);
+        if compute > 0 {
+            over.insert(comp, Quantity::from_units(compute));
+        }
+        over
     }
 }
 
@@ -134,6 +165,8 @@ struct Contribution {
     device: usize,
     exclusive: bool,
     consumed: Amounts,
+    /// Over-committed amounts of a batch share (empty for every other result).
+    over: Amounts,
 }
 
 /// Per-node figures that let the allocator skip nodes that cannot fit a claim.
@@ -586,6 +619,9 @@ impl Snapshot {
             gpu_model: (tessera
                 && attr_text(device, driver, names::ATTR_TYPE).as_deref() == Some(names::TYPE_GPU))
             .then(|| attr_text(device, driver, names::ATTR_MODEL).unwrap_or_default()),
+            backs_memory_overcommit: tessera
+                && attr_text(device, driver, names::ATTR_ENFORCEMENT).as_deref()
+                    == Some(names::ENFORCEMENT_HAMI_CORE),
             share_keys: (
                 capacity::qualify(names::CAP_MEMORY, driver),
                 capacity::qualify(names::CAP_COMPUTE, driver),
@@ -627,11 +663,13 @@ impl Snapshot {
                 result.device.clone(),
             ));
             let shared = result.share_id.is_some() || (entry.tessera_shared && record.is_some());
+            let over = record.map(|r| r.over(entry)).unwrap_or_default();
             let contribution = if !shared {
                 Contribution {
                     device: idx,
                     exclusive: true,
                     consumed: Amounts::new(),
+                    over: Amounts::new(),
                 }
             } else if let Some(cc) = result.consumed_capacity.as_ref().filter(|c| !c.is_empty()) {
                 let mut consumed = Amounts::new();
@@ -649,20 +687,27 @@ impl Snapshot {
                     device: idx,
                     exclusive: false,
                     consumed,
+                    over,
                 }
             } else if let Some(rec) = record {
                 let (mem, comp) = entry.share_names();
-                let consumed: Amounts = [(mem, rec.0), (comp, Quantity::from_units(rec.1))].into();
+                let consumed: Amounts = [
+                    (mem, rec.guaranteed_memory),
+                    (comp, Quantity::from_units(rec.guaranteed_compute)),
+                ]
+                .into();
                 Contribution {
                     device: idx,
                     exclusive: false,
                     consumed,
+                    over,
                 }
             } else if entry.capacity.is_empty() {
                 Contribution {
                     device: idx,
                     exclusive: true,
                     consumed: Amounts::new(),
+                    over: Amounts::new(),
                 }
             } else {
                 let consumed = entry
@@ -674,6 +719,7 @@ impl Snapshot {
                     device: idx,
                     exclusive: false,
                     consumed,
+                    over: Amounts::new(),
                 }
             };
             contributions.push(contribution);
@@ -685,11 +731,11 @@ impl Snapshot {
     }
 
     /// Tessera's `AllocatedShares` records in an allocation: (request, pool, device) ->
-    /// (memory, compute).
+    /// what the share may use and what it is guaranteed.
     fn share_records(
         &self,
         allocation: &res::AllocationResult,
-    ) -> HashMap<(String, String, String), (Quantity, i64)> {
+    ) -> HashMap<(String, String, String), RecordedShare> {
         let mut out = HashMap::new();
         let configs = allocation.devices.as_ref().and_then(|d| d.config.as_ref());
         for cfg in configs.into_iter().flatten() {
@@ -704,7 +750,13 @@ impl Snapshot {
                 config::decode(&opaque.parameters.0, "allocation")
             {
                 for d in rec.devices {
-                    out.insert((d.request, d.pool, d.device), (d.memory, d.compute));
+                    let share = RecordedShare {
+                        memory: d.memory,
+                        compute: d.compute,
+                        guaranteed_memory: d.guaranteed_memory(),
+                        guaranteed_compute: d.guaranteed_compute(),
+                    };
+                    out.insert((d.request, d.pool, d.device), share);
                 }
             }
         }
@@ -755,10 +807,12 @@ impl Snapshot {
             (false, true) => {
                 u.shares += 1;
                 capacity::add_into(&mut u.consumed, &c.consumed);
+                capacity::add_into(&mut u.over, &c.over);
             }
             (false, false) => {
                 u.shares = u.shares.saturating_sub(1);
                 capacity::sub_from(&mut u.consumed, &c.consumed);
+                capacity::sub_from(&mut u.over, &c.over);
             }
         }
         let after = self.uses[c.device].holders();
@@ -822,6 +876,24 @@ impl Snapshot {
         };
         let mem_used = u64::try_from(used(mem)).unwrap_or(0);
         (e.memory.saturating_sub(mem_used), e.compute - used(comp))
+    }
+
+    /// What batch shares of a shared GPU were booked beyond their guarantee: memory bytes and
+    /// compute percent, committed use plus `inflight` ([`crate::overcommit`]).
+    pub(crate) fn share_over(&self, idx: usize, inflight: Option<(u64, i64)>) -> (u64, i64) {
+        let (mem, comp) = &self.devices[idx].share_keys;
+        let over = &self.uses[idx].over;
+        let get = |name: &str| {
+            over.get(name)
+                .copied()
+                .unwrap_or(Quantity::ZERO)
+                .ceil_units()
+        };
+        let (m, c) = inflight.unwrap_or_default();
+        (
+            u64::try_from(get(mem)).unwrap_or(0).saturating_add(m),
+            get(comp).saturating_add(c),
+        )
     }
 
     fn refresh_summary(&mut self, node: usize) {

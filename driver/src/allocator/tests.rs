@@ -1209,3 +1209,5 @@ fn without_an_island_a_multi_gpu_claim_prefers_one_numa_node() {
         assert!(numa1, "{policy:?} picked {got:?}");
     }
 }
+
+mod overcommit;

@@ -20,10 +20,14 @@ pub struct DeviceUsage {
     pub shares: u32,
     /// Its memory (0 when it declares none).
     pub memory_total: Quantity,
-    /// Memory in use: all of it when held whole, else the sum of its shares.
+    /// Memory in use: all of it when held whole, else what its shares are guaranteed.
     pub memory_used: Quantity,
-    /// Compute in use, in percent: 100 when held whole, else the sum of its shares.
+    /// Compute in use, in percent: 100 when held whole, else what its shares are guaranteed.
     pub compute_used: i64,
+    /// Memory booked by batch shares beyond their guarantee ([`crate::overcommit`]).
+    pub memory_overcommitted: Quantity,
+    /// Compute booked by batch shares beyond their guarantee, in percent.
+    pub compute_overcommitted: i64,
 }
 
 impl Snapshot {
@@ -57,6 +61,10 @@ impl Snapshot {
                 };
                 // Memory prints as bytes do (`47Gi`), whatever style the shares were written in.
                 let memory_used = Quantity::from_nanos(memory_used.nanos(), Format::BinarySi);
+                let over = |name: &str| used.over.get(name).copied().unwrap_or(Quantity::ZERO);
+                let memory_overcommitted =
+                    Quantity::from_nanos(over(&memory_name).nanos(), Format::BinarySi);
+                let compute_overcommitted = over(&compute_name).as_units().unwrap_or(0);
                 DeviceUsage {
                     driver: entry.driver.clone(),
                     pool: entry.pool.clone(),
@@ -66,6 +74,8 @@ impl Snapshot {
                     memory_total,
                     memory_used,
                     compute_used,
+                    memory_overcommitted,
+                    compute_overcommitted,
                 }
             })
             .collect()

@@ -124,6 +124,7 @@ mod tests {
             }),
             share_id: None,
             tier: crate::config::Tier::Online,
+            memory_overcommitted: false,
         };
         PreparedClaim {
             uid: "u".into(),

@@ -27,6 +27,7 @@ fn device(request: &str, name: &str, gpu: GpuNode, share: Option<(u64, i64)>) ->
             compute_percent: compute,
         }),
         tier: Tier::Online,
+        memory_overcommitted: false,
         share_id: None,
     }
 }
@@ -506,4 +507,35 @@ fn whole_gpus_get_no_priority_whatever_their_tier_field_says() {
     let c = claim(vec![batch(device("gpu", "gpu-0", gpu(0, GPU0), None))]);
     assert!(priority_env(&build_spec(&c, &mps()).unwrap()).is_empty());
     assert!(priority_env(&build_spec(&c, &hami()).unwrap()).is_empty());
+}
+
+#[test]
+fn an_over_committed_batch_share_gets_what_it_may_use_and_memory_over_commit_needs_hami_core() {
+    // A batch share that may use 10 GiB and 50 % (its guarantee is smaller): the limits are
+    // the may-use values on every backend, so it can use the GPU while others idle.
+    let mut d = batch(device("gpu", "gpu-0", gpu(0, GPU0), Some((10, 50))));
+    let compute_only = claim(vec![d.clone()]);
+    let spec = build_spec(&compute_only, &mps()).unwrap();
+    assert!(env(&spec).contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_owned()));
+    assert!(!has_env(&spec, "CUDA_OVERSUBSCRIBE"));
+    d.memory_overcommitted = true;
+    let memory = claim(vec![d]);
+    for backend in [mps(), Enforcement::None] {
+        let e = err(&memory, &backend);
+        assert!(e.contains("hami-core"), "{e}");
+    }
+    let spec = build_spec(&memory, &hami()).unwrap();
+    let env = env(&spec);
+    assert!(
+        env.contains(&"CUDA_OVERSUBSCRIBE=true".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=10240m".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_DEVICE_SM_LIMIT=50".to_owned()),
+        "{env:?}"
+    );
 }

@@ -39,20 +39,36 @@ pub struct GpuRow {
     pub draining_to: Option<String>,
     /// The memory it declares.
     pub memory_total: Quantity,
-    /// Memory allocated: all of it when held whole, else the sum of its shares.
+    /// Memory allocated: all of it when held whole, else what its shares are guaranteed.
     pub memory_allocated: Quantity,
     /// Memory free.
     pub memory_free: Quantity,
-    /// Compute allocated, in percent.
+    /// Compute allocated (guaranteed), in percent.
     pub compute_allocated: i64,
     /// Compute free, in percent.
     pub compute_free: i64,
+    /// Memory batch shares were booked beyond their guarantee ([`crate::overcommit`]); usable
+    /// only while the guaranteed shares leave it idle. Left out when none.
+    #[serde(skip_serializing_if = "quantity_is_zero")]
+    pub memory_overcommitted: Quantity,
+    /// Compute batch shares were booked beyond their guarantee, in percent; left out when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub compute_overcommitted: i64,
     /// Allocations holding it whole.
     pub exclusive: u32,
     /// Share allocations on it.
     pub shares: u32,
     /// The claims holding it, by namespace and name.
     pub claims: Vec<ClaimHold>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // Reason: serde's skip_serializing_if passes a reference.
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
+fn quantity_is_zero(q: &Quantity) -> bool {
+    q.is_zero()
 }
 
 /// The GPUs of one node.
@@ -221,6 +237,8 @@ pub fn cluster_view(
             memory_free: free,
             compute_allocated: usage.compute_used,
             compute_free: (100 - usage.compute_used).max(0),
+            memory_overcommitted: usage.memory_overcommitted,
+            compute_overcommitted: usage.compute_overcommitted,
             exclusive: usage.exclusive,
             shares: usage.shares,
             claims: holders
@@ -361,6 +379,64 @@ mod tests {
         let json = serde_json::to_value(gpus).unwrap();
         assert_eq!(json[0]["drainingTo"], "exclusive");
         assert!(json[1].get("drainingTo").is_none());
+    }
+
+    #[test]
+    fn guaranteed_and_over_committed_are_shown_apart() {
+        let slices = slices();
+        let classes: Vec<res::DeviceClass> = vec![
+            serde_json::from_value(json!({
+                "metadata": {"name": names::CLASS_SHARED_GPU},
+                "spec": {"selectors": [{"cel": {"expression": "device.attributes[\"gpu.tessera.dev\"].sharing == \"shared\""}}]},
+            }))
+            .unwrap(),
+            serde_json::from_value(json!({
+                "metadata": {"name": "batch"},
+                "spec": {"selectors": [{"cel": {"expression": "device.attributes[\"gpu.tessera.dev\"].sharing == \"shared\""}}],
+                  "config": [{"opaque": {"driver": names::DEFAULT_DRIVER_NAME, "parameters": {
+                    "apiVersion": names::CONFIG_API_VERSION, "kind": "TierPolicy", "tier": "batch",
+                    "batchComputeOvercommit": 2}}}]},
+            }))
+            .unwrap(),
+        ];
+        let mut batch = share("b", "8Gi", 60);
+        batch
+            .spec
+            .devices
+            .as_mut()
+            .unwrap()
+            .requests
+            .as_mut()
+            .unwrap()[0]
+            .exactly
+            .as_mut()
+            .unwrap()
+            .device_class_name = "batch".to_owned();
+        let mut snap = Snapshot::new(&slices, &classes, &[]).unwrap();
+        let allocator =
+            crate::allocator::Allocator::new(crate::allocator::AllocatorOptions::default());
+        let mut claims = Vec::new();
+        for mut c in [share("a", "8Gi", 70), batch] {
+            let p = allocator
+                .allocate(&snap, &[&c], &[crate::batch::bare_node("n")])
+                .unwrap();
+            snap.commit(&c, &p.allocations[0]);
+            c.status = Some(res::ResourceClaimStatus {
+                allocation: Some(p.allocations[0].clone()),
+                ..Default::default()
+            });
+            claims.push(c);
+        }
+        let view =
+            cluster_view(names::DEFAULT_DRIVER_NAME, &slices, &classes, &claims, &[]).unwrap();
+        let gpu = &view.nodes[0].gpus[0];
+        // 70 online + 30 of the batch share guaranteed; the batch share's other 30 over.
+        assert_eq!((gpu.compute_allocated, gpu.compute_free), (100, 0));
+        assert_eq!(gpu.compute_overcommitted, 30);
+        assert!(gpu.memory_overcommitted.is_zero());
+        let json = serde_json::to_value(gpu).unwrap();
+        assert_eq!(json["computeOvercommitted"], 30);
+        assert!(json.get("memoryOvercommitted").is_none());
     }
 
     #[test]

@@ -332,3 +332,61 @@ fn a_whole_device_is_online_whatever_its_class_says() {
     assert_eq!(prepared.devices[0].share, None);
     assert_eq!(prepared.devices[0].tier, Tier::Online);
 }
+
+fn guaranteed(mut record: Value, memory: Option<&str>, compute: Option<i64>) -> Value {
+    let d = &mut record["opaque"]["parameters"]["devices"][0];
+    if let Some(m) = memory {
+        d["guaranteedMemory"] = json!(m);
+    }
+    if let Some(c) = compute {
+        d["guaranteedCompute"] = json!(c);
+    }
+    record
+}
+
+#[test]
+fn an_over_committed_batch_share_is_booked_at_its_guarantee_and_limited_at_what_it_may_use() {
+    // Booked (consumedCapacity) 40 of compute, recorded 80 that it may use when idle.
+    let rec = guaranteed(with_tier(record("10Gi", 80), "batch"), None, Some(40));
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "40"})),
+        &[gpu_share("FromClaim", "10Gi", 80)],
+        &[gpu_share("FromClaim", "10Gi", 80), rec],
+    );
+    let prepared = prepare(&c).unwrap();
+    let d = &prepared.devices[0];
+    assert_eq!(d.share.unwrap().compute_percent, 80);
+    assert!(!d.memory_overcommitted);
+    // A guarantee above what was booked is refused.
+    let rec = guaranteed(with_tier(record("10Gi", 80), "batch"), None, Some(60));
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "40"})),
+        &[],
+        &[rec],
+    );
+    assert!(refused(&c).contains("guaranteed memory"), "{}", refused(&c));
+    // Over-committed memory is flagged for the CDI builder (which needs hami-core).
+    let rec = guaranteed(with_tier(record("10Gi", 0), "batch"), Some("4Gi"), None);
+    let c = claim(Some(json!({"memory": "4Gi"})), &[], &[rec]);
+    assert!(prepare(&c).unwrap().devices[0].memory_overcommitted);
+}
+
+#[test]
+fn an_online_record_that_claims_over_commit_or_a_guarantee_above_its_share_is_refused() {
+    let c = claim(None, &[], &[guaranteed(record("10Gi", 80), None, Some(40))]);
+    assert!(
+        refused(&c).contains("online shares are never"),
+        "{}",
+        refused(&c)
+    );
+    let c = claim(
+        None,
+        &[],
+        &[guaranteed(
+            with_tier(record("10Gi", 40), "batch"),
+            None,
+            Some(80),
+        )],
+    );
+    assert!(refused(&c).contains("guaranteedCompute"), "{}", refused(&c));
+}

@@ -48,6 +48,17 @@ impl Cluster {
         classes: Vec<res::DeviceClass>,
         driver_name: &str,
     ) -> Result<Self> {
+        Self::with_enforcement(nodes, classes, driver_name, None)
+    }
+
+    /// As [`Cluster::new`], with every GPU publishing `enforcement` (e.g. `hami-core`, so
+    /// batch memory over-commit applies).
+    pub fn with_enforcement(
+        nodes: Vec<TraceNode>,
+        classes: Vec<res::DeviceClass>,
+        driver_name: &str,
+        enforcement: Option<&str>,
+    ) -> Result<Self> {
         if !classes
             .iter()
             .any(|c| c.metadata.name.as_deref() == Some(names::CLASS_SHARED_GPU))
@@ -76,6 +87,7 @@ impl Cluster {
         let inventory = Inventory::from_yaml(&yaml)?;
         let opts = RenderOptions {
             driver_name: driver_name.to_owned(),
+            enforcement: enforcement.map(str::to_owned),
             ..RenderOptions::default()
         };
         let mut all = Vec::new();
@@ -113,6 +125,16 @@ impl Cluster {
 /// The claim of task `pod` arriving as the `seq`-th, and whether its milli was rounded up.
 /// CPU-only tasks have no claim.
 pub fn claim_for(pod: &TracePod, seq: usize, driver: &str) -> Option<(res::ResourceClaim, bool)> {
+    claim_in(pod, seq, driver, names::CLASS_SHARED_GPU)
+}
+
+/// As [`claim_for`], for DeviceClass `class` (mixing puts batch tasks in a batch class).
+pub fn claim_in(
+    pod: &TracePod,
+    seq: usize,
+    driver: &str,
+    class: &str,
+) -> Option<(res::ResourceClaim, bool)> {
     if pod.num_gpu == 0 {
         return None;
     }
@@ -147,7 +169,7 @@ pub fn claim_for(pod: &TracePod, seq: usize, driver: &str) -> Option<(res::Resou
                 requests: Some(vec![res::DeviceRequest {
                     name: "gpu".to_owned(),
                     exactly: Some(res::ExactDeviceRequest {
-                        device_class_name: names::CLASS_SHARED_GPU.to_owned(),
+                        device_class_name: class.to_owned(),
                         count: Some(i64::from(pod.num_gpu)),
                         selectors,
                         ..res::ExactDeviceRequest::default()

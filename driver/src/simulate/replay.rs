@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 
-use super::cluster::{Cluster, claim_for};
+use super::cluster::{Cluster, claim_in};
+use super::mixing::{Mixing, MixingResult, Tracker};
 use super::order::arrival_order;
 use super::trace::TracePod;
 use crate::allocator::{Allocator, AllocatorOptions, DEFAULT_MAX_STEPS, Learn, Policy, Snapshot};
@@ -29,6 +30,8 @@ pub struct ReplayOptions {
     /// What the policy knows of the workload before the first arrival (e.g. a history file);
     /// arrivals are added to it as they come.
     pub history: Option<Workload>,
+    /// Best-effort tasks to a batch class, and the mixing figures measured ([`Mixing`]).
+    pub mixing: Option<Mixing>,
 }
 
 /// What one replay measured. Curves are indexed by arrived demand in percent (0..=130) and
@@ -61,6 +64,9 @@ pub struct SeedResult {
     pub allocation_curve: Vec<Option<f64>>,
     /// Fragmented GPU in percent of capacity, by arrived demand.
     pub fragmentation_curve: Vec<Option<f64>>,
+    /// The mixing figures, when the replay mixed tiers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mixing: Option<MixingResult>,
 }
 
 /// Failed milli-GPU by kind of task.
@@ -251,6 +257,7 @@ fn require_gpu_demand(capacity: u64, demands: &[u64]) -> Result<()> {
 /// Replays `pods` on `cluster` by the paper's method. `measure` holds the typical shapes of
 /// the fragmentation report (not the policy's knowledge); `progress` is told
 /// `(arrived, total)` now and then.
+#[allow(clippy::too_many_lines)] // Reason: one arrival loop, its bookkeeping read top to bottom.
 pub fn replay(
     cluster: &Cluster,
     pods: &[TracePod],
@@ -263,6 +270,11 @@ pub fn replay(
     require_gpu_demand(capacity, &demands)?;
     let order = arrival_order(&demands, opts.seed, capacity * MAX_ARRIVED_PERCENT / 100);
     let mut snap = cluster.snapshot()?;
+    let mut tracker = opts
+        .mixing
+        .as_ref()
+        .map(|m| Tracker::new(m, cluster, pods))
+        .transpose()?;
     if let Some(h) = &opts.history {
         snap.set_workload(h.clone());
     }
@@ -294,6 +306,7 @@ pub fn replay(
         fragmentation_pct_at_100: 0.0,
         allocation_curve: Vec::new(),
         fragmentation_curve: Vec::new(),
+        mixing: None,
     };
     let step = (order.len() / 200).max(1);
     let mut idle_counted = false;
@@ -311,7 +324,12 @@ pub fn replay(
                 memory_bytes: s.memory_bytes.min(pod.host.memory_bytes),
             }));
         }
-        let claim = claim_for(pod, seq, &cluster.driver_name);
+        let class = tracker
+            .as_ref()
+            .map_or(crate::names::CLASS_SHARED_GPU, |t| {
+                t.class_of(pod, crate::names::CLASS_SHARED_GPU)
+            });
+        let claim = claim_in(pod, seq, &cluster.driver_name, class);
         if claim.as_ref().is_some_and(|(_, rounded)| *rounded) {
             result.rounded_pods += 1;
         }
@@ -324,6 +342,18 @@ pub fn replay(
             &pod.host,
             Learn::Shape(pod.shape()),
         );
+        let before_100 = ledger.arrived * 100 <= capacity * HEADLINE_X;
+        if let Some(t) = tracker.as_mut() {
+            let placement = placed.result.as_ref().ok();
+            t.arrival(
+                &allocator,
+                pod,
+                &claims,
+                &cluster.candidates,
+                placement,
+                before_100,
+            );
+        }
         if let Ok(placement) = placed.result {
             ledger.allocated += pod.gpu_demand();
             if let Some(&idx) = node_index.get(placement.node.as_str()) {
@@ -331,15 +361,14 @@ pub fn replay(
                 ledger.update_node(idx, value);
             }
         } else {
-            record_failure(
-                &mut result,
-                pod,
-                ledger.arrived * 100 <= capacity * HEADLINE_X,
-            );
+            record_failure(&mut result, pod, before_100);
         }
         if !idle_counted && ledger.arrived * 100 >= capacity * HEADLINE_X {
             idle_counted = true;
             result.idle_at_100 = IdleByKind::count(&snap, smallest.unwrap_or_default());
+            if let Some(t) = tracker.as_mut() {
+                t.at_100(&snap, capacity);
+            }
         }
         let x = (percent(ledger.arrived, capacity)).round();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // Reason: 0..=130.
@@ -352,5 +381,6 @@ pub fn replay(
     result.fragmentation_curve = frag_curve.means();
     result.unallocated_pct_at_100 = 100.0 - at_or_below(&result.allocation_curve, HEADLINE_PERCENT);
     result.fragmentation_pct_at_100 = at_or_below(&result.fragmentation_curve, HEADLINE_PERCENT);
+    result.mixing = tracker.map(|t| t.result);
     Ok(result)
 }

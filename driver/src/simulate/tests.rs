@@ -41,6 +41,7 @@ fn run(policy: Policy, seed: u64) -> SeedResult {
         policy,
         seed,
         history: None,
+        mixing: None,
     };
     replay(
         &cluster(),
@@ -291,3 +292,5 @@ fn the_summary_is_the_mean_over_seeds() {
     let s = Summary::new("best-fit", vec![a, b]);
     assert!((s.unallocated_pct_at_100 - expected).abs() < 1e-9);
 }
+
+mod mixing;

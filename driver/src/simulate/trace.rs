@@ -13,6 +13,8 @@ use crate::inventory::models;
 
 /// Bytes in one MiB, the trace's memory unit.
 pub const MIB: u64 = 1 << 20;
+/// The `qos` of best-effort tasks (the others: `LS`, `Burstable`, `Guaranteed`).
+pub const QOS_BEST_EFFORT: &str = "BE";
 
 /// One node of a node list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +42,9 @@ pub struct TracePod {
     pub gpu_milli: u32,
     /// Tessera model ids the task accepts; empty accepts any.
     pub gpu_spec: Vec<String>,
+    /// Whether the task is best-effort (`qos` `BE`: batch when mixing tiers); `None` when the
+    /// list has no `qos` column.
+    pub best_effort: Option<bool>,
 }
 
 impl TracePod {
@@ -178,6 +183,7 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
         t.column("gpu_milli")?,
     );
     let spec = t.column("gpu_spec").ok();
+    let qos = t.column("qos").ok();
     if t.rows.is_empty() {
         return Err(Error::invalid(
             file,
@@ -222,6 +228,9 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
             num_gpu,
             gpu_milli,
             gpu_spec,
+            best_effort: qos
+                .map(|col| t.cell(row, col, "qos").map(|q| q == QOS_BEST_EFFORT))
+                .transpose()?,
         });
     }
     Ok(pods)

@@ -105,6 +105,39 @@ fn shared_gpu_with_consumable_capacity_has_policies_and_no_multiprocessors() {
 }
 
 #[test]
+fn the_enforcement_backend_is_published_on_shared_gpus_only() {
+    let n = node(
+        "nodes:\n- name: n1\n  gpus:\n  - {model: t4, mode: shared}\n  - {model: t4, mode: exclusive}\n",
+    );
+    let opts = RenderOptions {
+        enforcement: Some("hami-core".to_owned()),
+        ..RenderOptions::default()
+    };
+    let slices = render(&n, &opts).expect("render");
+    let d = devices(&slices);
+    assert_eq!(
+        attr(d[0], "enforcement").string.as_deref(),
+        Some("hami-core")
+    );
+    assert!(
+        !d[1]
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key("enforcement")
+    );
+    // Without it (the default) nothing is published, so golden slices stay as they were.
+    let plain = render(&n, &RenderOptions::default()).expect("render");
+    assert!(
+        !devices(&plain)[0]
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key("enforcement")
+    );
+}
+
+#[test]
 fn mig_gpu_publishes_its_instances_not_itself() {
     let n = node(
         "nodes:\n- name: n1\n  gpus:\n  - model: a100-40g\n    mig:\n    - profile: 3g.20gb\n    - profile: 1g.5gb\n      count: 2\n",
