@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::names;
-use crate::patience::Patience;
 use crate::overcommit::Factor;
+use crate::patience::Patience;
 use crate::quantity::Quantity;
 
 /// A user's request for a share of one or more GPUs.

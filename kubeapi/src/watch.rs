@@ -160,7 +160,9 @@ pub fn changes<B: Backoff + 'static>(
     let api = api.clone();
     let (pages, page_size) = (
         options.pages,
-        usize::try_from(options.page_size).unwrap_or(usize::MAX).max(1),
+        usize::try_from(options.page_size)
+            .unwrap_or(usize::MAX)
+            .max(1),
     );
     // Objects of a list in progress: handed on whole at its end, or a page at a time.
     let mut listing: Vec<Value> = Vec::new();

@@ -116,8 +116,12 @@ async fn the_fast_path_against_a_real_api_server() {
         }
     };
     let mut cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     if version != ApiVersion::V1 {
         eprintln!("SKIPPED the fast path check: it is run on resource.k8s.io/v1 (1.34+)");
         return;
@@ -249,8 +253,12 @@ async fn write_costs() {
         .unwrap_or(300);
     let cluster = envtest::start_cluster(&assets).await;
     let pids = (cluster.processes.0[1].id(), cluster.processes.0[0].id());
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     seed(&client, version, &inventory(1, 8, true), "96").await;
     // Two watchers on pods and claims, as the controller and kube-scheduler keep (each write
     // is also encoded for them).
@@ -450,8 +458,12 @@ async fn placement_cost(
     marked: bool,
 ) -> [f64; 4] {
     let mut cluster = envtest::start_cluster(assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     seed(&client, version, &inventory(20, 8, true), "96").await;
     assert!(cluster.start_scheduler(assets), "no kube-scheduler");
     let pids: Vec<u32> = cluster
@@ -566,8 +578,12 @@ async fn preemption_against_a_real_api_server() {
         }
     };
     let cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     // The real server's own eviction handler and PodDisruptionBudget checks decide here.
     tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
 }
@@ -585,7 +601,11 @@ async fn delay_tolerance_against_a_real_api_server() {
         }
     };
     let cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig)).await.unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client).await.unwrap();
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
     tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, version).await;
 }

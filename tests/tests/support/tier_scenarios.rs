@@ -14,11 +14,11 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tessera_kubeapi as apiserver;
 use tessera_controller::service::ControllerConfig;
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::{gate, names};
+use tessera_kubeapi as apiserver;
 
 use crate::scenarios::*;
 
