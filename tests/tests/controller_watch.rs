@@ -50,6 +50,8 @@ struct Watched {
     view: ClusterView,
     backoff: CountingBackoff,
     task: tokio::task::JoinHandle<()>,
+    /// How many pages the last list came in.
+    pages: usize,
 }
 
 impl Drop for Watched {
@@ -85,19 +87,38 @@ async fn watch_nodes(nodes: &[&str], prepare: impl FnOnce(&FakeApiServer)) -> Wa
         view: ClusterView::new("gpu.tessera.dev"),
         backoff,
         task,
+        pages: 0,
     }
 }
 
 impl Watched {
-    /// The next change, applied to the view.
+    /// The next change, applied to the view; a list handed on in pages is applied page by
+    /// page and answered as one `Change::Listed` of all its pages (their count in `pages`).
     async fn next(&mut self) -> Change {
-        let (resource, change) = tokio::time::timeout(WAIT, self.changes.recv())
-            .await
-            .expect("no change came")
-            .expect("the reflector ended");
-        assert_eq!(resource, Resource::Nodes);
-        self.view.apply(resource, change.clone());
-        change
+        let mut listed: Option<Vec<serde_json::Value>> = None;
+        self.pages = 0;
+        loop {
+            let (resource, change) = tokio::time::timeout(WAIT, self.changes.recv())
+                .await
+                .expect("no change came")
+                .expect("the reflector ended");
+            assert_eq!(resource, Resource::Nodes);
+            self.view.apply(resource, change.clone());
+            match change {
+                Change::Page { items, first, last } => {
+                    assert_eq!(first, listed.is_none(), "pages of one list in order");
+                    self.pages += 1;
+                    listed.get_or_insert_with(Vec::new).extend(items);
+                    if last {
+                        return Change::Listed(listed.unwrap_or_default());
+                    }
+                }
+                other => {
+                    assert!(listed.is_none(), "a list ended before its last page");
+                    return other;
+                }
+            }
+        }
     }
 
     /// Waits until `n` watches of Nodes have been opened.
@@ -239,4 +260,5 @@ async fn a_large_list_comes_a_page_at_a_time_and_reaches_the_view_whole() {
     assert_eq!(listed_names(&w.next().await).len(), 1_100);
     assert_eq!(w.nodes().len(), 1_100);
     assert_eq!(w.requests(Verb::List), 3, "pages of 500");
+    assert_eq!(w.pages, 3, "each page handed on as it came");
 }

@@ -72,9 +72,12 @@ pub(super) fn bookmark(kind: &str, api_version: &str, rv: u64) -> Value {
 
 /// The page of `items` a list with `limit` and `continue` asks for: the items, the continue
 /// token of the next page (if any), and the resourceVersion the list reports (the first
-/// page's, carried in the token, as a real server keeps one snapshot across pages).
+/// page's, carried in the token, as a real server keeps one snapshot across pages). Items come
+/// in key order (namespace, name) and a token names the last key handed out, as a real
+/// server's does: an object created meanwhile before the cursor is in no page, one after it
+/// may be, and no object comes twice.
 pub(super) fn page(
-    items: Vec<Value>,
+    mut items: Vec<Value>,
     params: &[(String, String)],
     rv: u64,
 ) -> Result<(Vec<Value>, Option<String>, u64), StatusError> {
@@ -85,24 +88,42 @@ pub(super) fn page(
             .map_err(|_| StatusError::bad_request(format!("limit {l:?} is not a number")))?,
         None => 0,
     };
-    let (list_rv, offset) = match param("continue").filter(|c| !c.is_empty()) {
-        Some(token) => token
-            .split_once('/')
-            .and_then(|(r, o)| Some((r.parse::<u64>().ok()?, o.parse::<usize>().ok()?)))
-            .ok_or_else(|| StatusError::bad_request(format!("continue token {token:?}")))?,
-        None => (rv, 0),
+    let key = |o: &Value| {
+        let text = |p: &str| {
+            o.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        (text("/metadata/namespace"), text("/metadata/name"))
     };
-    if limit == 0 {
-        return Ok((items.into_iter().skip(offset).collect(), None, list_rv));
+    let (list_rv, after) = match param("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let mut parts = token.splitn(3, '/');
+            let parsed = (|| {
+                let r = parts.next()?.parse::<u64>().ok()?;
+                Some((r, (parts.next()?.to_owned(), parts.next()?.to_owned())))
+            })();
+            let (r, k) = parsed
+                .ok_or_else(|| StatusError::bad_request(format!("continue token {token:?}")))?;
+            (r, Some(k))
+        }
+        None => (rv, None),
+    };
+    items.sort_by_key(key);
+    let mut rest: Vec<Value> = items
+        .into_iter()
+        .filter(|o| after.as_ref().is_none_or(|a| key(o) > *a))
+        .collect();
+    if limit == 0 || rest.len() <= limit {
+        return Ok((rest, None, list_rv));
     }
-    let total = items.len();
-    let end = offset.saturating_add(limit);
-    let next = (end < total).then(|| format!("{list_rv}/{end}"));
-    Ok((
-        items.into_iter().skip(offset).take(limit).collect(),
-        next,
-        list_rv,
-    ))
+    rest.truncate(limit);
+    let next = rest.last().map(|o| {
+        let (ns, name) = key(o);
+        format!("{list_rv}/{ns}/{name}")
+    });
+    Ok((rest, next, list_rv))
 }
 
 impl FakeApiServer {
@@ -149,7 +170,9 @@ mod tests {
     use super::*;
 
     fn items(n: usize) -> Vec<Value> {
-        (0..n).map(|i| json!({"i": i})).collect()
+        (0..n)
+            .map(|i| json!({"metadata": {"namespace": "ns", "name": format!("o{i}")}}))
+            .collect()
     }
 
     fn params(limit: &str, token: Option<&str>) -> Vec<(String, String)> {
@@ -163,11 +186,14 @@ mod tests {
     #[test]
     fn lists_come_a_page_at_a_time_at_the_first_pages_version() {
         let (first, token, rv) = page(items(5), &params("2", None), 9).unwrap();
-        assert_eq!((first.len(), token.as_deref(), rv), (2, Some("9/2"), 9));
-        let (second, token, rv) = page(items(5), &params("2", Some("9/2")), 12).unwrap();
-        assert_eq!(second[0], json!({"i": 2}));
-        assert_eq!((token.as_deref(), rv), (Some("9/4"), 9));
-        let (last, token, _) = page(items(5), &params("2", Some("9/4")), 12).unwrap();
+        assert_eq!((first.len(), token.as_deref(), rv), (2, Some("9/ns/o1"), 9));
+        // An object created meanwhile before the cursor is in no page; none comes twice.
+        let mut more = items(5);
+        more.push(json!({"metadata": {"namespace": "ns", "name": "o0a"}}));
+        let (second, token, rv) = page(more, &params("2", Some("9/ns/o1")), 12).unwrap();
+        assert_eq!(second[0]["metadata"]["name"], "o2");
+        assert_eq!((token.as_deref(), rv), (Some("9/ns/o3"), 9));
+        let (last, token, _) = page(items(5), &params("2", Some("9/ns/o3")), 12).unwrap();
         assert_eq!((last.len(), token), (1, None));
         let (all, token, _) = page(items(5), &[], 3).unwrap();
         assert_eq!((all.len(), token), (5, None));
