@@ -515,6 +515,59 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         (Arc::new(fit), summary)
     }
 
+    /// What becomes of a pod that fits nowhere: with `--preemption` an online pod may wait for
+    /// batch pods it evicts; claims this controller allocated that tie it to a node no longer
+    /// fitting are given back; the answer says whether it is refused or unschedulable.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the decision's inputs, as `decide` holds them"
+    )]
+    async fn fits_nowhere(
+        &mut self,
+        view: &mut ClusterView,
+        pod: &Pod,
+        refs: &[&res::ResourceClaim],
+        candidates: &[Node],
+        host: &tessera_driver::fragmentation::HostResources,
+        allocated: &[String],
+        tied: bool,
+        message: String,
+        invalid: bool,
+    ) -> NotPlaced {
+        if !invalid
+            && !tied
+            && self.config.preemption
+            && let Some(waiting) = self.preempt(view, pod, refs, candidates, host).await
+        {
+            return waiting;
+        }
+        // Claims already allocated by this controller tie the pod to a node that no longer
+        // fits: give them back so the next attempt may choose freely.
+        if tied {
+            let ours: Vec<String> = allocated
+                .iter()
+                .filter(|k| {
+                    view.claims()
+                        .get(*k)
+                        .is_some_and(|c| gate::is_ours(c) && !gate::is_reserved(c))
+                })
+                .cloned()
+                .collect();
+            if ours.len() == allocated.len() {
+                for k in &ours {
+                    if let Err(e) = self.release(view, k).await {
+                        return e;
+                    }
+                }
+            }
+        }
+        if invalid {
+            NotPlaced::Refused(message)
+        } else {
+            NotPlaced::Unschedulable(message)
+        }
+    }
+
     /// Decides where the pod's pending claims go and commits it to the snapshot; the writes
     /// are the returned job's.
     async fn decide(
@@ -576,36 +629,19 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             (Ok(p), _) => p,
             (Err((_, false)), Some(until)) => return Err(patience::waiting(until)),
             (Err((message, invalid)), _) => {
-                if !invalid
-                    && node.is_none()
-                    && self.config.preemption
-                    && let Some(waiting) = self.preempt(view, pod, &refs, &candidates, &host).await
-                {
-                    return Err(waiting);
-                }
-                // Claims already allocated by this controller tie the pod to a node that no
-                // longer fits: give them back so the next attempt may choose freely.
-                if node.is_some() {
-                    let ours: Vec<String> = allocated
-                        .iter()
-                        .filter(|k| {
-                            view.claims()
-                                .get(*k)
-                                .is_some_and(|c| gate::is_ours(c) && !gate::is_reserved(c))
-                        })
-                        .cloned()
-                        .collect();
-                    if ours.len() == allocated.len() {
-                        for k in &ours {
-                            self.release(view, k).await?;
-                        }
-                    }
-                }
-                return Err(if invalid {
-                    NotPlaced::Refused(message)
-                } else {
-                    NotPlaced::Unschedulable(message)
-                });
+                return Err(self
+                    .fits_nowhere(
+                        view,
+                        pod,
+                        &refs,
+                        &candidates,
+                        &host,
+                        allocated,
+                        node.is_some(),
+                        message,
+                        invalid,
+                    )
+                    .await);
             }
         };
         let stamp = Time(now());

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 ///
 /// The client does not retry by itself: kube's default retries 429s (and 503s, 504s) up to 15
 /// times with exponential backoff, and a 429 from the eviction subresource is a
-/// PodDisruptionBudget's "not now" that the controller must see at once, not minutes later.
+/// budget's (`PodDisruptionBudget`) "not now" that the controller must see at once, not minutes later.
 /// Both binaries already treat a failed request as "try again soon" with their own backoff
 /// (the watcher's, the controller's pass, kubelet's retry of a failed prepare).
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
