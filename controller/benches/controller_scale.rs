@@ -40,20 +40,7 @@ use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
 use tessera_driver::slices::{self, RenderOptions};
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
-
-const GPUS: usize = 8;
-
-fn inventory(nodes: usize) -> Inventory {
-    use std::fmt::Write as _;
-    let mut text = String::from("nodes:\n");
-    for i in 0..nodes {
-        let _ = write!(
-            text,
-            "- name: node-{i:04}\n  mode: shared\n  numaNodes: 2\n  gpus:\n  - model: a100-80g\n    count: {GPUS}\n    nvlinkIslandSize: 4\n"
-        );
-    }
-    Inventory::from_yaml(&text).unwrap()
-}
+use tessera_tests::scale::{GPUS, Rng, claim_spec, cpu_time, inventory, percentile, proc_status};
 
 fn seed(server: &FakeApiServer, inventory: &Inventory) {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -110,42 +97,6 @@ fn seed(server: &FakeApiServer, inventory: &Inventory) {
     }
 }
 
-/// A deterministic sequence (xorshift), so every run asks for the same pods.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// The claim template's spec for pod `i`: a share, a whole GPU or two GPUs on one island.
-fn claim_spec(rng: &mut Rng) -> Value {
-    let roll = rng.below(100);
-    let class = names::CLASS_SHARED_GPU;
-    if roll < 70 {
-        let memory = 5 * (1 + rng.below(8));
-        let compute = 5 * (1 + rng.below(10));
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class,
-            "capacity": {"requests": {"memory": format!("{memory}Gi"), "compute": compute.to_string()}}}}]}})
-    } else if roll < 95 {
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class,
-            "capacity": {"requests": {"memory": "80Gi", "compute": "100"}}}}]}})
-    } else {
-        json!({"devices": {
-            "requests": [{"name": "gpus", "exactly": {"deviceClassName": class, "count": 2,
-                "capacity": {"requests": {"memory": "80Gi", "compute": "100"}}}}],
-            "constraints": [{"requests": ["gpus"],
-                "matchAttribute": format!("{}/{}", names::DEFAULT_DRIVER_NAME, names::ATTR_NVLINK_DOMAIN)}]}})
-    }
-}
-
 /// Creates gated pod `i` and, as kube-controller-manager would, its claim from the template,
 /// then records the claim's name in the pod's status.
 fn create_pod(server: &FakeApiServer, i: usize, spec: &Value, admission_mark: bool) {
@@ -194,32 +145,6 @@ fn create_pod(server: &FakeApiServer, i: usize, spec: &Value, admission_mark: bo
         .unwrap();
 }
 
-fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
-/// The process's user plus system CPU time.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
-    let total = ticks(11) + ticks(12);
-    // Linux reports in clock ticks of 1/100 s on every common configuration.
-    Duration::from_millis(total * 10)
-}
-
 fn get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
@@ -258,13 +183,6 @@ impl Drop for Killed {
     }
 }
 
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
 async fn run(nodes: usize, pods: usize, latency: Duration, fast_path: bool, admission_mark: bool) {
     let server = FakeApiServer::start(&["v1"]).await.unwrap();
     server.set_managed_fields(true);
@@ -298,7 +216,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration, fast_path: bool, admi
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let synced_after = started.elapsed();
-    let rss_synced = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
+    let rss_synced = proc_status(pid, "VmHWM:").unwrap_or(0);
     server.clear_requests();
     let cpu_before = cpu_time(pid);
     let t0 = Instant::now();
@@ -336,8 +254,8 @@ async fn run(nodes: usize, pods: usize, latency: Duration, fast_path: bool, admi
     }
     let took = t0.elapsed();
     let cpu = cpu_time(pid).saturating_sub(cpu_before);
-    let rss = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
-    let rss_now = proc_field(pid, "status", "VmRSS:").unwrap_or(0);
+    let rss = proc_status(pid, "VmHWM:").unwrap_or(0);
+    let rss_now = proc_status(pid, "VmRSS:").unwrap_or(0);
     let requests = server.requests();
     let writes = requests
         .iter()

@@ -39,11 +39,10 @@ use tessera_controller::metrics::Metrics;
 use tessera_controller::reconcile::{Eviction, Reconciler, ReconcilerConfig, Writes};
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::inventory::Inventory;
 use tessera_driver::slices::{self, RenderOptions};
 use tessera_driver::{gate, names};
+use tessera_tests::scale::{GPUS, Rng, claim_spec, inventory};
 
-const GPUS: usize = 8;
 /// Slices per list page (the reflector's page for slices).
 const SLICE_PAGE: usize = 50;
 /// Pods created between two passes.
@@ -76,18 +75,6 @@ fn served(mut value: Value) -> Value {
     value
 }
 
-fn inventory(nodes: usize) -> Inventory {
-    use std::fmt::Write as _;
-    let mut text = String::from("nodes:\n");
-    for i in 0..nodes {
-        let _ = write!(
-            text,
-            "- name: node-{i:04}\n  mode: shared\n  numaNodes: 2\n  gpus:\n  - model: a100-80g\n    count: {GPUS}\n    nvlinkIslandSize: 4\n"
-        );
-    }
-    Inventory::from_yaml(&text).unwrap()
-}
-
 fn node_json(name: &str) -> Value {
     served(json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "resourceVersion": "1", "labels": {
@@ -96,39 +83,6 @@ fn node_json(name: &str) -> Value {
                    "allocatable": {"cpu": "96", "memory": "512Gi", "pods": "110"},
                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}}))
-}
-
-/// A deterministic sequence (xorshift), so every run asks for the same pods.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
-/// Pod `i`'s claim spec: 70 % shares, 25 % whole GPUs, 5 % two GPUs on one NVLink island.
-fn claim_spec(rng: &mut Rng) -> Value {
-    let roll = rng.below(100);
-    let class = names::CLASS_SHARED_GPU;
-    if roll < 70 {
-        let memory = 5 * (1 + rng.below(8));
-        let compute = 5 * (1 + rng.below(10));
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class,
-            "capacity": {"requests": {"memory": format!("{memory}Gi"), "compute": compute.to_string()}}}}]}})
-    } else if roll < 95 {
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class,
-            "capacity": {"requests": {"memory": "80Gi", "compute": "100"}}}}]}})
-    } else {
-        json!({"devices": {
-            "requests": [{"name": "gpus", "exactly": {"deviceClassName": class, "count": 2,
-                "capacity": {"requests": {"memory": "80Gi", "compute": "100"}}}}],
-            "constraints": [{"requests": ["gpus"],
-                "matchAttribute": format!("{}/{}", names::DEFAULT_DRIVER_NAME, names::ATTR_NVLINK_DOMAIN)}]}})
-    }
 }
 
 /// Gated pod `i` and its claim, as the API server holds them once kube-controller-manager

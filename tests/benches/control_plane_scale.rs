@@ -49,12 +49,11 @@ use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
 use tessera_driver::slices::{self, RenderOptions};
+use tessera_tests::scale::{GPUS, Rng, cpu_time, inventory, percentile, proc_status};
 use tokio_stream::StreamExt as _;
 
-const GPUS: usize = 8;
 const CREATORS: usize = 8;
 const MEMORY_GI: u64 = 80;
 
@@ -108,21 +107,6 @@ impl Demand {
     }
 }
 
-/// A deterministic sequence (xorshift), so every run asks for the same pods.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn demands(pods: usize) -> Vec<Demand> {
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     (0..pods)
@@ -172,18 +156,6 @@ fn first_fit_decreasing(demands: &[Demand]) -> usize {
     whole + bins.len()
 }
 
-fn inventory(nodes: usize) -> Inventory {
-    use std::fmt::Write as _;
-    let mut text = String::from("nodes:\n");
-    for i in 0..nodes {
-        let _ = write!(
-            text,
-            "- name: node-{i:04}\n  mode: shared\n  numaNodes: 2\n  gpus:\n  - model: a100-80g\n    count: {GPUS}\n    nvlinkIslandSize: 4\n"
-        );
-    }
-    Inventory::from_yaml(&text).unwrap()
-}
-
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -211,7 +183,11 @@ where
     }
 }
 
-async fn seed(client: &kube::Client, inventory: &Inventory, demands: &[Demand]) {
+async fn seed(
+    client: &kube::Client,
+    inventory: &tessera_driver::inventory::Inventory,
+    demands: &[Demand],
+) {
     let classes: Api<res::DeviceClass> = Api::all(client.clone());
     for file in ["gpu.yaml", "shared-gpu.yaml"] {
         let text = std::fs::read_to_string(repo().join("deviceclasses").join(file)).unwrap();
@@ -336,31 +312,8 @@ async fn watch_bound(api: Api<Pod>, t0: Instant, bound: Arc<Mutex<BTreeMap<Strin
     }
 }
 
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime, in clock ticks of 1/100 s.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
 fn peak_rss_mib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|r| r.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        / 1024
+    proc_status(pid, "VmHWM:").unwrap_or(0) / 1024
 }
 
 fn spawn(bin: &Path, args: &[String], log: &Path) -> Child {
@@ -370,13 +323,6 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Child {
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap_or_else(|e| panic!("{} does not start: {e}", bin.display()))
-}
-
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
 }
 
 fn controller_binary() -> PathBuf {
