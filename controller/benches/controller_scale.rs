@@ -35,66 +35,28 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
-use tessera_driver::slices::{self, RenderOptions};
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
-use tessera_tests::scale::{GPUS, Rng, claim_spec, cpu_time, inventory, percentile, proc_status};
+use tessera_tests::scale::{
+    GPUS, Rng, claim_spec, cpu_time, inventory, percentile, proc_status, seed_fake,
+};
 
-fn seed(server: &FakeApiServer, inventory: &Inventory) {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap();
-    for file in ["gpu.yaml", "shared-gpu.yaml"] {
-        let text = std::fs::read_to_string(repo.join("deviceclasses").join(file)).unwrap();
-        let value: Value = serde_yaml::from_str(&text).unwrap();
-        server.create("deviceclasses", value).unwrap();
-    }
-    let options = RenderOptions {
-        consumable_capacity: true,
-        ..RenderOptions::default()
-    };
-    for node in &inventory.nodes {
-        server
-            .create(
-                "nodes",
-                json!({"apiVersion": "v1", "kind": "Node",
-                       "metadata": {"name": node.name, "labels": {
-                           names::LABEL_HOSTNAME: node.name,
-                           "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}),
-            )
-            .unwrap();
-        server
-            .set_status(
-                "nodes",
-                None,
-                &node.name,
-                &json!({
-                    "capacity": {"cpu": "96", "memory": "512Gi", "pods": "110"},
-                    "allocatable": {"cpu": "96", "memory": "512Gi", "pods": "110"},
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                    "message": "kubelet is posting ready status",
-                                    "lastHeartbeatTime": "2026-01-01T00:00:00Z",
-                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-                    "nodeInfo": {"kubeletVersion": "v1.36.2", "containerRuntimeVersion": "containerd://2.1.0",
-                                 "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "architecture": "amd64",
-                                 "operatingSystem": "linux", "machineID": "x", "systemUUID": "x", "bootID": "x",
-                                 "kubeProxyVersion": ""},
-                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
-                                  {"type": "Hostname", "address": node.name}],
-                }),
-            )
-            .unwrap();
-        for slice in slices::render(node, &options).unwrap() {
-            server
-                .create(
-                    "resourceslices",
-                    apiversion::encode_slice(&slice, ApiVersion::V1).unwrap(),
-                )
-                .unwrap();
-        }
-    }
+/// A Ready node's status as a kubelet reports it (96 CPU, 512Gi, 110 pods).
+fn node_status(name: &str) -> Value {
+    json!({
+        "capacity": {"cpu": "96", "memory": "512Gi", "pods": "110"},
+        "allocatable": {"cpu": "96", "memory": "512Gi", "pods": "110"},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "nodeInfo": {"kubeletVersion": "v1.36.2", "containerRuntimeVersion": "containerd://2.1.0",
+                     "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "architecture": "amd64",
+                     "operatingSystem": "linux", "machineID": "x", "systemUUID": "x", "bootID": "x",
+                     "kubeProxyVersion": ""},
+        "addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                      {"type": "Hostname", "address": name}],
+    })
 }
 
 /// Creates gated pod `i` and, as kube-controller-manager would, its claim from the template,
@@ -186,7 +148,7 @@ impl Drop for Killed {
 async fn run(nodes: usize, pods: usize, latency: Duration, fast_path: bool, admission_mark: bool) {
     let server = FakeApiServer::start(&["v1"]).await.unwrap();
     server.set_managed_fields(true);
-    seed(&server, &inventory(nodes));
+    seed_fake(&server, &inventory(nodes), node_status);
     server.set_request_delay(latency);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");

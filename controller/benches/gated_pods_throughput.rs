@@ -12,15 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use serde_json::{Value, json};
+use serde_json::json;
 use tessera_controller::metrics::{Metrics, Outcome};
 use tessera_controller::service::{self, ControllerConfig};
 use tessera_driver::allocator::Policy;
-use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
-use tessera_driver::slices::{self, RenderOptions};
 use tessera_tests::fake_apiserver::FakeApiServer;
+use tessera_tests::scale::seed_fake;
 use tokio::sync::watch;
 
 const NODES: usize = 1000;
@@ -40,46 +39,6 @@ fn inventory() -> Inventory {
         );
     }
     Inventory::from_yaml(&text).unwrap()
-}
-
-fn seed(server: &FakeApiServer, inventory: &Inventory) {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap();
-    for file in ["gpu.yaml", "shared-gpu.yaml"] {
-        let text = std::fs::read_to_string(repo.join("deviceclasses").join(file)).unwrap();
-        let value: Value = serde_yaml::from_str(&text).unwrap();
-        server.create("deviceclasses", value).unwrap();
-    }
-    let options = RenderOptions {
-        consumable_capacity: true,
-        ..RenderOptions::default()
-    };
-    for node in &inventory.nodes {
-        server
-            .create(
-                "nodes",
-                json!({"apiVersion": "v1", "kind": "Node",
-                       "metadata": {"name": node.name, "labels": {names::LABEL_HOSTNAME: node.name}}}),
-            )
-            .unwrap();
-        server
-            .set_status(
-                "nodes",
-                None,
-                &node.name,
-                &json!({"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "110"}}),
-            )
-            .unwrap();
-        for slice in slices::render(node, &options).unwrap() {
-            server
-                .create(
-                    "resourceslices",
-                    apiversion::encode_slice(&slice, ApiVersion::V1).unwrap(),
-                )
-                .unwrap();
-        }
-    }
 }
 
 fn create_pods(server: &FakeApiServer, round: usize) {
@@ -116,7 +75,11 @@ fn create_pods(server: &FakeApiServer, round: usize) {
 /// One sample: time to place PODS gated pods on a fresh, synced controller.
 async fn sample(inventory: &Inventory) -> Duration {
     let server = FakeApiServer::start(&["v1"]).await.unwrap();
-    seed(&server, inventory);
+    seed_fake(
+        &server,
+        inventory,
+        |_| json!({"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "110"}}),
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     std::fs::write(&path, server.kubeconfig()).unwrap();

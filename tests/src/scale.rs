@@ -5,8 +5,12 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
+use tessera_driver::slices::{self, RenderOptions};
+
+use crate::fake_apiserver::FakeApiServer;
 
 /// GPUs per node.
 pub const GPUS: usize = 8;
@@ -31,6 +35,52 @@ pub fn inventory(nodes: usize) -> Inventory {
         reason = "the text above is valid by construction"
     )]
     Inventory::from_yaml(&text).expect("the scale inventory parses")
+}
+
+/// Fills the fake API server with the DeviceClasses `gpu.tessera.dev` and
+/// `shared.gpu.tessera.dev` from the repository's `deviceclasses/`, and for every node of
+/// `inventory` a Node (hostname, os and arch labels) with `status(name)` and its ResourceSlices in
+/// v1 (consumable capacity).
+///
+/// # Panics
+///
+/// When a class file is missing or the server refuses an object: a benchmark's set-up.
+#[allow(clippy::unwrap_used, reason = "a benchmark's set-up, failing loudly")]
+pub fn seed_fake(server: &FakeApiServer, inventory: &Inventory, status: impl Fn(&str) -> Value) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    for file in ["gpu.yaml", "shared-gpu.yaml"] {
+        let text = std::fs::read_to_string(repo.join("deviceclasses").join(file)).unwrap();
+        let value: Value = serde_yaml::from_str(&text).unwrap();
+        server.create("deviceclasses", value).unwrap();
+    }
+    let options = RenderOptions {
+        consumable_capacity: true,
+        ..RenderOptions::default()
+    };
+    for node in &inventory.nodes {
+        server
+            .create(
+                "nodes",
+                json!({"apiVersion": "v1", "kind": "Node",
+                       "metadata": {"name": node.name, "labels": {
+                           names::LABEL_HOSTNAME: node.name,
+                           "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}),
+            )
+            .unwrap();
+        server
+            .set_status("nodes", None, &node.name, &status(&node.name))
+            .unwrap();
+        for slice in slices::render(node, &options).unwrap() {
+            server
+                .create(
+                    "resourceslices",
+                    apiversion::encode_slice(&slice, ApiVersion::V1).unwrap(),
+                )
+                .unwrap();
+        }
+    }
 }
 
 /// A deterministic sequence (xorshift), so every run asks for the same pods.
