@@ -20,7 +20,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
-use tessera_driver::allocator::{Snapshot, claim_key};
+use tessera_driver::allocator::{PublishedSlice, Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
 use tessera_driver::fast_path;
 use tessera_driver::fragmentation::{TaskShape, Workload};
@@ -202,8 +202,9 @@ fn slim_node(node: &mut Node) {
 #[derive(Debug)]
 pub struct ClusterView {
     driver_name: String,
-    /// Shared with the snapshot, which refers to their devices instead of copying them.
-    slices: BTreeMap<String, Arc<res::ResourceSlice>>,
+    /// In the allocator's compact form, shared with the snapshot, which refers to their
+    /// devices instead of copying them.
+    slices: BTreeMap<String, Arc<PublishedSlice>>,
     classes: BTreeMap<String, res::DeviceClass>,
     claims: BTreeMap<String, res::ResourceClaim>,
     pods: BTreeMap<String, Pod>,
@@ -324,7 +325,7 @@ impl ClusterView {
         let snapshot = if let Some(s) = self.snapshot.take() {
             s
         } else {
-            let slices: Vec<Arc<res::ResourceSlice>> = self.slices.values().cloned().collect();
+            let slices: Vec<Arc<PublishedSlice>> = self.slices.values().cloned().collect();
             let classes: Vec<res::DeviceClass> = self.classes.values().cloned().collect();
             let mut fresh = Snapshot::for_driver_shared(&self.driver_name, &slices, &classes, &[])?;
             for claim in self.claims.values() {
@@ -457,7 +458,8 @@ impl ClusterView {
         match &mut object {
             Object::Pod(p) => slim_pod(p),
             Object::Node(n) => slim_node(n),
-            Object::ResourceSlice(s) => slim::slice(s),
+            // Kept in the allocator's compact form (below): nothing to slim.
+            Object::ResourceSlice(_) => {}
             Object::DeviceClass(c) => c.metadata.managed_fields = None,
             Object::ResourceClaim(c) => slim::claim(c),
             Object::ResourceClaimTemplate(_) => {}
@@ -468,9 +470,10 @@ impl ClusterView {
                     version,
                     self.slices
                         .get(&key)
-                        .and_then(|o| meta_version(&o.metadata)),
+                        .and_then(|o| o.resource_version())
+                        .and_then(|v| v.parse().ok()),
                 ) {
-                    self.slices.insert(key, Arc::new(s));
+                    self.slices.insert(key, Arc::new(PublishedSlice::from(s)));
                     self.snapshot = None;
                     self.generation += 1;
                 }

@@ -52,6 +52,7 @@ pub(crate) mod nodeselect;
 mod place;
 mod policy;
 pub mod preempt;
+mod published;
 mod reason;
 mod request;
 mod search;
@@ -67,6 +68,7 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 pub use place::{Learn, PodPlacement};
 pub use policy::{DeviceView, NodeView, PlacementPolicy, PodAsk, Policy, ScoreInput};
+pub use published::{AttributeValue, PublishedDevice, PublishedSlice};
 pub use reason::{ClaimFailure, DeviceCounts, FailureKind, Unsatisfiable, Wanted};
 pub use snapshot::{Snapshot, claim_key, claim_name};
 pub use usage::DeviceUsage;
@@ -527,8 +529,7 @@ fn single(claim: String, request: Option<String>, kind: FailureKind) -> Unsatisf
 
 /// The capacity name to write in a result: as the device spells it.
 fn status_name(entry: &snapshot::DeviceEntry, fq: &str) -> String {
-    let raw = entry.device().capacity.as_ref();
-    if raw.is_some_and(|c| c.contains_key(fq)) {
+    if entry.device().has_capacity(fq) {
         return fq.to_owned();
     }
     fq.strip_prefix(&format!("{}/", entry.driver))

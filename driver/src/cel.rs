@@ -57,11 +57,11 @@ mod values;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
+use crate::allocator::{AttributeValue, PublishedDevice};
 use cel::common::ast::Expr;
 use cel::common::types::{CelBool, CelInt, CelList, CelMap, CelMapKey, CelString};
 use cel::common::value::{CowVal, Val};
 use cel::context::VariableResolver;
-use k8s_openapi::api::resource::v1 as res;
 
 pub use cost::{MAX_COST, MAX_DEPTH};
 use values::{DomainMap, QuantityVal, Semver, SemverVal};
@@ -121,7 +121,7 @@ fn key(s: impl Into<String>) -> CelMapKey<'static> {
     CelMapKey::from(s.into())
 }
 
-fn attribute_value(attr: &res::DeviceAttribute) -> std::result::Result<Box<dyn Val>, String> {
+fn attribute_value(attr: &AttributeValue) -> std::result::Result<Box<dyn Val>, String> {
     fn list<T>(
         items: &[T],
         f: impl Fn(&T) -> std::result::Result<Box<dyn Val>, String>,
@@ -134,7 +134,7 @@ fn attribute_value(attr: &res::DeviceAttribute) -> std::result::Result<Box<dyn V
     }
     // The cost bound assumes the API's limits on what a device holds; a device beyond them
     // (one that never went through an API server) fails every selector instead of costing more.
-    let string = |s: &String| -> std::result::Result<Box<dyn Val>, String> {
+    let string = |s: &str| -> std::result::Result<Box<dyn Val>, String> {
         if s.len() > crate::slices::limits::MAX_VALUE_LENGTH {
             return Err(format!(
                 "value of {} characters, more than the API's limit of {}",
@@ -142,31 +142,23 @@ fn attribute_value(attr: &res::DeviceAttribute) -> std::result::Result<Box<dyn V
                 crate::slices::limits::MAX_VALUE_LENGTH
             ));
         }
-        Ok(Box::new(CelString::from(s.clone())))
+        Ok(Box::new(CelString::from(s.to_owned())))
     };
-    let version = |v: &String| -> std::result::Result<Box<dyn Val>, String> {
+    let version = |v: &str| -> std::result::Result<Box<dyn Val>, String> {
         Semver::parse(v)
             .map(|v| Box::new(SemverVal(v)) as Box<dyn Val>)
             .map_err(|e| format!("version {v:?}: {e}"))
     };
-    if let Some(s) = &attr.string {
-        string(s)
-    } else if let Some(b) = attr.bool {
-        Ok(Box::new(CelBool::from(b)))
-    } else if let Some(i) = attr.int {
-        Ok(Box::new(CelInt::from(i)))
-    } else if let Some(v) = &attr.version {
-        version(v)
-    } else if let Some(items) = &attr.strings {
-        list(items, string)
-    } else if let Some(items) = &attr.bools {
-        list(items, |b| Ok(Box::new(CelBool::from(*b))))
-    } else if let Some(items) = &attr.ints {
-        list(items, |i| Ok(Box::new(CelInt::from(*i))))
-    } else if let Some(items) = &attr.versions {
-        list(items, version)
-    } else {
-        Err("no value".to_owned())
+    match attr {
+        AttributeValue::String(s) => string(s),
+        AttributeValue::Bool(b) => Ok(Box::new(CelBool::from(*b))),
+        AttributeValue::Int(i) => Ok(Box::new(CelInt::from(*i))),
+        AttributeValue::Version(v) => version(v),
+        AttributeValue::Strings(items) => list(items, |s| string(s)),
+        AttributeValue::Bools(items) => list(items, |b| Ok(Box::new(CelBool::from(*b)))),
+        AttributeValue::Ints(items) => list(items, |i| Ok(Box::new(CelInt::from(*i)))),
+        AttributeValue::Versions(items) => list(items, |v| version(v)),
+        AttributeValue::Empty => Err("no value".to_owned()),
     }
 }
 
@@ -189,19 +181,12 @@ fn by_domain(driver: &str, entries: impl Iterator<Item = (String, Box<dyn Val>)>
 
 impl CelDevice {
     /// Builds the CEL view of `device`, published by `driver`.
-    pub fn new(driver: &str, device: &res::Device) -> Self {
+    pub fn new(driver: &str, device: &PublishedDevice) -> Self {
         let mut invalid = None;
         let mut note = |what: &str, name: &str, reason: String| {
             invalid.get_or_insert_with(|| format!("{what} {name}: {reason}"));
         };
-        let entries = device
-            .attributes
-            .as_ref()
-            .map_or(0, std::collections::BTreeMap::len)
-            + device
-                .capacity
-                .as_ref()
-                .map_or(0, std::collections::BTreeMap::len);
+        let entries = device.entries();
         if entries > crate::slices::limits::MAX_ATTRIBUTES_AND_CAPACITIES {
             note(
                 "device",
@@ -213,16 +198,16 @@ impl CelDevice {
             );
         }
         let mut attributes = Vec::new();
-        for (name, attr) in device.attributes.iter().flatten() {
+        for (name, attr) in device.attributes() {
             match attribute_value(attr) {
-                Ok(v) => attributes.push((name.clone(), v)),
+                Ok(v) => attributes.push((name.to_owned(), v)),
                 Err(reason) => note("attribute", name, reason),
             }
         }
         let mut capacity = Vec::new();
-        for (name, cap) in device.capacity.iter().flatten() {
+        for (name, cap) in device.capacities() {
             match Quantity::from_k8s(&cap.value) {
-                Ok(q) => capacity.push((name.clone(), Box::new(QuantityVal(q)) as Box<dyn Val>)),
+                Ok(q) => capacity.push((name.to_owned(), Box::new(QuantityVal(q)) as Box<dyn Val>)),
                 Err(e) => note("capacity", name, e.to_string()),
             }
         }

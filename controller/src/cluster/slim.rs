@@ -1,6 +1,7 @@
-//! What the view keeps of ResourceSlices and ResourceClaims: the fields some decision or
-//! write reads, nothing else. At 1,000 nodes the view holds thousands of each, so whatever a
-//! field costs is paid thousands of times (see docs/controller.md, "Memory and CPU at scale").
+//! What the view keeps of ResourceClaims: the fields some decision or write reads, nothing
+//! else (ResourceSlices are kept in the allocator's compact form, `PublishedSlice`). At
+//! 1,000 nodes the view holds thousands of claims, so whatever a field costs is paid
+//! thousands of times (see docs/controller.md, "Memory and CPU at scale").
 
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -23,13 +24,6 @@ fn slim_meta(meta: &mut ObjectMeta, keep: impl Fn(&str) -> bool) {
         annotations,
         ..ObjectMeta::default()
     };
-}
-
-/// Keeps of a slice its name and version and its whole spec (devices, pool, node scope,
-/// counters: the allocator reads all of it, and CEL selectors may read any attribute or
-/// capacity). Labels, annotations, owner references and `managedFields` go.
-pub(super) fn slice(slice: &mut res::ResourceSlice) {
-    slim_meta(&mut slice.metadata, |_| false);
 }
 
 /// Keeps of a claim what the gate protocol and the allocator read: identity and version,
@@ -84,18 +78,6 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn a_slim_slice_keeps_its_spec_whole_and_only_identity_in_metadata() {
-        let full = served_slice();
-        let mut slim = full.clone();
-        slice(&mut slim);
-        assert_eq!(slim.spec, full.spec);
-        assert_eq!(
-            serde_json::to_value(&slim.metadata).unwrap(),
-            json!({"name": "n1-gpus", "resourceVersion": "7", "uid": "s1"})
-        );
-    }
-
     fn served_claim() -> res::ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": "ml", "uid": "u1", "resourceVersion": "4",
@@ -132,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn slim_slices_and_claims_allocate_exactly_as_the_full_objects() {
+    fn slim_claims_allocate_exactly_as_the_full_objects() {
         let classes: Vec<res::DeviceClass> = vec![
             serde_json::from_value(json!({"metadata": {"name": "gpu.tessera.dev"},
                 "spec": {"selectors": [{"cel": {"expression":
@@ -163,10 +145,9 @@ mod tests {
             )
         };
         let full = allocate(served_slice(), served_claim());
-        let (mut s, mut c) = (served_slice(), served_claim());
-        slice(&mut s);
+        let mut c = served_claim();
         claim(&mut c);
-        assert_eq!(allocate(s, c), full);
+        assert_eq!(allocate(served_slice(), c), full);
         // The share was booked: the allocation holds a consumed capacity from the slice.
         assert!(
             full.1.to_string().contains("consumedCapacity"),

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1 as res;
+use super::published::PublishedDevice;
 
 use crate::error::Result;
 use crate::quantity::Quantity;
@@ -38,6 +38,55 @@ pub(crate) struct Range {
     pub(crate) step: Option<Quantity>,
 }
 
+/// A device's capacities by fully qualified name, sorted: a device has a handful, and a
+/// B-tree map of them would cost a node of eleven slots per device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Capacities(Box<[(String, Capacity)]>);
+
+impl Capacities {
+    fn position(&self, name: &str) -> Option<usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(name)).ok()
+    }
+
+    /// The capacity named `name` (fully qualified).
+    pub(crate) fn get(&self, name: &str) -> Option<&Capacity> {
+        self.position(name).map(|i| &self.0[i].1)
+    }
+
+    /// Whether the device has capacity `name` (fully qualified).
+    pub(crate) fn contains_key(&self, name: &str) -> bool {
+        self.position(name).is_some()
+    }
+
+    /// Whether the device declares no capacity.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every capacity, by name.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &Capacity)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl From<BTreeMap<String, Capacity>> for Capacities {
+    fn from(map: BTreeMap<String, Capacity>) -> Self {
+        Self(map.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a Capacities {
+    type Item = (&'a String, &'a Capacity);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (String, Capacity)>,
+        fn(&'a (String, Capacity)) -> (&'a String, &'a Capacity),
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
 /// Consumed amounts keyed by fully qualified capacity name.
 pub(crate) type Amounts = BTreeMap<String, Quantity>;
 
@@ -53,13 +102,13 @@ pub(crate) fn qualify(name: &str, driver: &str) -> String {
 /// Parses a device's capacities, keyed by fully qualified name. An entry spelled with the
 /// driver's own domain wins over the same capacity spelled without one, as upstream.
 pub(crate) fn parse_device_capacity(
-    device: &res::Device,
+    device: &PublishedDevice,
     driver: &str,
     object: &str,
-) -> Result<BTreeMap<String, Capacity>> {
+) -> Result<Capacities> {
     let mut out = BTreeMap::new();
     let prefix = format!("{driver}/");
-    let mut entries: Vec<_> = device.capacity.iter().flatten().collect();
+    let mut entries: Vec<_> = device.capacities().collect();
     // Qualified spellings first so they take precedence.
     entries.sort_by_key(|(name, _)| !name.starts_with(&prefix));
     for (name, cap) in entries {
@@ -110,7 +159,7 @@ pub(crate) fn parse_device_capacity(
         };
         out.insert(key, Capacity { value, policy });
     }
-    Ok(out)
+    Ok(out.into())
 }
 
 /// Resolves a request's capacity names against a device of `driver`. Returns `Ok(None)` when
@@ -119,7 +168,7 @@ pub(crate) fn parse_device_capacity(
 pub(crate) fn resolve_requests(
     requests: &BTreeMap<String, Quantity>,
     driver: &str,
-    capacity: &BTreeMap<String, Capacity>,
+    capacity: &Capacities,
 ) -> std::result::Result<Option<Amounts>, String> {
     let mut out = Amounts::new();
     for (name, value) in requests {
@@ -226,7 +275,7 @@ pub(crate) fn violates_policy(consumed: Quantity, policy: Option<&RequestPolicy>
 /// The amounts one allocation would consume on a device, or `Ok(None)` when it does not fit
 /// beside `used`. An error message means the request can never be honoured (negative).
 pub(crate) fn try_consume(
-    capacity: &BTreeMap<String, Capacity>,
+    capacity: &Capacities,
     requests: &Amounts,
     used: &[&Amounts],
 ) -> std::result::Result<Option<Amounts>, String> {
@@ -354,8 +403,7 @@ mod tests {
 
     #[test]
     fn consumption_must_fit_beside_what_is_used() {
-        let mut caps = BTreeMap::new();
-        caps.insert("d/memory".to_owned(), memory_cap());
+        let caps = Capacities::from(BTreeMap::from([("d/memory".to_owned(), memory_cap())]));
         let mut req = Amounts::new();
         req.insert("d/memory".to_owned(), q("40Gi"));
         let used: Amounts = [("d/memory".to_owned(), q("41Gi"))].into();

@@ -108,32 +108,27 @@ enum ConstraintState {
 }
 
 pub(crate) fn lookup_attr(snap: &Snapshot, dev: usize, name: &str) -> Option<AttrSet> {
+    use super::published::AttributeValue as A;
     let entry = &snap.devices[dev];
-    let attrs = entry.device().attributes.as_ref()?;
-    let attr = attrs.get(name).or_else(|| {
+    let device = entry.device();
+    let attr = device.attribute(name).or_else(|| {
         let (domain, id) = name.split_once('/')?;
         if domain == entry.driver {
-            attrs.get(id)
+            device.attribute(id)
         } else {
             None
         }
     })?;
-    if let Some(s) = &attr.string {
-        Some(AttrSet::Str(vec![s.clone()]))
-    } else if let Some(i) = attr.int {
-        Some(AttrSet::Int(vec![i]))
-    } else if let Some(b) = attr.bool {
-        Some(AttrSet::Bool(vec![b]))
-    } else if let Some(v) = &attr.version {
-        Some(AttrSet::Version(vec![v.clone()]))
-    } else if let Some(l) = &attr.strings {
-        Some(AttrSet::Str(l.clone()))
-    } else if let Some(l) = &attr.ints {
-        Some(AttrSet::Int(l.clone()))
-    } else if let Some(l) = &attr.bools {
-        Some(AttrSet::Bool(l.clone()))
-    } else {
-        attr.versions.clone().map(AttrSet::Version)
+    match attr {
+        A::String(s) => Some(AttrSet::Str(vec![s.to_string()])),
+        A::Int(i) => Some(AttrSet::Int(vec![*i])),
+        A::Bool(b) => Some(AttrSet::Bool(vec![*b])),
+        A::Version(v) => Some(AttrSet::Version(vec![v.to_string()])),
+        A::Strings(l) => Some(AttrSet::Str(l.to_vec())),
+        A::Ints(l) => Some(AttrSet::Int(l.to_vec())),
+        A::Bools(l) => Some(AttrSet::Bool(l.to_vec())),
+        A::Versions(l) => Some(AttrSet::Version(l.to_vec())),
+        A::Empty => None,
     }
 }
 

@@ -20,8 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 
-use super::capacity::{self, Amounts, Capacity};
+use super::capacity::{self, Amounts, Capacities};
 use super::nodeselect::NodeScope;
+use super::published::{PublishedDevice, PublishedSlice};
 use crate::cel::{CelCache, CelDevice, CompiledExpression};
 use crate::config::{self, TesseraConfig};
 use crate::error::{Error, Result};
@@ -41,7 +42,7 @@ pub(crate) struct DeviceEntry {
     pub(crate) pool: String,
     pub(crate) pool_idx: usize,
     pub(crate) scope: NodeScope,
-    pub(crate) capacity: BTreeMap<String, Capacity>,
+    pub(crate) capacity: Capacities,
     /// `allowMultipleAllocations`.
     pub(crate) multi: bool,
     /// Published by Tessera's driver.
@@ -65,13 +66,14 @@ pub(crate) struct DeviceEntry {
     /// The slice that publishes the device, shared with whoever handed it in (the
     /// controller's view keeps the same one), and the device's position in its list: a
     /// device is held once, not once by the caller and again by the snapshot.
-    slice: Arc<res::ResourceSlice>,
+    slice: Arc<PublishedSlice>,
     at: usize,
 }
 
 /// What [`DeviceEntry::device`] answers should its position not be found (it always is:
 /// entries are made from the devices of their own slice, which nobody changes).
-static NO_DEVICE: std::sync::LazyLock<res::Device> = std::sync::LazyLock::new(res::Device::default);
+static NO_DEVICE: std::sync::LazyLock<PublishedDevice> =
+    std::sync::LazyLock::new(PublishedDevice::default);
 
 impl DeviceEntry {
     /// `driver/pool/device`, for messages.
@@ -80,13 +82,8 @@ impl DeviceEntry {
     }
 
     /// The device as its slice lists it.
-    pub(crate) fn device(&self) -> &res::Device {
-        self.slice
-            .spec
-            .devices
-            .as_deref()
-            .and_then(|d| d.get(self.at))
-            .unwrap_or(&NO_DEVICE)
+    pub(crate) fn device(&self) -> &PublishedDevice {
+        self.slice.devices.get(self.at).unwrap_or(&NO_DEVICE)
     }
 
     /// The CEL view of the device. Built for each evaluation and dropped after it: every
@@ -317,24 +314,11 @@ pub fn claim_name(claim: &res::ResourceClaim) -> String {
     )
 }
 
-fn attr_text(device: &res::Device, driver: &str, name: &str) -> Option<String> {
-    let attrs = device.attributes.as_ref()?;
-    let attr = attrs
-        .get(name)
-        .or_else(|| attrs.get(&format!("{driver}/{name}")))?;
-    attr.string
-        .clone()
-        .or_else(|| attr.int.map(|i| i.to_string()))
-        .or_else(|| attr.version.clone())
-        .or_else(|| attr.bool.map(|b| b.to_string()))
-}
-
-fn slice_scope(spec: &res::ResourceSliceSpec) -> NodeScope {
-    NodeScope::from_fields(
-        spec.node_name.as_ref(),
-        spec.all_nodes,
-        spec.node_selector.as_ref(),
-    )
+fn attr_text(device: &PublishedDevice, driver: &str, name: &str) -> Option<String> {
+    device
+        .attribute(name)
+        .or_else(|| device.attribute(&format!("{driver}/{name}")))?
+        .text()
 }
 
 impl Snapshot {
@@ -355,7 +339,10 @@ impl Snapshot {
         classes: &[res::DeviceClass],
         allocated: &[res::ResourceClaim],
     ) -> Result<Self> {
-        let shared: Vec<Arc<res::ResourceSlice>> = slices.iter().cloned().map(Arc::new).collect();
+        let shared: Vec<Arc<PublishedSlice>> = slices
+            .iter()
+            .map(|s| Arc::new(PublishedSlice::from(s)))
+            .collect();
         Self::for_driver_shared(tessera_driver, &shared, classes, allocated)
     }
 
@@ -364,7 +351,7 @@ impl Snapshot {
     /// cluster view then holds each device once).
     pub fn for_driver_shared(
         tessera_driver: &str,
-        slices: &[Arc<res::ResourceSlice>],
+        slices: &[Arc<PublishedSlice>],
         classes: &[res::DeviceClass],
         allocated: &[res::ResourceClaim],
     ) -> Result<Self> {
@@ -432,37 +419,37 @@ impl Snapshot {
         Ok(snap)
     }
 
-    fn gather_pools(&mut self, slices: &[Arc<res::ResourceSlice>]) -> Result<()> {
+    fn gather_pools(&mut self, slices: &[Arc<PublishedSlice>]) -> Result<()> {
         let mut seen_names = std::collections::HashSet::new();
-        let mut groups: BTreeMap<(String, String), Vec<&Arc<res::ResourceSlice>>> = BTreeMap::new();
+        let mut groups: BTreeMap<(&str, &str), Vec<&Arc<PublishedSlice>>> = BTreeMap::new();
         for slice in slices {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            if !name.is_empty() && !seen_names.insert(name.clone()) {
+            if !slice.name.is_empty() && !seen_names.insert(slice.name.as_str()) {
                 return Err(Error::Snapshot(format!(
-                    "two ResourceSlices named {name:?}"
+                    "two ResourceSlices named {:?}",
+                    slice.name
                 )));
             }
-            let key = (slice.spec.driver.clone(), slice.spec.pool.name.clone());
+            let key = (slice.driver.as_str(), slice.pool.name.as_str());
             groups.entry(key).or_default().push(slice);
         }
         for ((driver, pool_name), group) in groups {
             let newest = group
                 .iter()
-                .map(|s| s.spec.pool.generation)
+                .map(|s| s.pool.generation)
                 .max()
                 .unwrap_or_default();
-            let mut current: Vec<&Arc<res::ResourceSlice>> = group
+            let mut current: Vec<&Arc<PublishedSlice>> = group
                 .into_iter()
-                .filter(|s| s.spec.pool.generation == newest)
+                .filter(|s| s.pool.generation == newest)
                 .collect();
-            current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            current.sort_by(|a, b| a.name.cmp(&b.name));
             let pool_idx = self.pools.len();
             let mut pool = PoolEntry {
                 unusable: None,
-                scopes: current.iter().map(|s| slice_scope(&s.spec)).collect(),
+                scopes: current.iter().map(|s| s.scope.clone()).collect(),
                 counters: BTreeMap::new(),
             };
-            let expected = current[0].spec.pool.resource_slice_count;
+            let expected = current[0].pool.resource_slice_count;
             if i64::try_from(current.len()).ok() != Some(expected) {
                 pool.unusable = Some(format!(
                     "resource pool {driver}/{pool_name} is currently being updated ({} of {expected} slices at generation {newest})",
@@ -471,7 +458,7 @@ impl Snapshot {
                 self.pools.push(pool);
                 continue;
             }
-            let plain: Vec<&res::ResourceSlice> = current.iter().map(|s| &***s).collect();
+            let plain: Vec<&PublishedSlice> = current.iter().map(|s| &***s).collect();
             if let Err(why) = Self::check_pool(&plain, &mut pool.counters) {
                 pool.unusable = Some(format!(
                     "resource pool {driver}/{pool_name} is invalid: {why}"
@@ -481,24 +468,11 @@ impl Snapshot {
             }
             self.pools.push(pool);
             for slice in current {
-                let object = format!(
-                    "ResourceSlice {}",
-                    slice.metadata.name.as_deref().unwrap_or_default()
-                );
-                let per_device = slice.spec.per_device_node_selection == Some(true);
-                let scope = slice_scope(&slice.spec);
-                for (at, device) in slice.spec.devices.iter().flatten().enumerate() {
-                    let scope = if per_device {
-                        NodeScope::from_fields(
-                            device.node_name.as_ref(),
-                            device.all_nodes,
-                            device.node_selector.as_ref(),
-                        )
-                    } else {
-                        scope.clone()
-                    };
+                let object = format!("ResourceSlice {}", slice.name);
+                for (at, device) in slice.devices.iter().enumerate() {
+                    let scope = device.scope.clone().unwrap_or_else(|| slice.scope.clone());
                     let place = (pool_idx, Arc::clone(slice), at);
-                    self.add_device(&object, &driver, &pool_name, place, device, scope)?;
+                    self.add_device(&object, driver, pool_name, place, device, scope)?;
                 }
             }
         }
@@ -507,11 +481,11 @@ impl Snapshot {
 
     /// Checks device names and counter references of a pool's newest slices.
     fn check_pool(
-        slices: &[&res::ResourceSlice],
+        slices: &[&PublishedSlice],
         counters: &mut BTreeMap<String, Amounts>,
     ) -> std::result::Result<(), String> {
         for slice in slices {
-            for set in slice.spec.shared_counters.iter().flatten() {
+            for set in &slice.shared_counters {
                 let mut amounts = Amounts::new();
                 for (name, c) in &set.counters {
                     let q = Quantity::from_k8s(&c.value).map_err(|e| e.to_string())?;
@@ -524,11 +498,11 @@ impl Snapshot {
         }
         let mut names = std::collections::HashSet::new();
         for slice in slices {
-            for device in slice.spec.devices.iter().flatten() {
+            for device in &slice.devices {
                 if !names.insert(device.name.as_str()) {
                     return Err(format!("duplicate device name {}", device.name));
                 }
-                for consumption in device.consumes_counters.iter().flatten() {
+                for consumption in &device.consumes_counters {
                     let Some(set) = counters.get(&consumption.counter_set) else {
                         return Err(format!("counter set {} not found", consumption.counter_set));
                     };
@@ -551,8 +525,8 @@ impl Snapshot {
         object: &str,
         driver: &str,
         pool: &str,
-        (pool_idx, slice, at): (usize, Arc<res::ResourceSlice>, usize),
-        device: &res::Device,
+        (pool_idx, slice, at): (usize, Arc<PublishedSlice>, usize),
+        device: &PublishedDevice,
         scope: NodeScope,
     ) -> Result<()> {
         let object = format!("{object}: device {}", device.name);
@@ -575,7 +549,7 @@ impl Snapshot {
             .and_then(|c| c.value.as_units())
             .unwrap_or(100);
         let mut consumes = Vec::new();
-        for c in device.consumes_counters.iter().flatten() {
+        for c in &device.consumes_counters {
             let mut amounts = Amounts::new();
             for (name, v) in &c.counters {
                 let q = Quantity::from_k8s(&v.value).map_err(|e| {
@@ -609,7 +583,6 @@ impl Snapshot {
             taints: device
                 .taints
                 .iter()
-                .flatten()
                 .filter(|t| BLOCKING_EFFECTS.contains(&t.effect.as_str()))
                 .cloned()
                 .collect(),

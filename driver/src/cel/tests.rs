@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 use super::*;
+use crate::allocator::PublishedDevice;
+use k8s_openapi::api::resource::v1 as res;
 
 const DRIVER: &str = "gpu.tessera.dev";
 
@@ -74,7 +76,7 @@ fn gpu() -> res::Device {
 }
 
 fn device() -> CelDevice {
-    CelDevice::new(DRIVER, &gpu())
+    CelDevice::new(DRIVER, &PublishedDevice::from(gpu()))
 }
 
 fn eval(expression: &str) -> Result<bool> {
@@ -128,7 +130,7 @@ fn typical_device_class_selectors_match() {
     assert_eq!(device().name(), "gpu-3");
     let mut shared = gpu();
     shared.allow_multiple_allocations = Some(true);
-    let shared = CelDevice::new(DRIVER, &shared);
+    let shared = CelDevice::new(DRIVER, &PublishedDevice::from(shared));
     assert_eq!(
         compile("device.allowMultipleAllocations")
             .unwrap()
@@ -195,7 +197,7 @@ fn a_malformed_device_fails_every_selector() {
     );
     let err = compile("true")
         .unwrap()
-        .evaluate(&CelDevice::new(DRIVER, &d));
+        .evaluate(&CelDevice::new(DRIVER, &PublishedDevice::from(d)));
     assert!(matches!(err, Err(Error::CelRuntime { message, .. }) if message.contains("bad")));
 }
 
@@ -474,7 +476,7 @@ fn an_attribute_beyond_the_api_limits_fails_every_selector() {
     );
     let err = compile("true")
         .unwrap()
-        .evaluate(&CelDevice::new(DRIVER, &d));
+        .evaluate(&CelDevice::new(DRIVER, &PublishedDevice::from(d)));
     assert!(
         matches!(err, Err(Error::CelRuntime { message, .. }) if message.contains("limit of 64"))
     );
