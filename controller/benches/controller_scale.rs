@@ -15,8 +15,9 @@
 //!
 //! The controller runs as its own process (the `tessera-controller` binary, default flags but
 //! no leader election; `TESSERA_BENCH_CONTROLLER=path` runs another build), so its peak RSS (`VmHWM`) and CPU time (`utime + stime`) are its own;
-//! CPU per pod counts from the first pod created to the last gate removed (there is no
-//! kube-scheduler to bind). `TESSERA_BENCH_FAST_PATH=false` passes `--fast-path=false` (the
+//! CPU per pod counts from the first pod created to the last gate removed. The bench also
+//! plays kube-scheduler's binding: each ungated pod is bound to its claim's node as soon as
+//! the bench sees it ungated, so the controller watches bound pods as on a real cluster. `TESSERA_BENCH_FAST_PATH=false` passes `--fast-path=false` (the
 //! controller then leaves the reservation to kube-scheduler). `TESSERA_BENCH_ADMISSION_MARK`
 //! (default `true`) creates each claim with the finalizer and annotation the admission webhook
 //! adds to claims of gated pods; `false` leaves marking to the controller (no webhook). The
@@ -105,6 +106,19 @@ fn create_pod(server: &FakeApiServer, i: usize, spec: &Value, admission_mark: bo
                     "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}),
         )
         .unwrap();
+}
+
+/// Binds an ungated pod to the node its claim was allocated on, as kube-scheduler would, so
+/// that the controller's view holds bound pods (as on a real control plane) by the end.
+fn bind(server: &FakeApiServer, pod: &str) {
+    let claim = server.get("resourceclaims", Some("default"), &format!("{pod}-gpu"));
+    let node = claim.as_ref().and_then(|c| {
+        c.pointer("/status/allocation/nodeSelector/nodeSelectorTerms/0/matchFields/0/values/0")
+            .and_then(Value::as_str)
+    });
+    if let Some(node) = node {
+        let _ = server.bind("default", pod, node);
+    }
 }
 
 fn get(addr: &str, path: &str) -> Option<String> {
@@ -210,6 +224,7 @@ async fn run(nodes: usize, pods: usize, latency: Duration, fast_path: bool, admi
             {
                 done_at[i] = Some(now);
                 done += 1;
+                bind(&server, &name);
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

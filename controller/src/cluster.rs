@@ -79,6 +79,15 @@ pub fn claim_path(claim: &res::ResourceClaim) -> String {
     )
 }
 
+/// `namespace/name` of a pod, the key the view keeps it under (as [`json_key`]).
+fn pod_path(pod: &Pod) -> String {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    match pod.metadata.namespace.as_deref() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// `namespace/name` (or `name` for cluster-scoped objects) of a JSON object.
 fn json_key(value: &Value) -> String {
     let name = value
@@ -178,6 +187,27 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
 
 /// Keeps of a node only what the node filter reads: name, labels, version, taints,
 /// unschedulable and allocatable amounts.
+/// What decisions read of a pod bound to a node (`spec.nodeName` set): who it is, its node,
+/// phase, priority and claims, and its requests (kept beside it, worked out before this).
+/// Its containers, scheduling constraints and conditions only mattered while it was
+/// pending; at thousands of pods they are most of what a slim pod holds.
+fn slim_bound_pod(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut().filter(|s| s.node_name.is_some()) else {
+        return;
+    };
+    *spec = PodSpec {
+        node_name: spec.node_name.take(),
+        priority: spec.priority.take(),
+        resource_claims: spec.resource_claims.take(),
+        scheduling_gates: spec.scheduling_gates.take(),
+        scheduler_name: spec.scheduler_name.take(),
+        ..PodSpec::default()
+    };
+    if let Some(status) = pod.status.as_mut() {
+        status.conditions = None;
+    }
+}
+
 fn slim_node(node: &mut Node) {
     let meta = &mut node.metadata;
     meta.managed_fields = None;
@@ -207,7 +237,8 @@ pub struct ClusterView {
     slices: BTreeMap<String, Arc<PublishedSlice>>,
     classes: BTreeMap<String, res::DeviceClass>,
     claims: BTreeMap<String, res::ResourceClaim>,
-    pods: BTreeMap<String, Pod>,
+    /// Boxed: a `Pod` is 2.4 KB inline, and a B-tree node has room for eleven.
+    pods: BTreeMap<String, Box<Pod>>,
     nodes: BTreeMap<String, Node>,
     /// Each node's allocatable amounts, parsed when the node is stored (same keys as `nodes`).
     allocatable: BTreeMap<String, Resources>,
@@ -223,8 +254,12 @@ pub struct ClusterView {
     allocations: u64,
     workload: Workload,
     learned: BTreeSet<String>,
-    /// Each pod's requests (`None`: they do not parse), computed when the pod is stored.
-    requests: std::collections::HashMap<String, Option<Resources>>,
+    /// Each pod's requests (or why they do not parse), worked out when the pod is stored:
+    /// a stored pod keeps no containers.
+    requests: std::collections::HashMap<String, Result<Resources, String>>,
+    /// Why a pod's containers keep it off the fast path, for the pods where they do
+    /// (`fast_path::container_blocker`, worked out when the pod is stored).
+    container_blockers: std::collections::HashMap<String, String>,
 }
 
 impl ClusterView {
@@ -248,6 +283,7 @@ impl ClusterView {
             workload: Workload::new(),
             learned: BTreeSet::new(),
             requests: std::collections::HashMap::new(),
+            container_blockers: std::collections::HashMap::new(),
         }
     }
 
@@ -279,22 +315,29 @@ impl ClusterView {
     }
 
     /// Pods by `namespace/name`.
-    pub fn pods(&self) -> &BTreeMap<String, Pod> {
+    pub fn pods(&self) -> &BTreeMap<String, Box<Pod>> {
         &self.pods
     }
 
     /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
     /// pod was stored); `None` when its requests do not parse.
     pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
-        let key = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or("default"),
-            pod.metadata.name.as_deref().unwrap_or_default()
-        );
-        match self.requests.get(&key) {
-            Some(r) => *r,
-            None => tessera_driver::nodefit::pod_requests(pod).ok(),
+        self.checked_pod_requests(pod).ok()
+    }
+
+    /// What a pod requests, or why its requests do not parse: kept from when the pod was
+    /// stored (a stored pod keeps no containers), worked out now for any other pod.
+    pub fn checked_pod_requests(&self, pod: &Pod) -> Result<Resources, String> {
+        match self.requests.get(&pod_path(pod)) {
+            Some(r) => r.clone(),
+            None => tessera_driver::nodefit::pod_requests(pod).map_err(|e| e.to_string()),
         }
+    }
+
+    /// Why `pod` must stay off the fast path ([`fast_path::blocker`]), its containers' part
+    /// kept from when the pod was stored.
+    pub fn fast_path_blocker(&self, pod: &Pod) -> Option<String> {
+        fast_path::blocker(pod).or_else(|| self.container_blockers.get(&pod_path(pod)).cloned())
     }
 
     /// Nodes by name.
@@ -499,9 +542,7 @@ impl ClusterView {
                 if old.is_some_and(|o| !gate::is_done(o)) && gate::is_done(&p) {
                     self.generation += 1;
                 }
-                self.requests
-                    .insert(key.clone(), tessera_driver::nodefit::pod_requests(&p).ok());
-                self.pods.insert(key, p);
+                self.store_pod(key, p);
             }
             Object::Node(n) => {
                 if newer(
@@ -561,21 +602,33 @@ impl ClusterView {
     /// Applies a pod the controller just wrote (the server's answer).
     pub fn put_written_pod(&mut self, mut pod: Pod) {
         slim_pod(&mut pod);
-        let key = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or_default(),
-            pod.metadata.name.as_deref().unwrap_or_default()
-        );
+        let key = pod_path(&pod);
         if newer(
             meta_version(&pod.metadata),
             self.pods.get(&key).and_then(|o| meta_version(&o.metadata)),
         ) {
-            self.requests.insert(
-                key.clone(),
-                tessera_driver::nodefit::pod_requests(&pod).ok(),
-            );
-            self.pods.insert(key, pod);
+            self.store_pod(key, pod);
         }
+    }
+
+    /// Stores a slim pod: what its containers decide (requests, the fast path) worked out
+    /// first and kept beside it, then its containers dropped, and once it is bound, only what
+    /// decisions read of a bound pod.
+    fn store_pod(&mut self, key: String, mut pod: Pod) {
+        self.requests.insert(
+            key.clone(),
+            tessera_driver::nodefit::pod_requests(&pod).map_err(|e| e.to_string()),
+        );
+        match pod.spec.as_ref().and_then(fast_path::container_blocker) {
+            Some(why) => self.container_blockers.insert(key.clone(), why),
+            None => self.container_blockers.remove(&key),
+        };
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers = Vec::new();
+            spec.init_containers = None;
+        }
+        slim_bound_pod(&mut pod);
+        self.pods.insert(key, Box::new(pod));
     }
 
     fn remove(&mut self, resource: Resource, key: &str) {
@@ -601,6 +654,7 @@ impl ClusterView {
                 self.pods.remove(key);
                 self.learned.remove(key);
                 self.requests.remove(key);
+                self.container_blockers.remove(key);
             }
             Resource::Nodes => {
                 self.nodes.remove(key);
@@ -682,6 +736,10 @@ mod tests {
             json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]}),
             json!({"containers": [{"name": "c", "image": "x",
                 "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
+            json!({"containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"example.com/fpga": "1"}}}]}),
+            json!({"initContainers": [{"name": "i", "image": "x",
+                "resources": {"requests": {"cpu": "lots"}}}]}),
             json!({"schedulerName": "other"}),
         ] {
             let full = pod(extra.clone());
@@ -690,6 +748,24 @@ mod tests {
             assert_eq!(
                 fast_path::blocker(&slim),
                 fast_path::blocker(&full),
+                "{extra}"
+            );
+            // The view keeps no containers, but what they decide.
+            let mut view = ClusterView::new(names::DEFAULT_DRIVER_NAME);
+            view.apply(
+                Resource::Pods,
+                Change::Applied(serde_json::to_value(&full).unwrap()),
+            );
+            let stored = &view.pods()["p"];
+            assert!(stored.spec.as_ref().unwrap().containers.is_empty());
+            assert_eq!(
+                view.fast_path_blocker(stored),
+                fast_path::blocker(&full),
+                "{extra}"
+            );
+            assert_eq!(
+                view.checked_pod_requests(stored),
+                tessera_driver::nodefit::pod_requests(&full).map_err(|e| e.to_string()),
                 "{extra}"
             );
         }
@@ -819,9 +895,43 @@ mod tests {
                 "spec": {"schedulingGates": [{"name": "gpu.tessera.dev/allocation"}],
                          "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
                          "nodeSelector": {"zone": "a"},
-                         "containers": [{"name": "main", "resources": {"requests": {"cpu": "2"}}}]},
+                         "containers": []},
                 "status": {"phase": "Pending",
                            "conditions": [{"type": "PodScheduled", "status": "False"}]}})
+        );
+        // What the containers decide is kept beside the pod.
+        let stored = &view.pods()["ml/p"];
+        assert_eq!(
+            view.pod_requests(stored).map(|r| r.cpu_nanos),
+            Some(2_000_000_000)
+        );
+        // Once bound, only what decisions read of a bound pod.
+        view.apply(
+            Resource::Pods,
+            Change::Applied(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "4"},
+                "spec": {"nodeName": "n", "priority": 5,
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}],
+                         "nodeSelector": {"zone": "a"},
+                         "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "main", "image": "big/image:1",
+                             "resources": {"requests": {"cpu": "2"}}}]},
+                "status": {"phase": "Running",
+                           "conditions": [{"type": "PodScheduled", "status": "True"}],
+                           "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c"}]}})),
+        );
+        assert_eq!(
+            serde_json::to_value(&view.pods()["ml/p"]).unwrap(),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "4"},
+                "spec": {"nodeName": "n", "priority": 5, "containers": [],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+                "status": {"phase": "Running",
+                           "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c"}]}})
+        );
+        assert_eq!(
+            view.pod_requests(&view.pods()["ml/p"]).map(|r| r.cpu_nanos),
+            Some(2_000_000_000)
         );
         view.apply(
             Resource::Nodes,

@@ -112,14 +112,17 @@ impl TemplateKeeper {
 
     /// Creates the templates the pods need and deletes those none refers to. `pods` is the
     /// complete, synced set of pods (every pod's references keep a template alive).
-    pub async fn sync(&mut self, pods: &BTreeMap<String, Pod>) -> Result<SyncReport> {
+    pub async fn sync<P: std::borrow::Borrow<Pod>>(
+        &mut self,
+        pods: &BTreeMap<String, P>,
+    ) -> Result<SyncReport> {
         if self.listed_at.is_none_or(|at| at.elapsed() >= self.relist) {
             self.list().await?;
         }
         let mut report = SyncReport::default();
         let mut referenced: BTreeSet<(String, String)> = BTreeSet::new();
         let mut wanted = BTreeMap::new();
-        for pod in pods.values() {
+        for pod in pods.values().map(std::borrow::Borrow::borrow) {
             let namespace = pod
                 .metadata
                 .namespace

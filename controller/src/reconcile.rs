@@ -19,7 +19,6 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tessera_driver::allocator::{
     Allocator, AllocatorOptions, FailureKind, Learn, Policy, claim_key,
 };
-use tessera_driver::fast_path;
 use tessera_driver::gate::{self, PodPlan};
 use tessera_driver::names;
 use tessera_driver::nodefit::{self, Resources};
@@ -312,7 +311,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 report.pending += 1;
                 continue;
             }
-            let pod = pod.clone();
+            let pod: Pod = (**pod).clone();
             match gate::plan_pod(&pod, view.claims()) {
                 PodPlan::Ignore => {}
                 PodPlan::Wait(why) => {
@@ -579,7 +578,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         node: Option<String>,
         usage: &mut BTreeMap<String, Resources>,
     ) -> Result<Job, NotPlaced> {
-        let requests = nodefit::pod_requests(pod).map_err(|e| NotPlaced::Refused(e.to_string()))?;
+        let requests = view.checked_pod_requests(pod).map_err(NotPlaced::Refused)?;
         let (candidates, node_summary) =
             Self::candidates(view, pod, requests, node.as_deref(), usage);
         let claims: Vec<res::ResourceClaim> = pending
@@ -659,7 +658,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         // pod none of whose claims is allocated yet takes it.
         let reserve = self.config.fast_path
             && allocated.is_empty()
-            && match fast_path::blocker(pod) {
+            && match view.fast_path_blocker(pod) {
                 None => true,
                 Some(why) => {
                     debug!(pod = %pod_key(pod), why, "kube-scheduler reserves the pod's claims");
@@ -764,7 +763,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     }
 
     async fn release_orphans(&mut self, view: &mut ClusterView, report: &mut PassReport) {
-        let users = gate::claim_users(view.pods().values());
+        let users = gate::claim_users(view.pods().values().map(|p| &**p));
         let releases = gate::releases(view.claims().values(), &users);
         for r in releases {
             if !self.pod_is_really_gone(view, &r).await {
@@ -827,7 +826,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     }
 
     async fn report_unbound(&mut self, view: &ClusterView) {
-        let users = gate::claim_users(view.pods().values());
+        let users = gate::claim_users(view.pods().values().map(|p| &**p));
         let max_age =
             SignedDuration::try_from(self.config.unbound_after).unwrap_or(SignedDuration::MAX);
         let found = gate::unbound(view.claims().values(), view.pods(), &users, now(), max_age);
@@ -892,7 +891,7 @@ fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task:
 /// What pods already take of every node ([`nodefit::node_usage`] over the view).
 fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
     nodefit::node_usage(
-        view.pods().values(),
+        view.pods().values().map(|p| &**p),
         |namespace, name| {
             view.claims()
                 .get(&format!("{namespace}/{name}"))

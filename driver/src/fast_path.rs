@@ -64,6 +64,12 @@ pub fn blocker(pod: &Pod) -> Option<String> {
     if spec.resources.is_some() {
         return Some("the pod has pod-level resources".to_owned());
     }
+    container_blocker(spec)
+}
+
+/// The part of [`blocker`] its containers decide: a host port, or a resource the controller
+/// does not filter on (a holder that keeps pods without their containers keeps this).
+pub fn container_blocker(spec: &PodSpec) -> Option<String> {
     for c in containers(spec) {
         if c.ports.iter().flatten().any(|p| p.host_port.is_some()) {
             return Some(format!("container {:?} asks for a host port", c.name));

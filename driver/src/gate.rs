@@ -307,9 +307,9 @@ pub struct Unbound {
 
 /// The controller's allocations older than `max_age` at `now` whose pods are all still
 /// unbound (no `spec.nodeName`) and that nobody reserved.
-pub fn unbound<'a>(
+pub fn unbound<'a, P: std::borrow::Borrow<Pod>>(
     claims: impl IntoIterator<Item = &'a res::ResourceClaim>,
-    pods: &BTreeMap<String, Pod>,
+    pods: &BTreeMap<String, P>,
     users: &BTreeMap<String, Vec<String>>,
     now: Timestamp,
     max_age: SignedDuration,
@@ -337,7 +337,7 @@ pub fn unbound<'a>(
         };
         let unbound = waiting.iter().all(|p| {
             pods.get(p)
-                .and_then(|p| p.spec.as_ref())
+                .and_then(|p| p.borrow().spec.as_ref())
                 .is_none_or(|s| s.node_name.as_deref().unwrap_or_default().is_empty())
         });
         if unbound {

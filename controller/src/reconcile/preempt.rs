@@ -115,7 +115,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         }
         let evictable: Vec<preempt::Evictable> = preempt::evictable(
             &self.config.driver_name,
-            view.pods().values(),
+            view.pods().values().map(|p| &**p),
             view.claims(),
         )
         .into_iter()

@@ -386,6 +386,23 @@ impl FakeApiServer {
         result
     }
 
+    /// Binds a pod to `node` as a POST to `pods/<name>/binding` does (kube-scheduler's write).
+    pub fn bind(&self, namespace: &str, name: &str, node: &str) -> Result<(), StatusError> {
+        let kind = kind("pods").ok_or_else(|| StatusError::bad_request("no pods".to_owned()))?;
+        let result = {
+            let mut store = self.shared.lock();
+            "kube-scheduler".clone_into(&mut store.manager);
+            store.bind(
+                &kind,
+                Some(&namespace.to_owned()),
+                name,
+                &json!({"target": {"kind": "Node", "name": node}}),
+            )
+        };
+        self.notify();
+        result
+    }
+
     /// One stored object.
     pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
         let kind = kind(resource)?;
