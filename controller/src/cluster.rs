@@ -501,11 +501,10 @@ impl ClusterView {
         match &mut object {
             Object::Pod(p) => slim_pod(p),
             Object::Node(n) => slim_node(n),
-            // Kept in the allocator's compact form (below): nothing to slim.
-            Object::ResourceSlice(_) => {}
             Object::DeviceClass(c) => c.metadata.managed_fields = None,
             Object::ResourceClaim(c) => slim::claim(c),
-            Object::ResourceClaimTemplate(_) => {}
+            // Slices are kept in the allocator's compact form (below): nothing to slim.
+            Object::ResourceSlice(_) | Object::ResourceClaimTemplate(_) => {}
         }
         match object {
             Object::ResourceSlice(s) => {

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize;
+use tessera_driver::allocator::PublishedDevice;
 use tessera_driver::apiversion::{Object, decode_document};
 use tessera_driver::cel::{CelCache, CelDevice};
 use tessera_driver::inventory::Inventory;
@@ -74,7 +75,7 @@ fn selected(
     devices
         .iter()
         .filter(|(_, d)| {
-            let view = CelDevice::new("gpu.tessera.dev", d);
+            let view = CelDevice::new("gpu.tessera.dev", &PublishedDevice::from(d.clone()));
             exprs.iter().all(|e| e.evaluate(&view).unwrap())
         })
         .map(|(id, _)| id.clone())

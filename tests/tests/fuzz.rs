@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use prost::Message as _;
 use tessera_controller::cli::input::Objects;
 use tessera_controller::cli::{allocate, validate};
-use tessera_driver::allocator::Policy;
+use tessera_driver::allocator::{Policy, PublishedDevice};
 use tessera_driver::apiversion::nesting::{MAX_NESTING, check_nesting};
 use tessera_driver::cel::{self, CelDevice, MAX_COST};
 use tessera_driver::config::{self, TesseraConfig};
@@ -278,7 +278,7 @@ proptest! {
                 "attributes": {"model": {"string": "a100-80g"}, "index": {"int": 3}},
                 "capacity": {"memory": {"value": "80Gi"}},
             })).unwrap();
-            let _ = compiled.evaluate(&CelDevice::new("gpu.tessera.dev", &device));
+            let _ = compiled.evaluate(&CelDevice::new("gpu.tessera.dev", &PublishedDevice::from(device)));
         }
     }
 
