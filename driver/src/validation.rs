@@ -306,12 +306,21 @@ pub fn validate_claim_spec(
     };
     let claim_fields = claim_config_fields(devices);
     let claim_configs = claim_configs(devices, &claim_fields);
+    // Fields of configs that do not decode: reported here once, not again by every request
+    // the config applies to.
+    let mut undecodable: Vec<String> = Vec::new();
     for (field, cfg) in claim_fields.iter().zip(devices.config.iter().flatten()) {
         if let Some(opaque) = cfg.opaque.as_ref().filter(|o| o.driver == driver)
             && let Err(e) =
                 config::decode(&opaque.parameters.0, &format!("{field}.opaque.parameters"))
         {
-            errors.push(Error::invalid(object, field.clone(), e.to_string()));
+            errors.push(match e {
+                Error::Share { field, message } => {
+                    undecodable.push(field.clone());
+                    Error::invalid(object, field, message)
+                }
+                other => Error::invalid(object, field.clone(), other.to_string()),
+            });
         }
     }
     for (i, request) in devices.requests.iter().flatten().enumerate() {
@@ -386,15 +395,23 @@ pub fn validate_claim_spec(
             .and_then(|_| {
                 crate::tier::request_tier(driver, &name, class_name, &class_configs, &claim_configs)
             }) {
-                errors.push(match e {
+                match e {
+                    // Already reported with the config.
+                    Error::Share {
+                        field: share_field, ..
+                    } if undecodable.contains(&share_field) => {}
                     // A share error names its own field (in the request or in a config), as a
                     // path from the claim's root like every other error here.
                     Error::Share {
                         field: share_field,
                         message,
-                    } => Error::invalid(object, share_field, format!("{message} (request {name})")),
-                    other => Error::invalid(object, field.clone(), other.to_string()),
-                });
+                    } => errors.push(Error::invalid(
+                        object,
+                        share_field,
+                        format!("{message} (request {name})"),
+                    )),
+                    other => errors.push(Error::invalid(object, field.clone(), other.to_string())),
+                }
             }
         };
         match (&request.exactly, &request.first_available) {
@@ -504,4 +521,43 @@ pub fn share_classes(classes: &[res::DeviceClass]) -> Vec<String> {
         }
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::names;
+    use serde_json::json;
+
+    #[test]
+    fn a_config_that_does_not_decode_is_reported_once() {
+        let spec: res::ResourceClaimSpec = serde_json::from_value(json!({"devices": {
+            "requests": [
+                {"name": "a", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}},
+                {"name": "b", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}}],
+            "config": [{"opaque": {"driver": names::DEFAULT_DRIVER_NAME, "parameters": {
+                "apiVersion": names::CONFIG_API_VERSION, "kind": names::GPU_SHARE_KIND,
+                "memory": "5Gx"}}}]}}))
+        .unwrap();
+        let errors: Vec<String> = validate_claim_spec(
+            "ResourceClaim ml/c",
+            &spec,
+            names::DEFAULT_DRIVER_NAME,
+            &["shared.gpu.tessera.dev"],
+            &|_| None,
+            &CelCache::new(),
+        )
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "ResourceClaim ml/c: spec.devices.config[0].opaque.parameters: quantity \"5Gx\""
+            ),
+            "{errors:?}"
+        );
+    }
 }
