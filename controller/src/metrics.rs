@@ -27,6 +27,9 @@ pub enum Outcome {
     Allocated,
     /// Its claims fit nowhere now (retried when the cluster changes).
     Unschedulable,
+    /// It could be placed, but waits (delay-tolerant) for a place that leaves less of the
+    /// cluster fragmented.
+    Waiting,
     /// Something about its claims only their owner can fix.
     Refused,
     /// The API server failed or raced us; retried soon.
@@ -38,6 +41,7 @@ impl Outcome {
         match self {
             Self::Allocated => "allocated",
             Self::Unschedulable => "unschedulable",
+            Self::Waiting => "waiting",
             Self::Refused => "refused",
             Self::Error => "error",
         }

@@ -411,7 +411,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 until: u,
             } => {
                 until = u;
-                (Outcome::Unschedulable, reason, message)
+                (Outcome::Waiting, reason, message)
             }
             NotPlaced::NotLeader => {
                 report.lost_leadership = true;

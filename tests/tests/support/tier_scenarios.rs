@@ -14,6 +14,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tessera_controller::metrics::Outcome;
 use tessera_controller::service::ControllerConfig;
 use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
@@ -467,6 +468,9 @@ pub(crate) async fn a_delay_tolerant_pod_waits_for_a_fragment(
             .any(|(p, _)| p == "hurried"),
         "it waited first"
     );
+    // Waiting is its own outcome, not "unschedulable": every pod here could be placed.
+    assert!(running.metrics.outcome_count(Outcome::Waiting) >= 2);
+    assert_eq!(running.metrics.outcome_count(Outcome::Unschedulable), 0);
     check_invariants(client, version).await;
     running.stop().await;
 }
