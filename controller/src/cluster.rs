@@ -239,10 +239,11 @@ pub struct ClusterView {
     claims: BTreeMap<String, res::ResourceClaim>,
     /// Boxed: a `Pod` is 2.4 KB inline, and a B-tree node has room for eleven.
     pods: BTreeMap<String, Box<Pod>>,
-    nodes: BTreeMap<String, Node>,
-    /// Each node's allocatable amounts, parsed when the node is stored (same keys as `nodes`).
-    allocatable: BTreeMap<String, Resources>,
-    node_list: Option<Arc<Vec<Node>>>,
+    /// Every node in name order, held once: shared as it is with the allocator as the
+    /// candidate list when every node fits a pod.
+    nodes: Arc<Vec<Node>>,
+    /// Each node's allocatable amounts, parsed when the node is stored (same order as `nodes`).
+    allocatable: Vec<Resources>,
     snapshot: Option<Snapshot>,
     /// How many snapshots were built.
     builds: u64,
@@ -271,9 +272,8 @@ impl ClusterView {
             classes: BTreeMap::new(),
             claims: BTreeMap::new(),
             pods: BTreeMap::new(),
-            nodes: BTreeMap::new(),
-            allocatable: BTreeMap::new(),
-            node_list: None,
+            nodes: Arc::new(Vec::new()),
+            allocatable: Vec::new(),
             snapshot: None,
             builds: 0,
             synced: BTreeSet::new(),
@@ -340,27 +340,34 @@ impl ClusterView {
         fast_path::blocker(pod).or_else(|| self.container_blockers.get(&pod_path(pod)).cloned())
     }
 
-    /// Nodes by name.
-    pub fn nodes(&self) -> &BTreeMap<String, Node> {
+    /// Every node, in name order.
+    pub fn nodes(&self) -> &[Node] {
         &self.nodes
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.node_position(name).ok().map(|i| &self.nodes[i])
+    }
+
+    fn node_position(&self, name: &str) -> std::result::Result<usize, usize> {
+        self.nodes
+            .binary_search_by(|n| n.metadata.name.as_deref().unwrap_or_default().cmp(name))
     }
 
     /// Every node in name order, with its allocatable amounts
     /// ([`tessera_driver::nodefit::node_allocatable`], worked out when the node was stored).
-    pub fn nodes_allocatable(&self) -> impl Iterator<Item = (&String, &Node, Resources)> {
+    pub fn nodes_allocatable(&self) -> impl Iterator<Item = (&str, &Node, Resources)> {
         self.nodes
             .iter()
-            .zip(self.allocatable.values())
-            .map(|((name, node), a)| (name, node, *a))
+            .zip(&self.allocatable)
+            .map(|(node, a)| (node.metadata.name.as_deref().unwrap_or_default(), node, *a))
     }
 
     /// Every node, in name order, shared: the allocator's candidate list when all nodes fit a
     /// pod, without copying a thousand Node objects per pod.
-    pub fn node_list(&mut self) -> Arc<Vec<Node>> {
-        Arc::clone(
-            self.node_list
-                .get_or_insert_with(|| Arc::new(self.nodes.values().cloned().collect())),
-        )
+    pub fn node_list(&self) -> Arc<Vec<Node>> {
+        Arc::clone(&self.nodes)
     }
 
     /// The allocator's snapshot, rebuilt first when slices or classes changed.
@@ -416,7 +423,7 @@ impl ClusterView {
     pub fn track_hosts(&mut self, usage: &BTreeMap<String, Resources>) -> Result<()> {
         self.snapshot()?;
         if let Some(snapshot) = self.snapshot.as_mut() {
-            snapshot.track_hosts(self.nodes.values(), usage);
+            snapshot.track_hosts(self.nodes.iter(), usage);
         }
         Ok(())
     }
@@ -464,7 +471,11 @@ impl ClusterView {
             Resource::Classes => self.classes.keys().cloned().collect(),
             Resource::Claims => self.claims.keys().cloned().collect(),
             Resource::Pods => self.pods.keys().cloned().collect(),
-            Resource::Nodes => self.nodes.keys().cloned().collect(),
+            Resource::Nodes => self
+                .nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect(),
         }
     }
 
@@ -544,14 +555,24 @@ impl ClusterView {
                 self.store_pod(key, p);
             }
             Object::Node(n) => {
+                let at = self.node_position(&key);
                 if newer(
                     version,
-                    self.nodes.get(&key).and_then(|o| meta_version(&o.metadata)),
+                    at.ok().and_then(|i| meta_version(&self.nodes[i].metadata)),
                 ) {
-                    self.allocatable
-                        .insert(key.clone(), tessera_driver::nodefit::node_allocatable(&n));
-                    self.nodes.insert(key, n);
-                    self.node_list = None;
+                    let allocatable = tessera_driver::nodefit::node_allocatable(&n);
+                    // In place unless an allocation in flight still holds the list.
+                    let nodes = Arc::make_mut(&mut self.nodes);
+                    match at {
+                        Ok(i) => {
+                            nodes[i] = n;
+                            self.allocatable[i] = allocatable;
+                        }
+                        Err(i) => {
+                            nodes.insert(i, n);
+                            self.allocatable.insert(i, allocatable);
+                        }
+                    }
                     self.generation += 1;
                 }
             }
@@ -656,9 +677,10 @@ impl ClusterView {
                 self.container_blockers.remove(key);
             }
             Resource::Nodes => {
-                self.nodes.remove(key);
-                self.allocatable.remove(key);
-                self.node_list = None;
+                if let Ok(i) = self.node_position(key) {
+                    Arc::make_mut(&mut self.nodes).remove(i);
+                    self.allocatable.remove(i);
+                }
             }
         }
         self.generation += 1;
@@ -813,16 +835,20 @@ mod tests {
         // have is only removed by a list that ends.
         view.apply(Resource::Nodes, page(vec![node("x")], true, false));
         view.apply(Resource::Nodes, page(vec![node("a")], true, false));
-        assert!(!view.is_synced() && view.nodes().contains_key("old"));
+        assert!(!view.is_synced() && view.node("old").is_some());
         view.apply(Resource::Nodes, page(vec![node("b")], false, true));
-        let names: Vec<&String> = view.nodes().keys().collect();
-        assert_eq!(names, ["a", "b"]);
+        let names = |view: &ClusterView| -> Vec<String> {
+            view.nodes()
+                .iter()
+                .map(|n| n.metadata.name.clone().unwrap())
+                .collect()
+        };
+        assert_eq!(names(&view), ["a", "b"]);
         // The next list in pages drops what none of its pages had.
         view.apply(Resource::Nodes, page(vec![node("b")], true, false));
         view.apply(Resource::Nodes, page(vec![], false, true));
-        let names: Vec<&String> = view.nodes().keys().collect();
-        assert_eq!(names, ["b"]);
-        let allocatable: Vec<&String> = view.nodes_allocatable().map(|(n, _, _)| n).collect();
+        assert_eq!(names(&view), ["b"]);
+        let allocatable: Vec<&str> = view.nodes_allocatable().map(|(n, _, _)| n).collect();
         assert_eq!(allocatable, ["b"]);
     }
 
@@ -939,7 +965,7 @@ mod tests {
                 "spec": {"podCIDR": "10.1.0.0/24", "unschedulable": true},
                 "status": {"allocatable": {"cpu": "8"}, "images": [{"names": ["a"], "sizeBytes": 1}]}})),
         );
-        let node = serde_json::to_value(&view.nodes()["n"]).unwrap();
+        let node = serde_json::to_value(view.node("n").unwrap()).unwrap();
         assert_eq!(
             node,
             json!({"apiVersion": "v1", "kind": "Node",

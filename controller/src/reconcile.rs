@@ -487,9 +487,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 continue;
             }
             total += 1;
-            while usage.next_if(|(n, _)| *n < name).is_some() {}
+            while usage.next_if(|(n, _)| n.as_str() < name).is_some() {}
             let used = usage
-                .next_if(|(n, _)| *n == name)
+                .next_if(|(n, _)| n.as_str() == name)
                 .map(|(_, u)| *u)
                 .unwrap_or_default();
             match nodefit::check_on(pod, requests, node, allocatable, used) {
@@ -506,7 +506,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         }
         let fit: Vec<Node> = view
             .nodes()
-            .values()
+            .iter()
             .zip(&fits)
             .filter(|(_, f)| **f)
             .map(|(n, _)| n.clone())

@@ -138,7 +138,11 @@ impl Watched {
     }
 
     fn nodes(&self) -> BTreeSet<String> {
-        self.view.nodes().keys().cloned().collect()
+        self.view
+            .nodes()
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect()
     }
 
     fn requests(&self, verb: Verb) -> usize {
