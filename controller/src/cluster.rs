@@ -424,6 +424,17 @@ impl ClusterView {
         }
     }
 
+    /// The resourceVersion of the object the view holds under `key`.
+    fn stored_version(&self, resource: Resource, key: &str) -> Option<u64> {
+        match resource {
+            Resource::Slices => self.slices.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Classes => self.classes.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Claims => self.claims.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Pods => self.pods.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Nodes => self.nodes.get(key).and_then(|o| meta_version(&o.metadata)),
+        }
+    }
+
     fn decode(resource: Resource, value: Value) -> Option<Object> {
         let key = json_key(&value);
         let decoded = match resource {
@@ -451,6 +462,11 @@ impl ClusterView {
         }
         let key = json_key(&value);
         let version = version_of(&value);
+        // The version the view holds already (the echo of the controller's own write, an
+        // unchanged object in a relist) changes nothing: it is not decoded again.
+        if version.is_some() && version == self.stored_version(resource, &key) {
+            return;
+        }
         let Some(mut object) = Self::decode(resource, value) else {
             return;
         };
@@ -698,6 +714,28 @@ mod tests {
             (spec.volumes, spec.containers[0].ports.clone()),
             (None, None)
         );
+    }
+
+    #[test]
+    fn an_event_for_the_version_held_changes_nothing() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": "n", "resourceVersion": "3"}});
+        view.apply(Resource::Nodes, Change::Applied(node.clone()));
+        let generation = view.generation();
+        view.apply(Resource::Nodes, Change::Applied(node));
+        assert_eq!(view.generation(), generation);
+        // The echo of a claim the controller wrote is not decoded again: what the view holds
+        // (the server's answer to the write) stays.
+        let mut written: res::ResourceClaim =
+            serde_json::from_value(claim("5", Some("n1"))).unwrap();
+        view.put_written_claim(written.clone());
+        written.status = None;
+        view.apply(
+            Resource::Claims,
+            Change::Applied(serde_json::to_value(&written).unwrap()),
+        );
+        assert!(gate::is_allocated(&view.claims()["ml/c"]));
     }
 
     #[test]
