@@ -285,13 +285,13 @@ impl ClusterView {
     /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
     /// pod was stored); `None` when its requests do not parse.
     pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
-        let key = format!(
-            "{}/{}",
+        let stored = crate::object_key::with_key(
             pod.metadata.namespace.as_deref().unwrap_or("default"),
-            pod.metadata.name.as_deref().unwrap_or_default()
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            |key| self.requests.get(key).copied(),
         );
-        match self.requests.get(&key) {
-            Some(r) => *r,
+        match stored {
+            Some(r) => r,
             None => tessera_driver::nodefit::pod_requests(pod).ok(),
         }
     }

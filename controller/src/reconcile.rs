@@ -900,8 +900,7 @@ fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
     nodefit::node_usage(
         view.pods().values(),
         |namespace, name| {
-            view.claims()
-                .get(&format!("{namespace}/{name}"))
+            crate::object_key::with_key(namespace, name, |key| view.claims().get(key))
                 .and_then(|c| c.status.as_ref()?.allocation.as_ref())
         },
         |pod| view.pod_requests(pod),
