@@ -428,7 +428,10 @@ impl ClusterView {
     fn stored_version(&self, resource: Resource, key: &str) -> Option<u64> {
         match resource {
             Resource::Slices => self.slices.get(key).and_then(|o| meta_version(&o.metadata)),
-            Resource::Classes => self.classes.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Classes => self
+                .classes
+                .get(key)
+                .and_then(|o| meta_version(&o.metadata)),
             Resource::Claims => self.claims.get(key).and_then(|o| meta_version(&o.metadata)),
             Resource::Pods => self.pods.get(key).and_then(|o| meta_version(&o.metadata)),
             Resource::Nodes => self.nodes.get(key).and_then(|o| meta_version(&o.metadata)),

@@ -364,9 +364,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         // CPU per pod).
         let stamp = view.device_use_version();
         let stale = stamp.is_some() && stamp != self.gauges_of;
-        let gauges_wait = self
-            .gauges_at
-            .map_or(Duration::ZERO, |at| GAUGE_INTERVAL.saturating_sub(at.elapsed()));
+        let gauges_wait = self.gauges_at.map_or(Duration::ZERO, |at| {
+            GAUGE_INTERVAL.saturating_sub(at.elapsed())
+        });
         let due = stale && gauges_wait.is_zero();
         let usage = if due {
             self.gauges_at = Some(Instant::now());

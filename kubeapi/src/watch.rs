@@ -21,10 +21,7 @@ use serde_json::Value;
 use tokio_stream::{Stream, StreamExt as _};
 
 use crate::error::{Error, Result};
-
-mod body;
-
-use body::Body;
+use crate::json_object::JsonObject;
 
 /// One change of one watched resource.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,7 +129,7 @@ pub fn changes<B: Backoff + 'static>(
     options: &WatchOptions,
     backoff: B,
 ) -> impl Stream<Item = Result<Change>> + Send + use<B> {
-    let objects: Api<Body> = Api::all_with(client, api);
+    let objects: Api<JsonObject> = Api::all_with(client, api);
     let events = StreamBackoff::new(watcher(objects, options.watcher_config()), backoff);
     let api = api.clone();
     let (pages, page_size) = (

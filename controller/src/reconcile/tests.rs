@@ -860,9 +860,10 @@ async fn device_gauges_are_worked_out_at_most_once_an_interval_and_never_left_st
     // A second placement right after: the gauges wait for their interval, and the pass asks to
     // be woken when it ends.
     let pod = pod_json("q", &["b"]);
-    fake.state()
-        .pods
-        .insert("ns/q".to_owned(), serde_json::from_value(pod.clone()).unwrap());
+    fake.state().pods.insert(
+        "ns/q".to_owned(),
+        serde_json::from_value(pod.clone()).unwrap(),
+    );
     view.apply(Resource::Pods, Change::Applied(pod));
     let report = r.pass(&mut view).await;
     assert_eq!(report.placed, 1);

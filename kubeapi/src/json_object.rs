@@ -1,6 +1,7 @@
-//! The object type the watcher decodes into: the object's JSON read straight from the response,
-//! `metadata.managedFields` skipped while reading (never built), plus the few metadata fields
-//! kube-runtime's watcher reads itself (name, namespace, resourceVersion).
+//! The object type watches and the controller's claim writes decode into: the object's JSON
+//! read straight from the response, `metadata.managedFields` skipped while reading (never
+//! built), plus the few metadata fields kube-runtime's watcher reads itself (name, namespace,
+//! resourceVersion).
 //!
 //! kube's `DynamicObject` would read the same object three times: its flattened body is first
 //! buffered as serde's generic content, then parsed into a typed `ObjectMeta` (managedFields
@@ -17,19 +18,19 @@ use kube::core::{ApiResource, DynamicResourceScope, ObjectMeta, Resource};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
-/// One watched or listed object; see the module docs.
+/// One object as the API server sent it, less `metadata.managedFields`; see the module docs.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Body {
+pub struct JsonObject {
     /// What the watcher reads: name, namespace and resourceVersion (copies of the JSON's).
     metadata: ObjectMeta,
     /// The whole object but `metadata.managedFields`.
     object: Map<String, Value>,
 }
 
-impl Body {
+impl JsonObject {
     /// The object's JSON, with `apiVersion` and `kind` filled in from `api` where it came
     /// without them (list items do; decoders need them).
-    pub(super) fn into_value(self, api: &ApiResource) -> Value {
+    pub fn into_value(self, api: &ApiResource) -> Value {
         let mut object = self.object;
         if !object.contains_key("apiVersion") || !object.contains_key("kind") {
             object.insert(
@@ -42,7 +43,7 @@ impl Body {
     }
 }
 
-impl<'de> de::Deserialize<'de> for Body {
+impl<'de> de::Deserialize<'de> for JsonObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(ObjectVisitor)
     }
@@ -52,13 +53,13 @@ impl<'de> de::Deserialize<'de> for Body {
 struct ObjectVisitor;
 
 impl<'de> Visitor<'de> for ObjectVisitor {
-    type Value = Body;
+    type Value = JsonObject;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a Kubernetes object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Body, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonObject, A::Error> {
         let mut object = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             let value = if key == "metadata" {
@@ -81,7 +82,7 @@ impl<'de> Visitor<'de> for ObjectVisitor {
             resource_version: text("resourceVersion"),
             ..ObjectMeta::default()
         };
-        Ok(Body { metadata, object })
+        Ok(JsonObject { metadata, object })
     }
 }
 
@@ -117,7 +118,7 @@ impl<'de> Visitor<'de> for MetadataSeed {
     }
 }
 
-impl Resource for Body {
+impl Resource for JsonObject {
     type DynamicType = ApiResource;
     type Scope = DynamicResourceScope;
 
@@ -169,7 +170,8 @@ mod tests {
     #[test]
     fn a_watch_event_becomes_its_json_without_managed_fields() {
         let line = r#"{"type":"MODIFIED","object":{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"s","resourceVersion":"7","managedFields":[{"manager":"kubelet","fieldsV1":{"f:spec":{".":{}}}}],"labels":{"a":"b"}},"spec":{"driver":"gpu.tessera.dev"}}}"#;
-        let WatchEvent::Modified(body) = serde_json::from_str::<WatchEvent<Body>>(line).unwrap()
+        let WatchEvent::Modified(body) =
+            serde_json::from_str::<WatchEvent<JsonObject>>(line).unwrap()
         else {
             panic!("a modification");
         };
@@ -186,7 +188,7 @@ mod tests {
     #[test]
     fn list_items_get_their_type_from_the_resource() {
         let list = r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSliceList","metadata":{"resourceVersion":"9"},"items":[{"metadata":{"name":"s","namespace":"ns","resourceVersion":"8","managedFields":[]},"spec":{}}]}"#;
-        let list: ObjectList<Body> = serde_json::from_str(list).unwrap();
+        let list: ObjectList<JsonObject> = serde_json::from_str(list).unwrap();
         let body = list.items.into_iter().next().unwrap();
         assert_eq!(body.meta().namespace.as_deref(), Some("ns"));
         assert_eq!(
@@ -199,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_an_object_is_an_error() {
-        assert!(serde_json::from_str::<Body>("[1]").is_err());
-        assert!(serde_json::from_str::<Body>(r#"{"metadata": 3}"#).is_err());
+        assert!(serde_json::from_str::<JsonObject>("[1]").is_err());
+        assert!(serde_json::from_str::<JsonObject>(r#"{"metadata": 3}"#).is_err());
     }
 }
