@@ -88,6 +88,16 @@ fn pod_path(pod: &Pod) -> String {
     }
 }
 
+/// Calls `f` with the key the view keeps `pod` under ([`pod_path`]), without making a string
+/// for it (a pass looks up every pod's requests).
+fn with_pod_key<R>(pod: &Pod, f: impl FnOnce(&str) -> R) -> R {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    match pod.metadata.namespace.as_deref() {
+        Some(ns) => crate::object_key::with_key(ns, name, f),
+        None => f(name),
+    }
+}
+
 /// `namespace/name` (or `name` for cluster-scoped objects) of a JSON object.
 fn json_key(value: &Value) -> String {
     let name = value
@@ -322,14 +332,17 @@ impl ClusterView {
     /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
     /// pod was stored); `None` when its requests do not parse.
     pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
-        self.checked_pod_requests(pod).ok()
+        with_pod_key(pod, |key| {
+            self.requests.get(key).map(|r| r.as_ref().ok().copied())
+        })
+        .unwrap_or_else(|| tessera_driver::nodefit::pod_requests(pod).ok())
     }
 
     /// What a pod requests, or why its requests do not parse: kept from when the pod was
     /// stored (a stored pod keeps no containers), worked out now for any other pod.
     pub fn checked_pod_requests(&self, pod: &Pod) -> Result<Resources, String> {
-        match self.requests.get(&pod_path(pod)) {
-            Some(r) => r.clone(),
+        match with_pod_key(pod, |key| self.requests.get(key).cloned()) {
+            Some(r) => r,
             None => tessera_driver::nodefit::pod_requests(pod).map_err(|e| e.to_string()),
         }
     }
@@ -337,7 +350,8 @@ impl ClusterView {
     /// Why `pod` must stay off the fast path ([`fast_path::blocker`]), its containers' part
     /// kept from when the pod was stored.
     pub fn fast_path_blocker(&self, pod: &Pod) -> Option<String> {
-        fast_path::blocker(pod).or_else(|| self.container_blockers.get(&pod_path(pod)).cloned())
+        fast_path::blocker(pod)
+            .or_else(|| with_pod_key(pod, |key| self.container_blockers.get(key).cloned()))
     }
 
     /// Every node, in name order.
@@ -479,6 +493,24 @@ impl ClusterView {
         }
     }
 
+    /// The resourceVersion of the object the view holds under `key`.
+    fn stored_version(&self, resource: Resource, key: &str) -> Option<u64> {
+        match resource {
+            Resource::Slices => self
+                .slices
+                .get(key)
+                .and_then(|o| o.resource_version())
+                .and_then(|v| v.parse().ok()),
+            Resource::Classes => self
+                .classes
+                .get(key)
+                .and_then(|o| meta_version(&o.metadata)),
+            Resource::Claims => self.claims.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Pods => self.pods.get(key).and_then(|o| meta_version(&o.metadata)),
+            Resource::Nodes => self.node(key).and_then(|o| meta_version(&o.metadata)),
+        }
+    }
+
     fn decode(resource: Resource, value: Value) -> Option<Object> {
         let key = json_key(&value);
         let decoded = match resource {
@@ -506,6 +538,11 @@ impl ClusterView {
         }
         let key = json_key(&value);
         let version = version_of(&value);
+        // The version the view holds already (the echo of the controller's own write, an
+        // unchanged object in a relist) changes nothing: it is not decoded again.
+        if version.is_some() && version == self.stored_version(resource, &key) {
+            return;
+        }
         let Some(mut object) = Self::decode(resource, value) else {
             return;
         };
@@ -798,6 +835,28 @@ mod tests {
             (spec.volumes, spec.containers[0].ports.clone()),
             (None, None)
         );
+    }
+
+    #[test]
+    fn an_event_for_the_version_held_changes_nothing() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": "n", "resourceVersion": "3"}});
+        view.apply(Resource::Nodes, Change::Applied(node.clone()));
+        let generation = view.generation();
+        view.apply(Resource::Nodes, Change::Applied(node));
+        assert_eq!(view.generation(), generation);
+        // The echo of a claim the controller wrote is not decoded again: what the view holds
+        // (the server's answer to the write) stays.
+        let mut written: res::ResourceClaim =
+            serde_json::from_value(claim("5", Some("n1"))).unwrap();
+        view.put_written_claim(written.clone());
+        written.status = None;
+        view.apply(
+            Resource::Claims,
+            Change::Applied(serde_json::to_value(&written).unwrap()),
+        );
+        assert!(gate::is_allocated(&view.claims()["ml/c"]));
     }
 
     #[test]

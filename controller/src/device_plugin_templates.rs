@@ -123,25 +123,36 @@ impl TemplateKeeper {
         let mut referenced: BTreeSet<(String, String)> = BTreeSet::new();
         let mut wanted = BTreeMap::new();
         for pod in pods.values().map(std::borrow::Borrow::borrow) {
-            let namespace = pod
+            // Only a pod the webhook rewrote (it carries its recorded request) can need a
+            // template made; any pod may keep a known one in use. Only known templates are
+            // ever deleted, so only those, and the ones made now, need to be collected: at
+            // thousands of pods using templates of their own, this walk runs every pass.
+            let rewritten = pod
                 .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".to_owned());
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(names::ANNOTATION_DEVICE_PLUGIN_REQUEST));
+            if !rewritten && self.known.is_empty() {
+                continue;
+            }
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
             let mut missing = false;
             for name in device_plugin_names::referenced_templates(pod) {
-                let key = (namespace.clone(), name.to_owned());
-                missing |= !self.known.contains(&key);
-                referenced.insert(key);
+                let key = (namespace.to_owned(), name.to_owned());
+                let known = self.known.contains(&key);
+                missing |= !known;
+                if known || rewritten {
+                    referenced.insert(key);
+                }
             }
-            if !missing {
+            if !missing || !rewritten {
                 continue;
             }
             match device_plugin_names::templates_for_pod(pod, &self.options) {
                 Ok(templates) => {
                     for t in templates {
                         let key = (
-                            namespace.clone(),
+                            namespace.to_owned(),
                             t.metadata.name.clone().unwrap_or_default(),
                         );
                         if !self.known.contains(&key) {

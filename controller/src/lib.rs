@@ -10,6 +10,7 @@ pub mod error;
 pub mod health_http;
 pub mod leader;
 pub mod metrics;
+mod object_key;
 pub mod reconcile;
 pub mod service;
 pub mod webhook;

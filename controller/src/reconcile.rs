@@ -194,9 +194,9 @@ pub struct Reconciler<W = Writer> {
 /// and claim; the threshold itself is minutes).
 const UNBOUND_INTERVAL: Duration = Duration::from_secs(5);
 
-/// How often the per-device gauges are recomputed while pods are being placed (they cost a
-/// walk over every device).
-const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often at most the per-device gauges are recomputed (each time costs a walk over every
+/// device); a pass that finds them stale sooner asks to be woken when the interval ends.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 
 fn pod_key(pod: &Pod) -> String {
     format!(
@@ -358,14 +358,15 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             }
         }
         // The per-device gauges walk every device: worked out again only when device use
-        // changed since, and while pods are being placed at most once a GAUGE_INTERVAL.
-        let busy = report.placed > 0 || report.released > 0;
+        // changed since, and at most once a GAUGE_INTERVAL (a scrape every few seconds at
+        // most reads them; at thousands of devices, a walk per pass was a large part of the
+        // CPU per pod).
         let stamp = view.device_use_version();
-        let due = stamp.is_some()
-            && stamp != self.gauges_of
-            && self
-                .gauges_at
-                .is_none_or(|at| !busy || at.elapsed() >= GAUGE_INTERVAL);
+        let stale = stamp.is_some() && stamp != self.gauges_of;
+        let gauges_wait = self.gauges_at.map_or(Duration::ZERO, |at| {
+            GAUGE_INTERVAL.saturating_sub(at.elapsed())
+        });
+        let due = stale && gauges_wait.is_zero();
         let usage = if due {
             self.gauges_at = Some(Instant::now());
             self.gauges_of = stamp;
@@ -383,6 +384,11 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             .filter(|u| *u > at)
             .min()
             .map(|u| Duration::try_from(u.duration_since(at)).unwrap_or(Duration::ZERO));
+        if stale && !due {
+            // Stale gauges are worked out when their interval ends, even if nothing else
+            // happens by then.
+            report.wake_in = Some(report.wake_in.map_or(gauges_wait, |w| w.min(gauges_wait)));
+        }
         self.metrics.set_state(
             report.pending,
             self.reported_unbound.len(),
@@ -893,8 +899,7 @@ fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
     nodefit::node_usage(
         view.pods().values().map(|p| &**p),
         |namespace, name| {
-            view.claims()
-                .get(&format!("{namespace}/{name}"))
+            crate::object_key::with_key(namespace, name, |key| view.claims().get(key))
                 .and_then(|c| c.status.as_ref()?.allocation.as_ref())
         },
         |pod| view.pod_requests(pod),

@@ -8,11 +8,12 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, PodCo
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 use tessera_driver::{gate, names};
+use tessera_kubeapi::JsonObject;
 
 use crate::error::{Error, Result};
 use crate::reconcile::Eviction;
@@ -68,7 +69,9 @@ impl Writer {
         }
     }
 
-    fn claim_api(&self, namespace: &str) -> Api<DynamicObject> {
+    /// Claims are read as [`JsonObject`]s: the answer's JSON without `managedFields`, decoded
+    /// once into the v1 model.
+    fn claim_api(&self, namespace: &str) -> Api<JsonObject> {
         Api::namespaced_with(self.client.clone(), namespace, &self.claims)
     }
 
@@ -76,15 +79,8 @@ impl Writer {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    fn decode_claim(&self, object: &DynamicObject) -> Result<res::ResourceClaim> {
-        let mut value = serde_json::to_value(object)
-            .map_err(|e| Error::Malformed(format!("encoding a claim: {e}")))?;
-        if let Value::Object(map) = &mut value {
-            map.entry("apiVersion")
-                .or_insert_with(|| json!(self.claims.api_version));
-            map.entry("kind").or_insert_with(|| json!("ResourceClaim"));
-        }
-        match apiversion::decode_document(value, "ResourceClaim")? {
+    fn decode_claim(&self, object: JsonObject) -> Result<res::ResourceClaim> {
+        match apiversion::decode_document(object.into_value(&self.claims), "ResourceClaim")? {
             Object::ResourceClaim(c) => Ok(c),
             other => Err(Error::Malformed(format!(
                 "the server answered a {} for a ResourceClaim",
@@ -111,7 +107,7 @@ impl Writer {
         };
         let object = answer
             .map_err(|e| Error::api(format!("{action} ResourceClaim {namespace}/{name}"), &e))?;
-        self.decode_claim(&object)
+        self.decode_claim(object)
     }
 
     /// The claim as stored now, or `None` when it is gone.
@@ -121,7 +117,7 @@ impl Writer {
         name: &str,
     ) -> Result<Option<res::ResourceClaim>> {
         match self.claim_api(namespace).get_opt(name).await {
-            Ok(Some(o)) => self.decode_claim(&o).map(Some),
+            Ok(Some(o)) => self.decode_claim(o).map(Some),
             Ok(None) => Ok(None),
             Err(e) => Err(Error::api(
                 format!("reading ResourceClaim {namespace}/{name}"),

@@ -221,22 +221,29 @@ pub fn node_usage<'a>(
         if crate::gate::is_done(pod) {
             continue;
         }
+        // Borrowed for a bound pod (most of them): this runs for every pod on every pass.
         let bound = pod
             .spec
             .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty());
+            .and_then(|s| s.node_name.as_deref())
+            .filter(|n| !n.is_empty())
+            .map(std::borrow::Cow::Borrowed);
         let node = bound.or_else(|| {
             let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
             crate::gate::claim_names(pod)
                 .ok()?
                 .iter()
                 .find_map(|n| allocated(namespace, n).and_then(crate::gate::allocation_node))
+                .map(std::borrow::Cow::Owned)
         });
         let Some(node) = node else { continue };
         if let Some(r) = requests(pod) {
-            let entry = usage.entry(node).or_default();
-            *entry = entry.plus(r);
+            match usage.get_mut(node.as_ref()) {
+                Some(entry) => *entry = entry.plus(r),
+                None => {
+                    usage.insert(node.into_owned(), Resources::default().plus(r));
+                }
+            }
         }
     }
     usage

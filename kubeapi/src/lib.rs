@@ -37,11 +37,13 @@
 mod client;
 mod discovery;
 mod error;
+mod json_object;
 mod watch;
 
 pub use client::client;
 pub use discovery::{RESOURCE_GROUP, resource, served_resource_version};
 pub use error::{Error, Result};
+pub use json_object::JsonObject;
 pub use watch::{Change, WatchOptions, backoff, changes};
 
 /// What [`changes`] pauses with after an error: kube-runtime's backoff trait, and its default

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::core::ApiResource;
 use kube::runtime::utils::{Backoff, StreamBackoff};
 use kube::runtime::watcher::{self, Event, ExponentialBackoff, watcher};
@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio_stream::{Stream, StreamExt as _};
 
 use crate::error::{Error, Result};
+use crate::json_object::JsonObject;
 
 /// One change of one watched resource.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,33 +81,6 @@ impl WatchOptions {
     }
 }
 
-/// The JSON object of what the client decoded, made by moving its parts (not by serialising
-/// the whole object again), with `apiVersion` and `kind` filled in from `api` where a list
-/// item came without them (decoders need them), and without `managedFields`, which nothing in
-/// Tessera reads and which are often most of an object's size. `None` for an object whose body
-/// is not a JSON object.
-fn to_value(object: DynamicObject, api: &ApiResource) -> Option<Value> {
-    let DynamicObject {
-        types,
-        mut metadata,
-        data,
-    } = object;
-    metadata.managed_fields = None;
-    let mut map = match data {
-        Value::Object(map) => map,
-        Value::Null => serde_json::Map::new(),
-        _ => return None,
-    };
-    let (api_version, kind) = match types {
-        Some(t) => (t.api_version, t.kind),
-        None => (api.api_version.clone(), api.kind.clone()),
-    };
-    map.insert("apiVersion".to_owned(), Value::String(api_version));
-    map.insert("kind".to_owned(), Value::String(kind));
-    map.insert("metadata".to_owned(), serde_json::to_value(&metadata).ok()?);
-    Some(Value::Object(map))
-}
-
 /// What went wrong in one step of the watch, as an [`Error::Api`].
 fn watch_error(api: &ApiResource, error: &watcher::Error) -> Error {
     let (action, code, message) = match error {
@@ -155,7 +129,7 @@ pub fn changes<B: Backoff + 'static>(
     options: &WatchOptions,
     backoff: B,
 ) -> impl Stream<Item = Result<Change>> + Send + use<B> {
-    let objects: Api<DynamicObject> = Api::all_with(client, api);
+    let objects: Api<JsonObject> = Api::all_with(client, api);
     let events = StreamBackoff::new(watcher(objects, options.watcher_config()), backoff);
     let api = api.clone();
     let (pages, page_size) = (
@@ -187,7 +161,7 @@ pub fn changes<B: Backoff + 'static>(
             None
         }
         Ok(Event::InitApply(object)) => {
-            listing.extend(to_value(object, &api));
+            listing.push(object.into_value(&api));
             if pages && listing.len() >= page_size {
                 page(&mut listing, &mut first, false)
             } else {
@@ -195,8 +169,8 @@ pub fn changes<B: Backoff + 'static>(
             }
         }
         Ok(Event::InitDone) => page(&mut listing, &mut first, true),
-        Ok(Event::Apply(object)) => to_value(object, &api).map(|v| Ok(Change::Applied(v))),
-        Ok(Event::Delete(object)) => to_value(object, &api).map(|v| Ok(Change::Deleted(v))),
+        Ok(Event::Apply(object)) => Some(Ok(Change::Applied(object.into_value(&api)))),
+        Ok(Event::Delete(object)) => Some(Ok(Change::Deleted(object.into_value(&api)))),
         Err(e) => Some(Err(watch_error(&api, &e))),
     })
 }
@@ -206,28 +180,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn values_carry_their_type_and_no_managed_fields() {
-        let api = crate::resource(
-            tessera_driver::apiversion::ApiVersion::V1,
-            "ResourceSlice",
-            "resourceslices",
-        );
-        let object: DynamicObject = serde_json::from_value(json!({
-            "metadata": {"name": "s", "resourceVersion": "7",
-                         "managedFields": [{"manager": "kubelet"}]},
-            "spec": {"driver": "gpu.tessera.dev"},
-        }))
-        .unwrap();
-        assert_eq!(
-            to_value(object, &api).unwrap(),
-            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                   "metadata": {"name": "s", "resourceVersion": "7"},
-                   "spec": {"driver": "gpu.tessera.dev"}})
-        );
-    }
 
     #[test]
     fn the_backoff_grows_to_its_cap_and_resets() {

@@ -839,3 +839,40 @@ fn answers_waiting_for_the_end_of_a_pass_are_kept_slim() {
     let containers = &p.spec.as_ref().unwrap().containers;
     assert!(containers.iter().all(|c| c.image.is_none()));
 }
+
+#[tokio::test]
+async fn device_gauges_are_worked_out_at_most_once_an_interval_and_never_left_stale() {
+    let (mut view, fake) = cluster(2, &["a", "b"], &[("p", &["a"])]);
+    let (mut r, _leader) = reconciler(&fake);
+    let gauge = |r: &Reconciler<FakeWrites>, device: &str| {
+        let text = r.metrics.encode().unwrap();
+        let line = format!(
+            "tessera_controller_gpu_memory_allocated_bytes{{pool=\"n1\",device=\"{device}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map(str::to_owned)
+    };
+    assert_eq!(r.pass(&mut view).await.placed, 1);
+    let whole = (80_u64 << 30).to_string();
+    assert_eq!(gauge(&r, "gpu-0").as_deref(), Some(whole.as_str()));
+    assert_eq!(gauge(&r, "gpu-1").as_deref(), Some("0"));
+    // A second placement right after: the gauges wait for their interval, and the pass asks to
+    // be woken when it ends.
+    let pod = pod_json("q", &["b"]);
+    fake.state().pods.insert(
+        "ns/q".to_owned(),
+        serde_json::from_value(pod.clone()).unwrap(),
+    );
+    view.apply(Resource::Pods, Change::Applied(pod));
+    let report = r.pass(&mut view).await;
+    assert_eq!(report.placed, 1);
+    assert_eq!(gauge(&r, "gpu-1").as_deref(), Some("0"));
+    let wake = report.wake_in.expect("woken for the stale gauges");
+    assert!(wake <= GAUGE_INTERVAL, "{wake:?}");
+    // When the interval has passed, the next pass works them out.
+    r.gauges_at = Instant::now().checked_sub(GAUGE_INTERVAL);
+    let report = r.pass(&mut view).await;
+    assert_eq!(gauge(&r, "gpu-1").as_deref(), Some(whole.as_str()));
+    assert_eq!(report.wake_in, None);
+}
