@@ -41,31 +41,13 @@ use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::slices::{self, RenderOptions};
 use tessera_driver::{gate, names};
+use tessera_tests::fake_apiserver::fields_v1;
 use tessera_tests::scale::{GPUS, Rng, claim_spec, inventory};
 
 /// Slices per list page (the reflector's page for slices).
 const SLICE_PAGE: usize = 50;
 /// Pods created between two passes.
 const BATCH: usize = 50;
-
-/// The `fieldsV1` shape of a value, about the size of what a real server records.
-fn fields_v1(value: &Value) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (format!("f:{k}"), fields_v1(v)))
-                .collect(),
-        ),
-        Value::Array(items) => Value::Object(
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (format!("i:{i}"), fields_v1(v)))
-                .collect(),
-        ),
-        _ => json!({}),
-    }
-}
 
 /// The object as a server sends it: with a `managedFields` entry covering its fields.
 fn served(mut value: Value) -> Value {

@@ -122,15 +122,7 @@ impl Error {
 
     /// Builds an [`Error::Api`] from a kube client error.
     pub fn api(action: impl Into<String>, source: &kube::Error) -> Self {
-        let (code, message) = match source {
-            kube::Error::Api(status) => (Some(status.code), status.message.clone()),
-            other => (None, other.to_string()),
-        };
-        Self::Api {
-            action: action.into(),
-            code,
-            message,
-        }
+        tessera_kubeapi::Error::api(action, source).into()
     }
 
     /// The HTTP status code of an [`Error::Api`] the server answered.

@@ -24,23 +24,15 @@ use tessera_driver::{gate, names};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_protocol_against_a_real_api_server() {
-    let assets = match envtest::assets() {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED controller_envtest: {why}; point KUBEBUILDER_ASSETS at a directory with \
-                 etcd and kube-apiserver (1.32 or later), and kube-scheduler to check binding"
-            );
-            return;
-        }
+    let Some(envtest::Connected {
+        assets,
+        mut cluster,
+        client,
+        version,
+    }) = envtest::connect("the_gate_protocol_against_a_real_api_server").await
+    else {
+        return;
     };
-    let mut cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     place_several_pods(&client, version).await;
     if version != ApiVersion::V1 {
         eprintln!("kube-scheduler binding check needs resource.k8s.io/v1 (1.34+); skipped");
@@ -83,45 +75,29 @@ async fn the_gate_protocol_against_a_real_api_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_plugin_templates_against_a_real_api_server() {
-    let assets = match envtest::assets() {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED device_plugin_templates_against_a_real_api_server: {why}; point \
-                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
-            );
-            return;
-        }
+    let Some(envtest::Connected {
+        cluster: _cluster,
+        client,
+        version,
+        ..
+    }) = envtest::connect("device_plugin_templates_against_a_real_api_server").await
+    else {
+        return;
     };
-    let cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     device_plugin_pods_get_their_templates(&client, version).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fast_path_against_a_real_api_server() {
-    let assets = match envtest::assets() {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED the_fast_path_against_a_real_api_server: {why}; point KUBEBUILDER_ASSETS \
-                 at a directory with etcd and kube-apiserver (1.34 or later)"
-            );
-            return;
-        }
+    let Some(envtest::Connected {
+        assets,
+        mut cluster,
+        client,
+        version,
+    }) = envtest::connect("the_fast_path_against_a_real_api_server").await
+    else {
+        return;
     };
-    let mut cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     if version != ApiVersion::V1 {
         eprintln!("SKIPPED the fast path check: it is run on resource.k8s.io/v1 (1.34+)");
         return;
@@ -567,45 +543,29 @@ async fn bind(client: &kube::Client, pod: &Pod, node: &str) -> kube::Result<serd
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preemption_against_a_real_api_server() {
-    let assets = match envtest::assets() {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED preemption_against_a_real_api_server: {why}; point \
-                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
-            );
-            return;
-        }
+    let Some(envtest::Connected {
+        cluster: _cluster,
+        client,
+        version,
+        ..
+    }) = envtest::connect("preemption_against_a_real_api_server").await
+    else {
+        return;
     };
-    let cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     // The real server's own eviction handler and PodDisruptionBudget checks decide here.
     tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delay_tolerance_against_a_real_api_server() {
-    let assets = match envtest::assets() {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED delay_tolerance_against_a_real_api_server: {why}; point \
-                 KUBEBUILDER_ASSETS at a directory with etcd and kube-apiserver (1.32 or later)"
-            );
-            return;
-        }
+    let Some(envtest::Connected {
+        cluster: _cluster,
+        client,
+        version,
+        ..
+    }) = envtest::connect("delay_tolerance_against_a_real_api_server").await
+    else {
+        return;
     };
-    let cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, version).await;
 }

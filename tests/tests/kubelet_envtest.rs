@@ -13,23 +13,15 @@ mod scenarios;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_and_prepare_against_a_real_api_server() {
-    let assets = match envtest::assets() {
-        Ok(a) => a,
-        Err(why) => {
-            eprintln!(
-                "SKIPPED kubelet_envtest: {why}; point KUBEBUILDER_ASSETS at a directory with \
-                 etcd and kube-apiserver (1.32 or later) to run it"
-            );
-            return;
-        }
+    let Some(envtest::Connected {
+        cluster: _cluster,
+        client,
+        version,
+        ..
+    }) = envtest::connect("publish_and_prepare_against_a_real_api_server").await
+    else {
+        return;
     };
-    let cluster = envtest::start_cluster(&assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     scenarios::publish_and_check_shape(&client, version).await;
     scenarios::republish_after_inventory_change(&client, version).await;
     scenarios::slices_come_back(&client, version).await;

@@ -29,6 +29,8 @@ mod patch;
 mod store;
 mod watches;
 
+pub use store::fields_v1;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};

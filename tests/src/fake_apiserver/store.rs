@@ -96,7 +96,7 @@ pub(crate) struct Store {
 
 /// The `fieldsV1` set of a JSON value: every field as `f:<name>`, list items as `i:<index>`,
 /// leaves as `{}` (the shape, and about the size, of what a real API server records).
-fn fields_v1(value: &Value) -> Value {
+pub fn fields_v1(value: &Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
             map.iter()

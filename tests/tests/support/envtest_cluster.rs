@@ -71,6 +71,43 @@ pub(crate) struct Cluster {
     pub(crate) minor: u32,
 }
 
+/// A real cluster started from `KUBEBUILDER_ASSETS`, with a client and the resource.k8s.io
+/// version it serves.
+pub(crate) struct Connected {
+    pub(crate) assets: PathBuf,
+    pub(crate) cluster: Cluster,
+    pub(crate) client: kube::Client,
+    pub(crate) version: tessera_driver::apiversion::ApiVersion,
+}
+
+/// Starts a real cluster for `test` and connects to it, or says why `test` is skipped (no
+/// binaries at hand) and answers `None`.
+pub(crate) async fn connect(test: &str) -> Option<Connected> {
+    let assets = match assets() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED {test}: {why}; point KUBEBUILDER_ASSETS at a directory with etcd and \
+                 kube-apiserver (1.32 or later) to run it"
+            );
+            return None;
+        }
+    };
+    let cluster = start_cluster(&assets).await;
+    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
+        .await
+        .unwrap();
+    let version = tessera_kubeapi::served_resource_version(&client)
+        .await
+        .unwrap();
+    Some(Connected {
+        assets,
+        cluster,
+        client,
+        version,
+    })
+}
+
 #[allow(
     clippy::too_many_lines,
     reason = "the start-up sequence reads best in order"
