@@ -81,11 +81,7 @@ pub fn claim_path(claim: &res::ResourceClaim) -> String {
 
 /// `namespace/name` of a pod, the key the view keeps it under (as [`json_key`]).
 fn pod_path(pod: &Pod) -> String {
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
-    match pod.metadata.namespace.as_deref() {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_owned(),
-    }
+    with_pod_key(pod, str::to_owned)
 }
 
 /// Calls `f` with the key the view keeps `pod` under ([`pod_path`]), without making a string
@@ -195,8 +191,6 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
     }
 }
 
-/// Keeps of a node only what the node filter reads: name, labels, version, taints,
-/// unschedulable and allocatable amounts.
 /// What decisions read of a pod bound to a node (`spec.nodeName` set): who it is, its node,
 /// phase, priority and claims, and its requests (kept beside it, worked out before this).
 /// Its containers, scheduling constraints and conditions only mattered while it was
@@ -218,6 +212,8 @@ fn slim_bound_pod(pod: &mut Pod) {
     }
 }
 
+/// Keeps of a node only what the node filter reads: name, labels, version, taints,
+/// unschedulable and allocatable amounts.
 fn slim_node(node: &mut Node) {
     let meta = &mut node.metadata;
     meta.managed_fields = None;
@@ -538,9 +534,12 @@ impl ClusterView {
         }
         let key = json_key(&value);
         let version = version_of(&value);
-        // The version the view holds already (the echo of the controller's own write, an
-        // unchanged object in a relist) changes nothing: it is not decoded again.
-        if version.is_some() && version == self.stored_version(resource, &key) {
+        // An event no newer than what the view holds (an older one, the echo of the
+        // controller's own write, an unchanged object in a relist) changes nothing: it is not
+        // even decoded.
+        if let (Some(incoming), Some(held)) = (version, self.stored_version(resource, &key))
+            && incoming <= held
+        {
             return;
         }
         let Some(mut object) = Self::decode(resource, value) else {
@@ -556,62 +555,42 @@ impl ClusterView {
         }
         match object {
             Object::ResourceSlice(s) => {
-                if newer(
-                    version,
-                    self.slices
-                        .get(&key)
-                        .and_then(|o| o.resource_version())
-                        .and_then(|v| v.parse().ok()),
-                ) {
-                    self.slices.insert(key, Arc::new(PublishedSlice::from(s)));
-                    self.snapshot = None;
-                    self.generation += 1;
-                }
+                self.slices.insert(key, Arc::new(PublishedSlice::from(s)));
+                self.snapshot = None;
+                self.generation += 1;
             }
             Object::DeviceClass(c) => {
-                if newer(
-                    version,
-                    self.classes
-                        .get(&key)
-                        .and_then(|o| meta_version(&o.metadata)),
-                ) {
-                    self.classes.insert(key, c);
-                    self.snapshot = None;
-                    self.generation += 1;
-                }
+                self.classes.insert(key, c);
+                self.snapshot = None;
+                self.generation += 1;
             }
             Object::ResourceClaim(c) => self.put_claim(key, c, version),
             Object::Pod(p) => {
-                let old = self.pods.get(&key);
-                if !newer(version, old.and_then(|o| meta_version(&o.metadata))) {
-                    return;
-                }
-                if old.is_some_and(|o| !gate::is_done(o)) && gate::is_done(&p) {
+                if self
+                    .pods
+                    .get(&key)
+                    .is_some_and(|o| !gate::is_done(o) && gate::is_done(&p))
+                {
                     self.generation += 1;
                 }
                 self.store_pod(key, p);
             }
             Object::Node(n) => {
+                let allocatable = tessera_driver::nodefit::node_allocatable(&n);
                 let at = self.node_position(&key);
-                if newer(
-                    version,
-                    at.ok().and_then(|i| meta_version(&self.nodes[i].metadata)),
-                ) {
-                    let allocatable = tessera_driver::nodefit::node_allocatable(&n);
-                    // In place unless an allocation in flight still holds the list.
-                    let nodes = Arc::make_mut(&mut self.nodes);
-                    match at {
-                        Ok(i) => {
-                            nodes[i] = n;
-                            self.allocatable[i] = allocatable;
-                        }
-                        Err(i) => {
-                            nodes.insert(i, n);
-                            self.allocatable.insert(i, allocatable);
-                        }
+                // In place unless an allocation in flight still holds the list.
+                let nodes = Arc::make_mut(&mut self.nodes);
+                match at {
+                    Ok(i) => {
+                        nodes[i] = n;
+                        self.allocatable[i] = allocatable;
                     }
-                    self.generation += 1;
+                    Err(i) => {
+                        nodes.insert(i, n);
+                        self.allocatable.insert(i, allocatable);
+                    }
                 }
+                self.generation += 1;
             }
             Object::ResourceClaimTemplate(_) => {}
         }
