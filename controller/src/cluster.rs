@@ -325,6 +325,11 @@ impl ClusterView {
         &self.pods
     }
 
+    /// Every pod, in `namespace/name` order.
+    pub fn pod_objects(&self) -> impl Iterator<Item = &Pod> + Clone {
+        self.pods.values().map(|p| &**p)
+    }
+
     /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
     /// pod was stored); `None` when its requests do not parse.
     pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {

@@ -769,7 +769,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     }
 
     async fn release_orphans(&mut self, view: &mut ClusterView, report: &mut PassReport) {
-        let users = gate::claim_users(view.pods().values().map(|p| &**p));
+        let users = gate::claim_users(view.pod_objects());
         let releases = gate::releases(view.claims().values(), &users);
         for r in releases {
             if !self.pod_is_really_gone(view, &r).await {
@@ -832,7 +832,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     }
 
     async fn report_unbound(&mut self, view: &ClusterView) {
-        let users = gate::claim_users(view.pods().values().map(|p| &**p));
+        let users = gate::claim_users(view.pod_objects());
         let max_age =
             SignedDuration::try_from(self.config.unbound_after).unwrap_or(SignedDuration::MAX);
         let found = gate::unbound(view.claims().values(), view.pods(), &users, now(), max_age);
@@ -897,7 +897,7 @@ fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task:
 /// What pods already take of every node ([`nodefit::node_usage`] over the view).
 fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
     nodefit::node_usage(
-        view.pods().values().map(|p| &**p),
+        view.pod_objects(),
         |namespace, name| {
             crate::object_key::with_key(namespace, name, |key| view.claims().get(key))
                 .and_then(|c| c.status.as_ref()?.allocation.as_ref())

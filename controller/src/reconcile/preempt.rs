@@ -113,14 +113,11 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         if !self.allocator.is_online(snapshot, claims) {
             return None;
         }
-        let evictable: Vec<preempt::Evictable> = preempt::evictable(
-            &self.config.driver_name,
-            view.pods().values().map(|p| &**p),
-            view.claims(),
-        )
-        .into_iter()
-        .filter(|e| !blocked.contains(&e.pod) && !in_flight.contains(&e.pod))
-        .collect();
+        let evictable: Vec<preempt::Evictable> =
+            preempt::evictable(&self.config.driver_name, view.pod_objects(), view.claims())
+                .into_iter()
+                .filter(|e| !blocked.contains(&e.pod) && !in_flight.contains(&e.pod))
+                .collect();
         let victims = match self
             .vetted_victims(view, &key, claims, candidates, host, evictable)
             .await
