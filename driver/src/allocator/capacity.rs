@@ -75,18 +75,6 @@ impl From<BTreeMap<String, Capacity>> for Capacities {
     }
 }
 
-impl<'a> IntoIterator for &'a Capacities {
-    type Item = (&'a String, &'a Capacity);
-    type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (String, Capacity)>,
-        fn(&'a (String, Capacity)) -> (&'a String, &'a Capacity),
-    >;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|(k, v)| (k, v))
-    }
-}
-
 /// Consumed amounts keyed by fully qualified capacity name.
 pub(crate) type Amounts = BTreeMap<String, Quantity>;
 
@@ -280,14 +268,14 @@ pub(crate) fn try_consume(
     used: &[&Amounts],
 ) -> std::result::Result<Option<Amounts>, String> {
     let mut consumed = Amounts::new();
-    for (name, cap) in capacity {
+    for (name, cap) in capacity.iter() {
         let q = consumed_quantity(requests.get(name).copied(), cap);
         if q.is_negative() {
             return Err(format!("capacity {name}: {q} is negative"));
         }
         consumed.insert(name.clone(), q);
     }
-    for (name, cap) in capacity {
+    for (name, cap) in capacity.iter() {
         let q = consumed[name];
         if violates_policy(q, cap.policy.as_ref()) {
             return Ok(None);
