@@ -13,6 +13,9 @@
 //!   (`min(ask, C − sum(guaranteed))`), and the rest of its ask is over-committed.
 //! * **Factor 1** (the default, and always for online shares): the whole ask must be free and is
 //!   guaranteed, exactly as without tiers.
+//! * **One claim, one budget per GPU:** the shares of one claim's requests on the same GPU
+//!   add up on the node, and may together use at most `C` (the search checks it where it
+//!   places the second one).
 //! * **Last resort:** the allocator places a pod with over-commit only when it fits nowhere
 //!   without (`Allocator::allocate_pod` tries the pod with every factor 1 first).
 //! * **Memory** is over-committed only when the class sets a memory factor **and** the GPU's

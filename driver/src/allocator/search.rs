@@ -540,6 +540,9 @@ impl<'a> Search<'a> {
             let Ok(per) = share_req.per_device(entry.memory) else {
                 return Ok(false);
             };
+            if !self.claim_share_fits(c, dev, per) {
+                return Ok(false);
+            }
             let Some(booking) = booking::book_share(
                 self.snap,
                 dev,
@@ -674,6 +677,27 @@ impl<'a> Search<'a> {
             counters,
         });
         Ok(true)
+    }
+
+    /// Whether claim `c` may add `per` to what its earlier requests already share of GPU
+    /// `dev`: the node gives one claim one budget per GPU (the shares of its requests add
+    /// up, `cdi::PreparedClaim`), and that budget may use at most the GPU. Without
+    /// over-commit the GPU's capacity already ensures it; a batch share may use more than
+    /// it is guaranteed, so two of them could otherwise add up past the GPU and be refused
+    /// only at prepare.
+    fn claim_share_fits(&self, c: usize, dev: usize, per: PerDeviceShare) -> bool {
+        let entry = &self.snap.devices[dev];
+        let (memory, compute) = self.picks[c]
+            .iter()
+            .filter(|p| p.device == dev)
+            .filter_map(|p| p.share)
+            .fold((per.memory_bytes, per.compute_percent), |(m, k), s| {
+                (
+                    m.saturating_add(s.memory_bytes),
+                    k.saturating_add(s.compute_percent),
+                )
+            });
+        memory <= entry.memory && compute <= entry.compute
     }
 
     fn untake(&mut self, c: usize) {

@@ -236,6 +236,51 @@ fn two_batch_cards_of_one_pod_on_one_gpu_count_each_other() {
 }
 
 #[test]
+fn one_claims_shares_of_one_gpu_together_use_at_most_the_gpu() {
+    // The node gives a claim one budget per GPU, the sum of its requests' shares there; a
+    // factor of 3 leaves room for 60 + 60 in the GPU's books, but not in one budget of 100.
+    const BATCH3: &str = "batch3.gpu.tessera.dev";
+    let mut classes = all_classes();
+    classes.push(batch_class(BATCH3, &json!({"batchComputeOvercommit": 3})));
+    let pair = |name: &str, compute: i64| {
+        with_config(
+            claim(name, vec![exact("a", BATCH3, 1), exact("b", BATCH3, 1)]),
+            share_config("10Gi", Some(compute)),
+        )
+    };
+    let mut one = Snapshot::new(&one_gpu(true, false), &classes, &[]).unwrap();
+    assert!(
+        place(&mut one, &pair("over", 60)).is_none(),
+        "60 + 60 > 100"
+    );
+    let fits = place(&mut one, &pair("within", 50)).unwrap();
+    assert_eq!(devices_of(&fits), ["a/gpu-0", "a/gpu-0"]);
+    // With a second GPU the two requests take one GPU each.
+    let two = vec![slice(
+        "a-0",
+        "a",
+        vec![
+            gpu("gpu-0", "shared", "x", true),
+            gpu("gpu-1", "shared", "x", true),
+        ],
+    )];
+    let mut snap = Snapshot::new(&two, &classes, &[]).unwrap();
+    let spread = place(&mut snap, &pair("over", 60)).unwrap();
+    assert_eq!(devices_of(&spread), ["a/gpu-0", "a/gpu-1"]);
+    // Memory likewise: two 50Gi shares of an 80Gi card are one 100Gi budget, even on
+    // hami-core with a memory factor.
+    let mut hami = Snapshot::new(&one_gpu(true, true), &classes, &[]).unwrap();
+    let big = with_config(
+        claim(
+            "mem",
+            vec![exact("a", BATCH_MEM, 1), exact("b", BATCH_MEM, 1)],
+        ),
+        share_config("50Gi", None),
+    );
+    assert!(place(&mut hami, &big).is_none(), "50Gi + 50Gi > 80Gi");
+}
+
+#[test]
 fn batch_is_over_committed_only_where_it_fits_nowhere_without() {
     let slices = vec![slice(
         "a-0",
