@@ -2,15 +2,15 @@
 //!
 //! The pod webhook has no side effects: it points the pod at a template named after the
 //! claim's shape (`tessera-<hash>`) that may not exist yet, and records the pod's original
-//! request in an annotation. Here the leader makes the missing templates, from that request
-//! mapped again by the same pure function (`device_plugin_names::templates_for_pod`), and
-//! deletes the templates it made (label `gpu.tessera.dev/device-plugin-template`) that no pod
-//! refers to any more. Until a template exists, kube-controller-manager fails to make the
-//! pod's claim and retries (with backoff); the pod is gated meanwhile, so nothing else acts on it.
+//! request in an annotation. Here the leader makes the missing templates and deletes the ones
+//! it made (label `gpu.tessera.dev/device-plugin-template`) that no pod refers to any more;
+//! which those are is decided by `tessera_driver::admission::device_plugin_templates::plan`,
+//! and this keeper only lists, creates and deletes. Until a template exists,
+//! kube-controller-manager fails to make the pod's claim and retries (with backoff); the pod is
+//! gated meanwhile, so nothing else acts on it.
 //!
-//! Work per pass is a walk over the pods' claim entries: a pod is mapped only when a template
-//! it needs is not known to exist. What exists is listed (by label) at start and again every
-//! `relist` interval, and kept up to date with this module's own writes.
+//! What exists is listed (by label) at start and again every `relist` interval, and kept up to
+//! date with this module's own writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::core::ApiResource;
 use tessera_driver::admission::device_plugin_names::{self, Options};
+use tessera_driver::admission::device_plugin_templates::{self, TemplateKey};
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::names;
 use tracing::{info, warn};
@@ -41,7 +42,7 @@ pub struct TemplateKeeper {
     version: ApiVersion,
     options: Options,
     relist: Duration,
-    known: BTreeSet<(String, String)>,
+    known: BTreeSet<TemplateKey>,
     listed_at: Option<Instant>,
     reported: BTreeSet<String>,
 }
@@ -54,14 +55,6 @@ impl std::fmt::Debug for TemplateKeeper {
             .field("known", &self.known.len())
             .finish_non_exhaustive()
     }
-}
-
-fn pod_key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 impl TemplateKeeper {
@@ -120,56 +113,20 @@ impl TemplateKeeper {
             self.list().await?;
         }
         let mut report = SyncReport::default();
-        let mut referenced: BTreeSet<(String, String)> = BTreeSet::new();
-        let mut wanted = BTreeMap::new();
-        for pod in pods.values().map(std::borrow::Borrow::borrow) {
-            // Only a pod the webhook rewrote (it carries its recorded request) can need a
-            // template made; any pod may keep a known one in use. Only known templates are
-            // ever deleted, so only those, and the ones made now, need to be collected: at
-            // thousands of pods using templates of their own, this walk runs every pass.
-            let rewritten = pod
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(names::ANNOTATION_DEVICE_PLUGIN_REQUEST));
-            if !rewritten && self.known.is_empty() {
-                continue;
-            }
-            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-            let mut missing = false;
-            for name in device_plugin_names::referenced_templates(pod) {
-                let key = (namespace.to_owned(), name.to_owned());
-                let known = self.known.contains(&key);
-                missing |= !known;
-                if known || rewritten {
-                    referenced.insert(key);
-                }
-            }
-            if !missing || !rewritten {
-                continue;
-            }
-            match device_plugin_names::templates_for_pod(pod, &self.options) {
-                Ok(templates) => {
-                    for t in templates {
-                        let key = (
-                            namespace.to_owned(),
-                            t.metadata.name.clone().unwrap_or_default(),
-                        );
-                        if !self.known.contains(&key) {
-                            wanted.insert(key, t);
-                        }
-                    }
-                }
-                Err(e) => {
-                    // Reported once per pod: only an annotation edited by hand, or options
-                    // changed since admission, get here.
-                    if self.reported.insert(pod_key(pod)) {
-                        warn!(pod = pod_key(pod), error = %e, "cannot make the claim templates of a pod rewritten from device-plugin names");
-                    }
-                }
+        let plan = device_plugin_templates::plan(
+            pods.values().map(std::borrow::Borrow::borrow),
+            &self.known,
+            &self.options,
+        );
+        for (pod, e) in plan.unmappable {
+            // Reported once per pod: only an annotation edited by hand, or options changed
+            // since admission, get here.
+            if !self.reported.contains(&pod) {
+                warn!(pod, error = %e, "cannot make the claim templates of a pod rewritten from device-plugin names");
+                self.reported.insert(pod);
             }
         }
-        for ((namespace, name), template) in wanted {
+        for ((namespace, name), template) in plan.create {
             let value = device_plugin_names::template_document(&template, self.version)?;
             let object: DynamicObject = serde_json::from_value(value).map_err(|e| {
                 Error::Malformed(format!("ResourceClaimTemplate {namespace}/{name}: {e}"))
@@ -195,8 +152,7 @@ impl TemplateKeeper {
             }
             self.known.insert((namespace, name));
         }
-        let unused: Vec<(String, String)> = self.known.difference(&referenced).cloned().collect();
-        for (namespace, name) in unused {
+        for (namespace, name) in plan.delete {
             let api: Api<DynamicObject> =
                 Api::namespaced_with(self.client.clone(), &namespace, &self.api);
             match api.delete(&name, &DeleteParams::default()).await {

@@ -3,6 +3,8 @@
 //! * [`gate`]: which pods get Tessera's scheduling gate at creation (the mutating hook).
 //! * [`device_plugin_names`]: pods that ask with device-plugin resource names
 //!   (`nvidia.com/gpu`, Baidu's and Aliyun's shares, HAMi's) rewritten into claims.
+//! * [`device_plugin_templates`]: which claim templates those rewritten pods need made, and
+//!   which of the ones made no pod uses any more (the controller makes the calls).
 //! * [`claim`]: what a ResourceClaim or ResourceClaimTemplate must obey (the validating hook),
 //!   and the JSON patch that rewrites its opaque parameters canonically (the mutating hook).
 //! * [`claim_mark`]: the controller's finalizer and annotation, added to a claim made from a
@@ -14,6 +16,7 @@
 pub mod claim;
 pub mod claim_mark;
 pub mod device_plugin_names;
+pub mod device_plugin_templates;
 pub mod gate;
 
 use serde::Serialize;
