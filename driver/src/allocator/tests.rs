@@ -71,6 +71,18 @@ fn gpu(name: &str, sharing: &str, island: &str, multi: bool) -> res::Device {
     }
 }
 
+/// Node `a` with two shared GPUs that allow multiple allocations, `gpu-0` and `gpu-1`.
+fn two_shared_gpus() -> Vec<res::ResourceSlice> {
+    vec![slice(
+        "a-0",
+        "a",
+        vec![
+            gpu("gpu-0", "shared", "x", true),
+            gpu("gpu-1", "shared", "x", true),
+        ],
+    )]
+}
+
 fn slice(name: &str, node: &str, devices: Vec<res::Device>) -> res::ResourceSlice {
     res::ResourceSlice {
         metadata: ObjectMeta {
@@ -647,14 +659,7 @@ fn opaque_shares_pack_a_shared_gpu_without_consumable_capacity() {
 
 #[test]
 fn native_capacity_shares_record_consumed_capacity_and_share_id() {
-    let slices = vec![slice(
-        "a-0",
-        "a",
-        vec![
-            gpu("gpu-0", "shared", "x", true),
-            gpu("gpu-1", "shared", "x", true),
-        ],
-    )];
+    let slices = two_shared_gpus();
     let mut snap = Snapshot::new(&slices, &classes(), &[]).unwrap();
     let a = alloc(Policy::FirstFit);
     let mut req = exact("gpu", "shared.gpu.tessera.dev", 1);

@@ -256,14 +256,7 @@ fn one_claims_shares_of_one_gpu_together_use_at_most_the_gpu() {
     let fits = place(&mut one, &pair("within", 50)).unwrap();
     assert_eq!(devices_of(&fits), ["a/gpu-0", "a/gpu-0"]);
     // With a second GPU the two requests take one GPU each.
-    let two = vec![slice(
-        "a-0",
-        "a",
-        vec![
-            gpu("gpu-0", "shared", "x", true),
-            gpu("gpu-1", "shared", "x", true),
-        ],
-    )];
+    let two = two_shared_gpus();
     let mut snap = Snapshot::new(&two, &classes, &[]).unwrap();
     let spread = place(&mut snap, &pair("over", 60)).unwrap();
     assert_eq!(devices_of(&spread), ["a/gpu-0", "a/gpu-1"]);
@@ -282,14 +275,7 @@ fn one_claims_shares_of_one_gpu_together_use_at_most_the_gpu() {
 
 #[test]
 fn batch_is_over_committed_only_where_it_fits_nowhere_without() {
-    let slices = vec![slice(
-        "a-0",
-        "a",
-        vec![
-            gpu("gpu-0", "shared", "x", true),
-            gpu("gpu-1", "shared", "x", true),
-        ],
-    )];
+    let slices = two_shared_gpus();
     let mut snap = Snapshot::new(&slices, &all_classes(), &[]).unwrap();
     let full = place(&mut snap, &share("online", SHARED, "10Gi", 100)).unwrap();
     assert_eq!(devices_of(&full), ["a/gpu-0"]);
