@@ -7,59 +7,17 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use k8s_openapi::api::resource::v1 as res;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-const DRIVER: &str = "gpu.tessera.dev";
-const NODE: &str = "a100-node";
+mod support;
+use support::{DRIVER, NODE, claim};
+
 const GPUS: usize = 8;
 
-fn claim(i: usize) -> res::ResourceClaim {
-    res::ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".to_owned()),
-            name: Some(format!("claim-{i}")),
-            uid: Some(format!("uid-{i}")),
-            ..ObjectMeta::default()
-        },
-        spec: res::ResourceClaimSpec::default(),
-        status: Some(res::ResourceClaimStatus {
-            allocation: Some(res::AllocationResult {
-                devices: Some(res::DeviceAllocationResult {
-                    results: Some(vec![res::DeviceRequestAllocationResult {
-                        request: "gpu".to_owned(),
-                        driver: DRIVER.to_owned(),
-                        pool: NODE.to_owned(),
-                        device: format!("gpu-{i}"),
-                        ..res::DeviceRequestAllocationResult::default()
-                    }]),
-                    ..res::DeviceAllocationResult::default()
-                }),
-                ..res::AllocationResult::default()
-            }),
-            ..res::ResourceClaimStatus::default()
-        }),
-    }
-}
-
 async fn connect(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap()
+    support::dial(socket).await.unwrap()
 }
 
 fn vm_rss_kib(pid: u32) -> u64 {

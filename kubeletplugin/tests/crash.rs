@@ -8,52 +8,22 @@
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use k8s_openapi::api::resource::v1 as res;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::checkpoint::{Checkpoint, PrepareState};
 use tessera_kubelet_plugin::crash;
 use tessera_proto::dra::v1;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-const DRIVER: &str = "gpu.tessera.dev";
-const NODE: &str = "a100-node";
+mod support;
+use support::{NODE, Plugin, claim};
+
 const BOOT: &str = "boot-1";
 /// The claim the crash hits.
 const VICTIM: usize = 0;
 /// A claim prepared before the crash, which must come through untouched.
 const BYSTANDER: usize = 1;
-
-fn claim(i: usize) -> res::ResourceClaim {
-    res::ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".to_owned()),
-            name: Some(format!("claim-{i}")),
-            uid: Some(format!("uid-{i}")),
-            ..ObjectMeta::default()
-        },
-        spec: res::ResourceClaimSpec::default(),
-        status: Some(res::ResourceClaimStatus {
-            allocation: Some(res::AllocationResult {
-                devices: Some(res::DeviceAllocationResult {
-                    results: Some(vec![res::DeviceRequestAllocationResult {
-                        request: "gpu".to_owned(),
-                        driver: DRIVER.to_owned(),
-                        pool: NODE.to_owned(),
-                        device: format!("gpu-{i}"),
-                        ..res::DeviceRequestAllocationResult::default()
-                    }]),
-                    ..res::DeviceAllocationResult::default()
-                }),
-                ..res::AllocationResult::default()
-            }),
-            ..res::ResourceClaimStatus::default()
-        }),
-    }
-}
 
 fn claim_ref(i: usize) -> v1::Claim {
     v1::Claim {
@@ -64,15 +34,6 @@ fn claim_ref(i: usize) -> v1::Claim {
 }
 
 /// A running plugin process; killed when dropped, so a failing test leaves no process behind.
-struct Plugin(Child);
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A node's directories: claims file, boot id, sockets, CDI and state.
 struct Node {
     dir: tempfile::TempDir,
@@ -134,19 +95,7 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             assert!(child.0.try_wait().unwrap().is_none(), "the plugin exited");
-            let path = socket.clone();
-            let connected = Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(
-                            tokio::net::UnixStream::connect(path).await?,
-                        ))
-                    }
-                }))
-                .await;
-            if let Ok(channel) = connected {
+            if let Ok(channel) = support::dial(&socket).await {
                 return v1::dra_plugin_client::DraPluginClient::new(channel);
             }
             assert!(Instant::now() < deadline, "the plugin did not start");

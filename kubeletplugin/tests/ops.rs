@@ -6,76 +6,24 @@
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
-use k8s_openapi::api::resource::v1 as res;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-const DRIVER: &str = "gpu.tessera.dev";
-const NODE: &str = "a100-node";
+mod support;
+use support::{DRIVER, NODE, Plugin, claim};
 
 const INVENTORY: &str = "nodes:\n- name: a100-node\n  gpus:\n  - model: a100-80g\n    count: 2\n";
 /// Both GPUs switched to MIG mode, seven instances each.
 const INVENTORY_MIG: &str = "nodes:\n- name: a100-node\n  gpus:\n  - model: a100-80g\n    count: 2\n    mig:\n    - profile: 1g.10gb\n      count: 7\n";
 
-fn claim(i: usize) -> res::ResourceClaim {
-    res::ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".to_owned()),
-            name: Some(format!("claim-{i}")),
-            uid: Some(format!("uid-{i}")),
-            ..ObjectMeta::default()
-        },
-        spec: res::ResourceClaimSpec::default(),
-        status: Some(res::ResourceClaimStatus {
-            allocation: Some(res::AllocationResult {
-                devices: Some(res::DeviceAllocationResult {
-                    results: Some(vec![res::DeviceRequestAllocationResult {
-                        request: "gpu".to_owned(),
-                        driver: DRIVER.to_owned(),
-                        pool: NODE.to_owned(),
-                        device: format!("gpu-{i}"),
-                        ..res::DeviceRequestAllocationResult::default()
-                    }]),
-                    ..res::DeviceAllocationResult::default()
-                }),
-                ..res::AllocationResult::default()
-            }),
-            ..res::ResourceClaimStatus::default()
-        }),
-    }
-}
-
-struct Plugin(Child);
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn connect(socket: &Path) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let path = socket.to_owned();
-        let connected = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        if let Ok(channel) = connected {
+        if let Ok(channel) = support::dial(socket).await {
             return channel;
         }
         assert!(Instant::now() < deadline, "the plugin did not start");

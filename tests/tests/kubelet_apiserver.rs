@@ -3,6 +3,8 @@
 //! prepare with claims fetched from the API server.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+#[path = "support/plugin_run.rs"]
+mod plugin_run;
 #[path = "support/apiserver_scenarios.rs"]
 mod scenarios;
 

@@ -8,6 +8,8 @@
 
 #[path = "support/envtest_cluster.rs"]
 mod envtest;
+#[path = "support/plugin_run.rs"]
+mod plugin_run;
 #[path = "support/apiserver_scenarios.rs"]
 mod scenarios;
 

@@ -3,12 +3,14 @@
 //! cluster.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+#[path = "support/plugin_run.rs"]
+mod plugin_run;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize as _;
 use tessera_driver::apiversion::{Object, decode_document};
@@ -23,7 +25,8 @@ use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::server::{self, PluginConfig, RunningPlugin};
 use tessera_proto::dra::{v1, v1beta1};
 use tessera_proto::pluginregistration::v1 as reg;
-use tonic::transport::{Channel, Endpoint};
+
+use plugin_run::connect;
 
 const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
 const NODE: &str = "a100-node";
@@ -201,22 +204,6 @@ impl Harness {
             c.metadata.uid.clone().unwrap(),
         )
     }
-}
-
-async fn connect(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap()
 }
 
 fn v1_claims(refs: &[(String, String, String)]) -> Vec<v1::Claim> {

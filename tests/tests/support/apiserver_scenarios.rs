@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -20,7 +19,8 @@ use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::publisher::{PublisherConfig, SlicePublisher};
 use tessera_kubelet_plugin::server::{self, PluginConfig};
 use tessera_proto::dra::v1;
-use tonic::transport::{Channel, Endpoint};
+
+use crate::plugin_run::connect;
 
 pub(crate) const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
 pub(crate) const NODE: &str = "a100-node";
@@ -237,22 +237,6 @@ pub(crate) async fn create_allocated_claim(
         .await
         .unwrap();
     updated.metadata.uid.unwrap()
-}
-
-async fn connect(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap()
 }
 
 /// Prepares through the real DRA socket with claims fetched from the API server: the right
