@@ -274,10 +274,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 self.released_at = None;
             }
         }
-        let mut usage = node_usage(view);
-        if let Err(e) = view.track_hosts(&usage) {
-            warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
-        }
+        // What pods take of each node is a walk over every pod: made only once a pod of this
+        // pass is to be placed (a pass for a kubelet's status update, with nothing gated,
+        // skips it).
+        let mut usage: Option<BTreeMap<String, Resources>> = None;
         let mut gated: Vec<(Option<Timestamp>, String)> = view
             .pods()
             .iter()
@@ -582,9 +582,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         pending: &[String],
         allocated: &[String],
         node: Option<String>,
-        usage: &mut BTreeMap<String, Resources>,
+        usage: &mut Option<BTreeMap<String, Resources>>,
     ) -> Result<Job, NotPlaced> {
         let requests = view.checked_pod_requests(pod).map_err(NotPlaced::Refused)?;
+        let usage = usage.get_or_insert_with(|| hosts_in_use(view));
         let (candidates, node_summary) =
             Self::candidates(view, pod, requests, node.as_deref(), usage);
         let claims: Vec<res::ResourceClaim> = pending
@@ -892,6 +893,16 @@ fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task:
         // A task only ends this way if it panicked; its pod is tried again by a later pass.
         Err(e) => warn!(error = %e, "a pod's writes ended abnormally"),
     }
+}
+
+/// What pods already take of every node, also handed to the allocator's snapshot for the
+/// placement policies.
+fn hosts_in_use(view: &mut ClusterView) -> BTreeMap<String, Resources> {
+    let usage = node_usage(view);
+    if let Err(e) = view.track_hosts(&usage) {
+        warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
+    }
+    usage
 }
 
 /// What pods already take of every node ([`nodefit::node_usage`] over the view).
