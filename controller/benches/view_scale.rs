@@ -1,6 +1,7 @@
 //! Memory and CPU of the controller's cluster view and reconcile passes in one process, with
 //! no HTTP: what each device, pod and claim costs once the view holds it, and the decision CPU
-//! per placed pod. It complements `controller_scale` (the real process against the fake API
+//! per placed pod, and at the end the CPU of a pass in steady state (a pod status event with
+//! nothing gated). It complements `controller_scale` (the real process against the fake API
 //! server) by isolating the view and the pass from the client and its JSON decoding.
 //!
 //! Run: `cargo bench -p tessera-controller --bench view_scale` (1,000 nodes × 8 GPUs, 5,000
@@ -48,6 +49,8 @@ use tessera_tests::scale::{GPUS, Rng, claim_spec, inventory};
 const SLICE_PAGE: usize = 50;
 /// Pods created between two passes.
 const BATCH: usize = 50;
+/// Pod status updates sent once every pod is placed.
+const STEADY_UPDATES: usize = 500;
 
 /// The object as a server sends it: with a `managedFields` entry covering its fields.
 fn served(mut value: Value) -> Value {
@@ -454,6 +457,38 @@ async fn run(nodes: usize, pods: usize) {
     println!(
         "view_scale placed {placed} of {pods} pods in {passes} passes: {:.2} ms CPU/pod in the view and passes",
         cpu_total.as_secs_f64() * 1000.0 / placed.max(1) as f64
+    );
+    // Steady state: nothing gated, and every event is a pass that finds nothing to place;
+    // here a status update of a placed pod, as its kubelet would send.
+    let keys: Vec<String> = api
+        .0
+        .lock()
+        .unwrap()
+        .pods
+        .keys()
+        .take(STEADY_UPDATES)
+        .cloned()
+        .collect();
+    let mut cpu_steady = Duration::ZERO;
+    for key in &keys {
+        let pod = api.0.lock().unwrap().pods[key].clone();
+        let updated = api
+            .pod(&pod, |p| {
+                p.status.get_or_insert_default().phase = Some("Running".to_owned());
+            })
+            .unwrap();
+        let event = serde_json::to_value(updated).unwrap();
+        let cpu = thread_cpu();
+        view.apply(Resource::Pods, Change::Applied(event));
+        let report = reconciler.pass(&mut view).await;
+        cpu_steady += thread_cpu().saturating_sub(cpu);
+        assert_eq!(report.placed, 0);
+    }
+    api.events();
+    println!(
+        "view_scale steady state: {:.1} µs CPU per pod status event and its pass, nothing gated ({} events)",
+        cpu_steady.as_secs_f64() * 1e6 / keys.len().max(1) as f64,
+        keys.len()
     );
 }
 
