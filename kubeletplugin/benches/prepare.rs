@@ -6,43 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use k8s_openapi::api::resource::v1 as res;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::cdi::Enforcement;
 use tessera_driver::inventory::Inventory;
 use tessera_kubelet_plugin::claims::{ClaimRef, FakeClaimSource};
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 
-const DRIVER: &str = "gpu.tessera.dev";
-const INVENTORY: &str = include_str!("../../examples/inventory/demo-cluster.yaml");
+#[path = "../tests/support/mod.rs"]
+mod support;
 
-fn claim() -> res::ResourceClaim {
-    res::ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".to_owned()),
-            name: Some("bench".to_owned()),
-            uid: Some("bench-uid".to_owned()),
-            ..ObjectMeta::default()
-        },
-        status: Some(res::ResourceClaimStatus {
-            allocation: Some(res::AllocationResult {
-                devices: Some(res::DeviceAllocationResult {
-                    results: Some(vec![res::DeviceRequestAllocationResult {
-                        request: "gpu".to_owned(),
-                        driver: DRIVER.to_owned(),
-                        pool: "a100-node".to_owned(),
-                        device: "gpu-0".to_owned(),
-                        ..res::DeviceRequestAllocationResult::default()
-                    }]),
-                    ..res::DeviceAllocationResult::default()
-                }),
-                ..res::AllocationResult::default()
-            }),
-            ..res::ResourceClaimStatus::default()
-        }),
-        ..res::ResourceClaim::default()
-    }
-}
+const INVENTORY: &str = include_str!("../../examples/inventory/demo-cluster.yaml");
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     #[allow(
@@ -66,11 +38,11 @@ fn bench(c: &mut Criterion) {
         .cloned()
         .unwrap();
     let mut source = FakeClaimSource::new();
-    source.insert(claim());
-    let object = claim();
+    source.insert(support::claim(0));
+    let object = support::claim(0);
     let preparer = CdiPreparer::new(
         CdiPreparerConfig {
-            driver_name: DRIVER.to_owned(),
+            driver_name: support::DRIVER.to_owned(),
             cdi_dir: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
             enforcement: Enforcement::None,
@@ -80,7 +52,7 @@ fn bench(c: &mut Criterion) {
         Arc::new(source),
     )
     .unwrap();
-    let claim = ClaimRef::new("default", "bench", "bench-uid");
+    let claim = ClaimRef::new("default", "claim-0", "uid-0");
 
     c.bench_function("prepare one whole GPU, fsync included", |b| {
         b.iter_custom(|iters| {
