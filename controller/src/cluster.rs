@@ -333,10 +333,7 @@ impl ClusterView {
     /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
     /// pod was stored); `None` when its requests do not parse.
     pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
-        with_pod_key(pod, |key| {
-            self.requests.get(key).map(|r| r.as_ref().ok().copied())
-        })
-        .unwrap_or_else(|| tessera_driver::nodefit::pod_requests(pod).ok())
+        self.checked_pod_requests(pod).ok()
     }
 
     /// What a pod requests, or why its requests do not parse: kept from when the pod was

@@ -895,24 +895,19 @@ fn push_done(out: &mut Vec<Done>, joined: std::result::Result<Done, tokio::task:
     }
 }
 
-/// What pods already take of every node, also handed to the allocator's snapshot for the
-/// placement policies.
+/// What pods already take of every node ([`nodefit::node_usage`] over the view), also handed
+/// to the allocator's snapshot for the placement policies.
 fn hosts_in_use(view: &mut ClusterView) -> BTreeMap<String, Resources> {
-    let usage = node_usage(view);
-    if let Err(e) = view.track_hosts(&usage) {
-        warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
-    }
-    usage
-}
-
-/// What pods already take of every node ([`nodefit::node_usage`] over the view).
-fn node_usage(view: &ClusterView) -> BTreeMap<String, Resources> {
-    nodefit::node_usage(
+    let usage = nodefit::node_usage(
         view.pod_objects(),
         |namespace, name| {
             crate::object_key::with_key(namespace, name, |key| view.claims().get(key))
                 .and_then(|c| c.status.as_ref()?.allocation.as_ref())
         },
         |pod| view.pod_requests(pod),
-    )
+    );
+    if let Err(e) = view.track_hosts(&usage) {
+        warn!(error = %e, "the allocator's snapshot cannot be built; placing this pass without host amounts");
+    }
+    usage
 }

@@ -219,22 +219,20 @@ where
     reason = "the measured writes read best in protocol order, one after another"
 )]
 async fn write_costs() {
-    let Ok(assets) = envtest::assets() else {
-        eprintln!("SKIPPED write_costs: KUBEBUILDER_ASSETS has no binaries");
+    let Some(envtest::Connected {
+        cluster,
+        client,
+        version,
+        ..
+    }) = envtest::connect("write_costs").await
+    else {
         return;
     };
     let n: usize = std::env::var("TESSERA_WRITE_COST_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
-    let cluster = envtest::start_cluster(&assets).await;
     let pids = (cluster.processes.0[1].id(), cluster.processes.0[0].id());
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
     seed(&client, version, &inventory(1, 8, true), "96").await;
     // Two watchers on pods and claims, as the controller and kube-scheduler keep (each write
     // is also encoded for them).
