@@ -431,13 +431,12 @@ async fn placement_cost(
     fast_path: bool,
     marked: bool,
 ) -> [f64; 4] {
-    let mut cluster = envtest::start_cluster(assets).await;
-    let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
-        .await
-        .unwrap();
-    let version = tessera_kubeapi::served_resource_version(&client)
-        .await
-        .unwrap();
+    let envtest::Connected {
+        mut cluster,
+        client,
+        version,
+        ..
+    } = envtest::start_connected(assets.to_owned()).await;
     seed(&client, version, &inventory(20, 8, true), "96").await;
     assert!(cluster.start_scheduler(assets), "no kube-scheduler");
     let pids: Vec<u32> = cluster

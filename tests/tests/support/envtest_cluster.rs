@@ -93,6 +93,11 @@ pub(crate) async fn connect(test: &str) -> Option<Connected> {
             return None;
         }
     };
+    Some(start_connected(assets).await)
+}
+
+/// Starts a real cluster from the binaries in `assets` and connects to it.
+pub(crate) async fn start_connected(assets: PathBuf) -> Connected {
     let cluster = start_cluster(&assets).await;
     let client = tessera_kubeapi::client(Some(&cluster.kubeconfig))
         .await
@@ -100,12 +105,12 @@ pub(crate) async fn connect(test: &str) -> Option<Connected> {
     let version = tessera_kubeapi::served_resource_version(&client)
         .await
         .unwrap();
-    Some(Connected {
+    Connected {
         assets,
         cluster,
         client,
         version,
-    })
+    }
 }
 
 #[allow(
