@@ -37,11 +37,12 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tessera_controller::cluster::{Change, ClusterView, Resource};
 use tessera_controller::metrics::Metrics;
-use tessera_controller::reconcile::{Eviction, Reconciler, ReconcilerConfig, Writes};
-use tessera_driver::allocator::Policy;
+use tessera_controller::reconcile::{Reconciler, ReconcilerConfig, Writes};
+use tessera_controller::writer::Eviction;
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::slices::{self, RenderOptions};
-use tessera_driver::{gate, names};
+use tessera_driver::node::slices::{self, RenderOptions};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::{names, placement::gate};
 use tessera_tests::fake_apiserver::fields_v1;
 use tessera_tests::scale::{GPUS, Rng, claim_spec, inventory};
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use tessera_driver::allocator::Policy;
 use tessera_driver::names;
+use tessera_driver::placement::allocator::Policy;
 use tokio::sync::watch;
 
 use crate::leader::LeaderConfig;

@@ -17,9 +17,9 @@ use inspect::InspectFormat;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use tessera_driver::allocator::Policy;
 use tessera_driver::names;
-use tessera_driver::overcommit::Factor;
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::rules::config::Factor;
 
 use crate::error::{Error, Result};
 

@@ -20,13 +20,14 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::Value;
-use tessera_driver::allocator::{PublishedSlice, Snapshot, claim_key};
 use tessera_driver::apiversion::{self, Object};
-use tessera_driver::fast_path;
-use tessera_driver::fragmentation::{TaskShape, Workload};
-use tessera_driver::gate;
 use tessera_driver::names;
-use tessera_driver::nodefit::Resources;
+use tessera_driver::placement::allocator::{Snapshot, claim_key};
+use tessera_driver::placement::fast_path;
+use tessera_driver::placement::fragmentation::{TaskShape, Workload};
+use tessera_driver::placement::gate;
+use tessera_driver::placement::nodefit::Resources;
+use tessera_driver::rules::published::PublishedSlice;
 use tracing::warn;
 
 pub use reflector::Change;
@@ -330,7 +331,7 @@ impl ClusterView {
         self.pods.values().map(|p| &**p)
     }
 
-    /// What a stored pod requests ([`tessera_driver::nodefit::pod_requests`], kept from when the
+    /// What a stored pod requests ([`tessera_driver::placement::nodefit::pod_requests`], kept from when the
     /// pod was stored); `None` when its requests do not parse.
     pub fn pod_requests(&self, pod: &Pod) -> Option<Resources> {
         self.checked_pod_requests(pod).ok()
@@ -341,7 +342,9 @@ impl ClusterView {
     pub fn checked_pod_requests(&self, pod: &Pod) -> Result<Resources, String> {
         match with_pod_key(pod, |key| self.requests.get(key).cloned()) {
             Some(r) => r,
-            None => tessera_driver::nodefit::pod_requests(pod).map_err(|e| e.to_string()),
+            None => {
+                tessera_driver::placement::nodefit::pod_requests(pod).map_err(|e| e.to_string())
+            }
         }
     }
 
@@ -368,7 +371,7 @@ impl ClusterView {
     }
 
     /// Every node in name order, with its allocatable amounts
-    /// ([`tessera_driver::nodefit::node_allocatable`], worked out when the node was stored).
+    /// ([`tessera_driver::placement::nodefit::node_allocatable`], worked out when the node was stored).
     pub fn nodes_allocatable(&self) -> impl Iterator<Item = (&str, &Node, Resources)> {
         self.nodes
             .iter()
@@ -412,7 +415,7 @@ impl ClusterView {
     }
 
     /// Records that the pod `pod` (its `namespace/name`) taught the snapshot `shape`
-    /// ([`tessera_driver::allocator::Allocator::place_pod`] did), so it is not taught twice
+    /// ([`tessera_driver::placement::allocator::Allocator::place_pod`] did), so it is not taught twice
     /// and a rebuilt snapshot still knows it.
     pub fn learned(&mut self, pod: &str, shape: TaskShape) {
         if self.learned.insert(pod.to_owned()) {
@@ -431,7 +434,7 @@ impl ClusterView {
     }
 
     /// Gives placement policies each node's CPU and memory: `status.allocatable` less
-    /// `usage` (what the pods on it request, [`tessera_driver::nodefit::node_usage`]).
+    /// `usage` (what the pods on it request, [`tessera_driver::placement::nodefit::node_usage`]).
     pub fn track_hosts(&mut self, usage: &BTreeMap<String, Resources>) -> Result<()> {
         self.snapshot()?;
         if let Some(snapshot) = self.snapshot.as_mut() {
@@ -578,7 +581,7 @@ impl ClusterView {
                 self.store_pod(key, p);
             }
             Object::Node(n) => {
-                let allocatable = tessera_driver::nodefit::node_allocatable(&n);
+                let allocatable = tessera_driver::placement::nodefit::node_allocatable(&n);
                 let at = self.node_position(&key);
                 // In place unless an allocation in flight still holds the list.
                 let nodes = Arc::make_mut(&mut self.nodes);
@@ -655,7 +658,7 @@ impl ClusterView {
     fn store_pod(&mut self, key: String, mut pod: Pod) {
         self.requests.insert(
             key.clone(),
-            tessera_driver::nodefit::pod_requests(&pod).map_err(|e| e.to_string()),
+            tessera_driver::placement::nodefit::pod_requests(&pod).map_err(|e| e.to_string()),
         );
         match pod.spec.as_ref().and_then(fast_path::container_blocker) {
             Some(why) => self.container_blockers.insert(key.clone(), why),
@@ -804,7 +807,7 @@ mod tests {
             );
             assert_eq!(
                 view.checked_pod_requests(stored),
-                tessera_driver::nodefit::pod_requests(&full).map_err(|e| e.to_string()),
+                tessera_driver::placement::nodefit::pod_requests(&full).map_err(|e| e.to_string()),
                 "{extra}"
             );
         }
@@ -909,7 +912,7 @@ mod tests {
     fn a_pod_teaches_its_shape_once_and_a_rebuilt_snapshot_keeps_what_was_learned() {
         let mut view = ClusterView::new("gpu.tessera.dev");
         let shape = TaskShape {
-            host: tessera_driver::fragmentation::HostResources::default(),
+            host: tessera_driver::placement::fragmentation::HostResources::default(),
             gpus: 1,
             gpu_milli: 500,
             models: None,

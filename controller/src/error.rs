@@ -74,6 +74,21 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Whether the server answered 409 Conflict (a stale `resourceVersion`, or the object exists).
+    pub fn is_conflict(&self) -> bool {
+        self.api_code() == Some(409)
+    }
+
+    /// Whether the server answered 404 Not Found.
+    pub fn is_not_found(&self) -> bool {
+        self.api_code() == Some(404)
+    }
+
+    /// Whether the server refused the write as invalid (422): retrying the same write cannot help.
+    pub fn is_invalid(&self) -> bool {
+        self.api_code() == Some(422)
+    }
 }
 
 /// The shared API client's errors keep their meaning here: a configuration error stays one,

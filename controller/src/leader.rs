@@ -1,6 +1,6 @@
 //! Leader election on a coordination.k8s.io/v1 Lease: only the leader writes.
 //!
-//! Every `retry_period` the candidate reads the Lease and lets `tessera_driver::lease::decide`
+//! Every `retry_period` the candidate reads the Lease and lets `tessera_driver::placement::lease::decide`
 //! say whether to take it, renew it or wait; writes carry the resourceVersion read, so two
 //! candidates never both win. A leader that has not renewed for `renew_deadline` (shorter than
 //! the lease duration) stops leading before anyone else may take over, so two replicas never
@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
-use tessera_driver::lease::{LeaseAction, decide};
+use tessera_driver::placement::lease::{LeaseAction, decide};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 

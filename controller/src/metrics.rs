@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tessera_driver::allocator::DeviceUsage;
+use tessera_driver::placement::allocator::DeviceUsage;
 
 use crate::error::{Error, Result};
 

@@ -2,7 +2,7 @@
 //! and claims that went away, place the claims of ready gated pods and remove their gate,
 //! report the pods that cannot be placed and the allocations whose pod does not bind.
 //!
-//! Decisions are `tessera_driver::gate` and `nodefit` (pure); this module fetches, calls and
+//! Decisions are `tessera_driver::placement::gate` and `nodefit` (pure); this module fetches, calls and
 //! writes. Double booking is prevented without locks: one pass runs at a time, a placement is
 //! committed to the snapshot before its first write (so the next pod sees it as used), and
 //! every write carries a resourceVersion precondition. A failure half-way through a pod's
@@ -16,19 +16,19 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_driver::allocator::{
+use tessera_driver::names;
+use tessera_driver::placement::allocator::{
     Allocator, AllocatorOptions, FailureKind, Learn, Policy, claim_key,
 };
-use tessera_driver::gate::{self, PodPlan};
-use tessera_driver::names;
-use tessera_driver::nodefit::{self, Resources};
+use tessera_driver::placement::gate::{self, PodPlan};
+use tessera_driver::placement::nodefit::{self, Resources};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
-use crate::writer::{self, Writer};
+use crate::writer::{Eviction, Writer};
 
 mod patience;
 mod preempt;
@@ -37,7 +37,7 @@ mod protocol;
 mod tests;
 mod writes;
 
-pub use writes::{Eviction, Writes};
+pub use writes::Writes;
 
 use protocol::{Done, Job, Protocol, ViewUpdate};
 
@@ -61,7 +61,7 @@ pub struct ReconcilerConfig {
     pub policy: Policy,
     /// After how long an allocation whose pod has not bound is reported.
     pub unbound_after: Duration,
-    /// Whether pods on the fast path ([`tessera_driver::fast_path`]) get their claims
+    /// Whether pods on the fast path ([`tessera_driver::placement::fast_path`]) get their claims
     /// reserved for them in the allocation write.
     pub fast_path: bool,
     /// Whether an online pod that fits nowhere may evict batch pods ([`preempt`]).
@@ -91,7 +91,7 @@ enum NotPlaced {
 
 impl From<Error> for NotPlaced {
     fn from(e: Error) -> Self {
-        if writer::is_invalid(&e) {
+        if e.is_invalid() {
             Self::Refused(e.to_string())
         } else {
             Self::Transient(e)
@@ -533,7 +533,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         pod: &Pod,
         refs: &[&res::ResourceClaim],
         candidates: &[Node],
-        host: &tessera_driver::fragmentation::HostResources,
+        host: &tessera_driver::placement::fragmentation::HostResources,
         allocated: &[String],
         tied: bool,
         message: String,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::ApiResource;
 use tessera_driver::admission::device_plugin_names;
-use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
+use tessera_driver::placement::allocator::Policy;
 use tessera_kubeapi::DefaultBackoff;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -51,7 +51,7 @@ pub struct ControllerConfig {
     /// Time-sliced replicas per GPU (`nvidia.com/gpu.shared`), as the webhook maps them.
     pub shared_replicas: u32,
     /// Whether fast-path pods get their claims reserved in the allocation write
-    /// ([`tessera_driver::fast_path`]).
+    /// ([`tessera_driver::placement::fast_path`]).
     pub fast_path: bool,
     /// Whether an online pod that fits nowhere may evict batch pods (docs/controller.md).
     pub preemption: bool,

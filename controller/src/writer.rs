@@ -12,25 +12,20 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
-use tessera_driver::{gate, names};
+use tessera_driver::{names, placement::gate};
 use tessera_kubeapi::JsonObject;
 
 use crate::error::{Error, Result};
-use crate::reconcile::Eviction;
 
-/// Whether an error is the server's 409 Conflict.
-pub fn is_conflict(e: &Error) -> bool {
-    e.api_code() == Some(409)
-}
-
-/// Whether an error is the server's 404 Not Found.
-pub fn is_not_found(e: &Error) -> bool {
-    e.api_code() == Some(404)
-}
-
-/// Whether the server refused the write as invalid (422): retrying the same write cannot help.
-pub fn is_invalid(e: &Error) -> bool {
-    e.api_code() == Some(422)
+/// What the API server answered an eviction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// The pod is being deleted (or, for a dry run, would be).
+    Evicted,
+    /// 429: a `PodDisruptionBudget` does not allow it now; the server's message.
+    Blocked(String),
+    /// The pod is gone, or is another pod by now (a UID precondition failed).
+    Gone,
 }
 
 /// The `reservedFor` entry naming `pod`.

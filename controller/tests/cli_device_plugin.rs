@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use tessera_driver::inventory::Inventory;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{self, RenderOptions};
 
 mod support;
 use support::tessera;

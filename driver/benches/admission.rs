@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::json;
 use tessera_driver::admission::{ClaimSource, PodClaim, decide_gate, review_claim_spec};
-use tessera_driver::cel::CelCache;
 use tessera_driver::names;
+use tessera_driver::rules::cel::CelCache;
 
 fn share_spec() -> res::ResourceClaimSpec {
     serde_json::from_value(json!({"devices": {

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
-use tessera_driver::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
+use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
 
 const D: &str = "gpu.tessera.dev";
 const NODES: usize = 1000;

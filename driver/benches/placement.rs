@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::resource::v1 as res;
-use tessera_driver::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
-use tessera_driver::simulate::{
+use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
+use tessera_driver::tools::simulate::{
     Cluster, TracePod, cluster::claim_for, order, parse_nodes, parse_pods,
 };
 

@@ -22,7 +22,7 @@ pub mod gate;
 use serde::Serialize;
 
 pub use claim::{canonical_parameters_patch, review_claim, review_claim_spec, v1beta1_field};
-pub use claim_mark::{claim_mark_patch, owning_pod};
+pub use claim_mark::claim_mark_patch;
 pub use gate::{ClaimSource, GateDecision, PodClaim, class_is_gated, decide_gate, spec_classes};
 
 /// One operation of an RFC 6902 JSON patch, as the API server applies it to a mutated object.

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use proptest::prelude::*;
 use serde_json::json;
 use tessera_driver::Quantity;
-use tessera_driver::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
+use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
 
 const D: &str = "gpu.tessera.dev";
 const GIB: u64 = 1 << 30;

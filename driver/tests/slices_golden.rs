@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tessera_driver::apiversion::{ApiVersion, encode_slice, to_kubectl_yaml};
-use tessera_driver::inventory::Inventory;
-use tessera_driver::slices::{RenderOptions, render};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{RenderOptions, render};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tessera_driver::cdi::Enforcement;
-use tessera_driver::inventory::Inventory;
+use tessera_driver::node::cdi::Enforcement;
+use tessera_driver::node::inventory::Inventory;
 use tessera_kubelet_plugin::claims::{ClaimRef, FakeClaimSource};
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 

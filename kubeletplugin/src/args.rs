@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use tessera_driver::cdi::Enforcement;
-use tessera_driver::gpu_mode::ModeChoice;
-use tessera_driver::health::GpuHealthTracker;
-use tessera_driver::inventory::{GpuMode, NodeInventory};
 use tessera_driver::names;
+use tessera_driver::node::cdi::Enforcement;
+use tessera_driver::node::gpu_mode::ModeChoice;
+use tessera_driver::node::health::GpuHealthTracker;
+use tessera_driver::node::inventory::{GpuMode, NodeInventory};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
-use tessera_driver::gpu_mode::ModeChoice;
-use tessera_driver::inventory::{Inventory, NodeInventory};
+use tessera_driver::node::gpu_mode::ModeChoice;
+use tessera_driver::node::inventory::{Inventory, NodeInventory};
 use tracing::warn;
 
 use crate::error::{Error, Result};
@@ -61,7 +61,7 @@ impl<D: GpuDiscovery + ?Sized> GpuDiscovery for Arc<D> {
 }
 
 /// What a backend discovers, with the admin's choice of modes applied
-/// (`tessera_driver::gpu_mode`); the choice is shared with whoever follows the node's labels.
+/// (`tessera_driver::node::gpu_mode`); the choice is shared with whoever follows the node's labels.
 #[derive(Clone)]
 pub struct ChosenModes {
     inner: Arc<dyn GpuDiscovery>,
@@ -114,7 +114,7 @@ impl GpuDiscovery for ChosenModes {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tessera_driver::inventory::GpuMode;
+    use tessera_driver::node::inventory::GpuMode;
 
     use super::*;
 

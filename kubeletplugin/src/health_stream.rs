@@ -13,8 +13,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tessera_driver::health::{Health, HealthBoard, HealthChange, HealthEntry};
-use tessera_driver::inventory::NodeInventory;
+use tessera_driver::node::health::{Health, HealthBoard, HealthChange, HealthEntry};
+use tessera_driver::node::inventory::NodeInventory;
 use tessera_proto::health::v1alpha1 as pb;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -195,7 +195,7 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tessera_driver::inventory::Inventory;
+    use tessera_driver::node::inventory::Inventory;
     use tokio_stream::StreamExt as _;
 
     use super::pb::dra_resource_health_server::DraResourceHealth as _;

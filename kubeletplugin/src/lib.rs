@@ -4,11 +4,11 @@
 //!   the layer under them that accepts the `:authority` kubelet sends on a unix socket.
 //! * [`registration`], [`dra`]: the gRPC services, thin layers over the seams below.
 //! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
-//!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::checkpoint`).
+//!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::node::checkpoint`).
 //! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs.
 //! * [`claims`]: `ClaimSource`, where allocations come from.
-//! * [`apiserver`]: `ApiClaimSource` (the client itself is `tessera_kubeapi`'s); [`publisher`]: `SlicePublisher`, which
-//!   [`slice_watch`] keeps published.
+//! * [`apiserver`]: `ApiClaimSource` (the client itself is `tessera_kubeapi`'s);
+//!   [`publisher`]: `SlicePublisher`, and the watch of the published slices that keeps them so.
 //! * [`health_stream`]: the DRA health API, following the inventory's health.
 //! * [`discovery`]: `GpuDiscovery`, which GPUs the node has; [`nvml`]: its NVML backend.
 //! * [`args`]: the command line and the process around the library.
@@ -33,7 +33,6 @@ pub mod preparer;
 pub mod publisher;
 pub mod registration;
 pub mod server;
-pub mod slice_watch;
 pub mod watch;
 
 pub use error::{Error, Result};

@@ -14,8 +14,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tessera_driver::checkpoint::{Checkpoint, PrepareState};
-use tessera_driver::inventory::{GpuMode, NodeInventory};
+use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
+use tessera_driver::node::inventory::{GpuMode, NodeInventory};
 use tracing::warn;
 
 use crate::claims::ClaimRef;
@@ -352,8 +352,8 @@ impl ClaimPreparer for MeteredPreparer {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tessera_driver::checkpoint::{ClaimEntry, HeldDevice};
-    use tessera_driver::inventory::Inventory;
+    use tessera_driver::node::checkpoint::{ClaimEntry, HeldDevice};
+    use tessera_driver::node::inventory::Inventory;
 
     use super::*;
 

@@ -1,5 +1,5 @@
 //! Starting and supervising MPS control daemons: one per set of GPUs that prepared share claims
-//! use (`tessera_driver::cdi::mps_daemon`), started before such a claim is reported prepared,
+//! use (`tessera_driver::node::cdi::mps_daemon`), started before such a claim is reported prepared,
 //! restarted with backoff when it dies, stopped when the last claim using it is unprepared,
 //! and started again from the checkpoint after a plugin restart.
 //!
@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_driver::cdi::MpsDaemon;
-use tessera_driver::checkpoint::Checkpoint;
-use tessera_driver::mps;
+use tessera_driver::node::cdi::MpsDaemon;
+use tessera_driver::node::checkpoint::Checkpoint;
+use tessera_driver::node::mps;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -34,7 +34,7 @@ pub struct MpsConfig {
     /// How long `quit` and the daemon's exit after it may take.
     pub quit_timeout: Duration,
     /// Whether each daemon runs in a mount namespace with its shm directory as `/dev/shm`
-    /// (`tessera_driver::mps::daemon_command`).
+    /// (`tessera_driver::node::mps::daemon_command`).
     pub shm_namespace: bool,
 }
 
@@ -350,12 +350,12 @@ impl MpsSupervisor {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tessera_driver::checkpoint::{ClaimEntry, PrepareState};
+    use tessera_driver::node::checkpoint::{ClaimEntry, PrepareState};
 
     use super::*;
 
     fn daemon(uuids: &[&str]) -> MpsDaemon {
-        let id = tessera_driver::cdi::mps_daemon_id(uuids);
+        let id = tessera_driver::node::cdi::mps_daemon_id(uuids);
         MpsDaemon {
             pipe_dir: format!("/run/mps/{id}/pipe"),
             shm_dir: format!("/run/mps/{id}/shm"),

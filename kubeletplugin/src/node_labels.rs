@@ -1,6 +1,6 @@
 //! The GPU mode an admin chooses with node labels (`gpu.tessera.dev/mode`,
 //! `gpu.tessera.dev/mode.gpu-<index>`), read from the Node at start and again at every poll,
-//! layered over the plugin's flags (`tessera_driver::gpu_mode`).
+//! layered over the plugin's flags (`tessera_driver::node::gpu_mode`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use tessera_driver::gpu_mode::ModeChoice;
+use tessera_driver::node::gpu_mode::ModeChoice;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};

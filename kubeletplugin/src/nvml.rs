@@ -4,7 +4,7 @@
 //! [`NvmlEvents`], owned here: [`WrapperLibrary`] implements them with `nvml-wrapper` (which
 //! loads `libnvidia-ml.so.1` at run time, so the plugin builds and starts without a GPU), and
 //! [`FakeNvml`] with fixed data for tests. [`gather`] asks the library for the facts of every
-//! GPU; `tessera_driver::inventory::discovered::resolve` decides what they mean.
+//! GPU; `tessera_driver::node::inventory::discovered::resolve` decides what they mean.
 //! [`NvmlDiscovery`] adds the health the event watcher ([`NvmlHealthWatcher`], on its own
 //! thread because NVML's event wait blocks) has seen.
 
@@ -16,9 +16,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tessera_driver::health::{GpuEvent, GpuHealthTracker};
-use tessera_driver::inventory::NodeInventory;
-use tessera_driver::inventory::discovered::{self, DiscoveredGpu, DiscoveredMig, DiscoveredNode};
+use tessera_driver::node::health::{GpuEvent, GpuHealthTracker};
+use tessera_driver::node::inventory::NodeInventory;
+use tessera_driver::node::inventory::discovered::{
+    self, DiscoveredGpu, DiscoveredMig, DiscoveredNode,
+};
 use tracing::{info, warn};
 
 use crate::discovery::GpuDiscovery;
@@ -298,7 +300,7 @@ impl GpuDiscovery for NvmlDiscovery {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tessera_driver::inventory::GpuMode;
+    use tessera_driver::node::inventory::GpuMode;
 
     use super::*;
 

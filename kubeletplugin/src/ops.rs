@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use tessera_driver::inventory::NodeInventory;
+use tessera_driver::node::inventory::NodeInventory;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 

@@ -3,7 +3,7 @@
 //!
 //! A prepare call answers from the checkpoint when the claim is already prepared; otherwise it
 //! fetches the claim on the async runtime, then does everything else on one blocking worker:
-//! `tessera_driver::prepare::prepare_and_render` maps the allocation onto the node and decides the spec,
+//! `tessera_driver::node::prepare::prepare_and_render` maps the allocation onto the node and decides the spec,
 //! host directories and MPS daemon at once, and the writes below follow.
 //!
 //! Order of writes for prepare: checkpoint "prepare started" (with the devices it will hold),
@@ -18,12 +18,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use tessera_driver::cdi::{self, Enforcement};
-use tessera_driver::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
-use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
-use tessera_driver::prepare::prepare_and_render;
-use tessera_driver::reconfigure::{Reconfigured, Refusal, reconfigure};
+use tessera_driver::node::cdi::{self, Enforcement};
+use tessera_driver::node::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
+use tessera_driver::node::inventory::NodeInventory;
+use tessera_driver::node::prepare::prepare_and_render;
+use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tracing::{debug, info, warn};
 
 use crate::atomic_file;
@@ -196,7 +196,7 @@ impl CdiPreparer {
     }
 
     /// Prepares later claims against a re-discovered inventory, except that a GPU held by a
-    /// recorded claim keeps its mode and MIG layout (`tessera_driver::reconfigure`); returns
+    /// recorded claim keeps its mode and MIG layout (`tessera_driver::node::reconfigure`); returns
     /// the refused changes. Claims already prepared keep their CDI specs.
     pub fn reconfigure(&self, discovered: &NodeInventory) -> Result<Vec<Refusal>> {
         let mut node = self.node.write().map_err(|_| poisoned("inventory"))?;

@@ -9,7 +9,7 @@
 //!
 //! The publisher keeps a record of what it wrote (as the API server stored it), and while it
 //! runs ([`SlicePublisher::spawn`]) a watch of the same slices (`slice_watch`) judges every
-//! change against that record (`tessera_driver::slices::drift`): a slice deleted (kubelet's
+//! change against that record (`tessera_driver::node::slices::drift`): a slice deleted (kubelet's
 //! wipe at its start, `kubectl delete`) or changed by someone else is published again.
 
 use std::collections::BTreeMap;
@@ -21,16 +21,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::Value;
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::inventory::NodeInventory;
 use tessera_driver::names;
-use tessera_driver::slices::drift::{self, PendingWrite, SliceRecord, WrittenSlice};
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::inventory::NodeInventory;
+use tessera_driver::node::slices::drift::{self, PendingWrite, SliceRecord, WrittenSlice};
+use tessera_driver::node::slices::{self, RenderOptions};
 use tokio::sync::{Mutex, Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
-use crate::slice_watch;
+mod slice_watch;
 
 /// What to publish and how hard to retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl PublisherConfig {
             node_name: node_name.into(),
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
-            max_devices_per_slice: slices::limits::MAX_DEVICES_PER_SLICE,
+            max_devices_per_slice: tessera_driver::rules::limits::MAX_DEVICES_PER_SLICE,
             drift_settle: Duration::from_millis(500),
             enforcement: None,
         }

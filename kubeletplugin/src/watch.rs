@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_driver::inventory::NodeInventory;
+use tessera_driver::node::inventory::NodeInventory;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -187,7 +187,8 @@ impl ClaimPreparer for WakeOnRelease {
         Arc::clone(&self.inner).unprepare(claim.clone()).await?;
         let node = self.state.inventory()?;
         if node.gpus.iter().any(|g| g.draining_to.is_some()) {
-            let released = tessera_driver::reconfigure::released(&node, &self.state.record()?);
+            let released =
+                tessera_driver::node::reconfigure::released(&node, &self.state.record()?);
             if !released.is_empty() {
                 info!(gpus = ?released, claim = %claim.uid, "draining GPUs released; switching them now");
                 self.wake.notify_one();
@@ -246,8 +247,8 @@ impl InventoryWatcher {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use tessera_driver::cdi::Enforcement;
-    use tessera_driver::inventory::GpuMode;
+    use tessera_driver::node::cdi::Enforcement;
+    use tessera_driver::node::inventory::GpuMode;
 
     use super::*;
     use crate::claims::FakeClaimSource;

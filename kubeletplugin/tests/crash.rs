@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tessera_driver::checkpoint::{Checkpoint, PrepareState};
+use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
 use tessera_kubelet_plugin::crash;
 use tessera_proto::dra::v1;
 use tonic::transport::Channel;

@@ -50,7 +50,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, Wat
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion};
 use tessera_driver::names;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::slices::{self, RenderOptions};
 use tessera_tests::scale::{GPUS, Rng, cpu_time, inventory, percentile, proc_status};
 use tokio_stream::StreamExt as _;
 
@@ -185,7 +185,7 @@ where
 
 async fn seed(
     client: &kube::Client,
-    inventory: &tessera_driver::inventory::Inventory,
+    inventory: &tessera_driver::node::inventory::Inventory,
     demands: &[Demand],
 ) {
     let classes: Api<res::DeviceClass> = Api::all(client.clone());

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{self, RenderOptions};
 
 use crate::fake_apiserver::FakeApiServer;
 

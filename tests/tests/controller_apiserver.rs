@@ -12,9 +12,9 @@ mod tiers;
 use std::time::Duration;
 
 use scenarios::*;
-use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
-use tessera_driver::{gate, names};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::{names, placement::gate};
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
 
 async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::TempDir) {

@@ -18,9 +18,9 @@ use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use scenarios::*;
 use serde_json::json;
-use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
-use tessera_driver::{gate, names};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::{names, placement::gate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_protocol_against_a_real_api_server() {

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize;
-use tessera_driver::allocator::PublishedDevice;
 use tessera_driver::apiversion::{Object, decode_document};
-use tessera_driver::cel::{CelCache, CelDevice};
-use tessera_driver::inventory::Inventory;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{self, RenderOptions};
+use tessera_driver::rules::cel::{CelCache, CelDevice};
+use tessera_driver::rules::published::PublishedDevice;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
@@ -129,7 +129,7 @@ fn every_model_has_a_class() {
         .into_iter()
         .filter_map(|c| c.metadata.name)
         .collect();
-    for model in tessera_driver::inventory::models::MODELS {
+    for model in tessera_driver::node::inventory::models::MODELS {
         let class = format!("{}.gpu.tessera.dev", model.id);
         assert!(classes.contains(&class), "no DeviceClass {class}");
     }

@@ -17,13 +17,14 @@ use proptest::prelude::*;
 use prost::Message as _;
 use tessera_controller::cli::input::Objects;
 use tessera_controller::cli::{allocate, validate};
-use tessera_driver::allocator::{Policy, PublishedDevice};
 use tessera_driver::apiversion::nesting::{MAX_NESTING, check_nesting};
-use tessera_driver::cel::{self, CelDevice, MAX_COST};
-use tessera_driver::config::{self, TesseraConfig};
-use tessera_driver::quantity::Quantity;
-use tessera_driver::share::ShareRequest;
-use tessera_driver::simulate::{parse_nodes, parse_pods};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::rules::cel::{self, CelDevice, MAX_COST};
+use tessera_driver::rules::config::{self, TesseraConfig};
+use tessera_driver::rules::published::PublishedDevice;
+use tessera_driver::rules::quantity::Quantity;
+use tessera_driver::rules::share::ShareRequest;
+use tessera_driver::tools::simulate::{parse_nodes, parse_pods};
 
 /// Cases per property in the ordinary test run.
 const DEFAULT_CASES: u32 = 64;
@@ -261,7 +262,7 @@ proptest! {
         let mut req = BTreeMap::new();
         if let Ok(m) = Quantity::parse(&memory) { req.insert("memory".to_owned(), m); }
         if let Ok(c) = Quantity::parse(&compute) { req.insert("compute".to_owned(), c); }
-        if let Ok(r) = tessera_driver::share::round_capacity_requests(&req, "c") {
+        if let Ok(r) = tessera_driver::rules::share::round_capacity_requests(&req, "c") {
             prop_assert!(r.memory_bytes >= 1 << 30 && r.memory_bytes % (1 << 30) == 0);
             prop_assert!((0..=100).contains(&r.compute) && r.compute % 5 == 0);
         }

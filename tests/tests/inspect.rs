@@ -9,10 +9,10 @@ use k8s_openapi::api::resource::v1 as res;
 use serde_json::{Value, json};
 use tessera_controller::cli::Cli;
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::batch::{BatchInput, BatchOptions, allocate_batch};
-use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
-use tessera_driver::slices::{RenderOptions, render};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{RenderOptions, render};
+use tessera_driver::tools::batch::{BatchInput, BatchOptions, allocate_batch};
 use tessera_tests::fake_apiserver::FakeApiServer;
 
 const NODE: &str = "gpu-node";
@@ -128,7 +128,7 @@ async fn cluster() -> (FakeApiServer, tempfile::TempDir) {
         },
         &BatchOptions {
             driver_name: names::DEFAULT_DRIVER_NAME.to_owned(),
-            policy: tessera_driver::allocator::Policy::FirstFit,
+            policy: tessera_driver::placement::allocator::Policy::FirstFit,
             node: None,
         },
     )

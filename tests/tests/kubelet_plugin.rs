@@ -14,12 +14,12 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize as _;
 use tessera_driver::apiversion::{Object, decode_document};
-use tessera_driver::batch::{BatchInput, BatchOptions, allocate_batch};
-use tessera_driver::cdi::{self, Enforcement};
-use tessera_driver::checkpoint::PrepareState;
-use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::cdi::{self, Enforcement};
+use tessera_driver::node::checkpoint::PrepareState;
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{self, RenderOptions};
+use tessera_driver::tools::batch::{BatchInput, BatchOptions, allocate_batch};
 use tessera_kubelet_plugin::claims::FakeClaimSource;
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::server::{self, PluginConfig, RunningPlugin};
@@ -94,7 +94,7 @@ fn allocated_claims() -> BTreeMap<String, (res::ResourceClaim, String)> {
         },
         &BatchOptions {
             driver_name: DRIVER.to_owned(),
-            policy: tessera_driver::allocator::Policy::default(),
+            policy: tessera_driver::placement::allocator::Policy::default(),
             node: None,
         },
     )
@@ -752,7 +752,7 @@ async fn a_hami_core_share_gets_the_library_and_the_limits_its_allocation_record
         .unwrap();
     // What the allocation records for the claim's device, as the node reads it.
     let recorded =
-        tessera_driver::prepare::prepare_on_node(&h.claims[&share.1].0, DRIVER, &inventory)
+        tessera_driver::node::prepare::prepare_on_node(&h.claims[&share.1].0, DRIVER, &inventory)
             .unwrap();
     let limit = recorded.devices[0].share.expect("a share");
     let cache = h.path("hami");
@@ -838,7 +838,8 @@ async fn a_claim_made_for_an_aliyun_pod_gets_gpushares_environment() {
         .cloned()
         .unwrap();
     let recorded =
-        tessera_driver::prepare::prepare_on_node(&h.claims[&name].0, DRIVER, &inventory).unwrap();
+        tessera_driver::node::prepare::prepare_on_node(&h.claims[&name].0, DRIVER, &inventory)
+            .unwrap();
     let device = &recorded.devices[0];
     let card = inventory
         .gpus

@@ -7,7 +7,7 @@ use std::path::Path;
 use proptest::prelude::*;
 use tessera_controller::cli::input::Objects;
 use tessera_controller::cli::{allocate, validate};
-use tessera_driver::allocator::Policy;
+use tessera_driver::placement::allocator::Policy;
 
 fn corpus() -> String {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();

@@ -1,7 +1,7 @@
 //! `tessera allocate`: the pending claims of the input, allocated against its slices.
 
-use tessera_driver::allocator::Policy;
-use tessera_driver::batch::{BatchOptions, ClaimOutcome, allocate_batch};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::tools::batch::{BatchOptions, ClaimOutcome, allocate_batch};
 
 use crate::cli::input::Objects;
 use crate::error::Result;

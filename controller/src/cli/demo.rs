@@ -10,12 +10,12 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::admission::device_plugin_names;
-use tessera_driver::allocator::{Policy, Snapshot};
-use tessera_driver::batch::{BatchOptions, ClaimOutcome, allocate_batch};
-use tessera_driver::cdi::{self, Enforcement};
-use tessera_driver::inventory::Inventory;
-use tessera_driver::prepare;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::cdi::{self, Enforcement};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::prepare;
+use tessera_driver::node::slices::{self, RenderOptions};
+use tessera_driver::placement::allocator::{Policy, Snapshot};
+use tessera_driver::tools::batch::{BatchOptions, ClaimOutcome, allocate_batch};
 
 use crate::cli::device_plugin;
 use crate::cli::input::Objects;

@@ -9,8 +9,8 @@ use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize;
 use tessera_driver::apiversion::validate::{describe, validate_object};
 use tessera_driver::apiversion::{Object, decode_document, nesting};
-use tessera_driver::batch::BatchInput;
-use tessera_driver::cel::CelCache;
+use tessera_driver::rules::cel::CelCache;
+use tessera_driver::tools::batch::BatchInput;
 
 use crate::error::{Error, Result};
 

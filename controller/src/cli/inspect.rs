@@ -1,7 +1,7 @@
 //! `tessera inspect`: the live cluster's GPUs, and why a gated pod is pending.
 //!
 //! Reads through `--kubeconfig` (or the pod's service account), in the resource.k8s.io version
-//! the API server serves; every figure comes from `tessera_driver::inspect`, the same
+//! the API server serves; every figure comes from `tessera_driver::tools::inspect`, the same
 //! accounting the allocator uses.
 
 use std::fmt::Write as _;
@@ -9,9 +9,9 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1 as core;
 use kube::api::{Api, DynamicObject, ListParams};
-use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::{self, ApiVersion};
-use tessera_driver::inspect::{self, ClusterObjects, ClusterView, PodExplanation};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::tools::inspect::{self, ClusterObjects, ClusterView, PodExplanation};
 
 use crate::cli::input::Objects;
 use crate::error::{Error, Result};

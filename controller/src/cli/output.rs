@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::Quantity;
-use tessera_driver::batch::ClaimOutcome;
-use tessera_driver::config::{self, TesseraConfig};
+use tessera_driver::rules::config::{self, TesseraConfig};
+use tessera_driver::tools::batch::ClaimOutcome;
 
 use crate::cli::OutputFormat;
 use crate::error::{Error, Result};

@@ -1,7 +1,7 @@
 //! `tessera simulate`: replays a GPU cluster trace (Alibaba "openb" CSVs) through the
 //! allocator, by the method of the trace's paper, and reports how much GPU stays unallocated.
 //!
-//! The replay itself is pure (`tessera_driver::simulate`); this adapter reads the files, runs
+//! The replay itself is pure (`tessera_driver::tools::simulate`); this adapter reads the files, runs
 //! the seeds on all cores, draws a progress bar when standard error is a terminal, and prints
 //! a table or JSON.
 
@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use k8s_openapi::api::resource::v1 as res;
 use serde::Serialize;
-use tessera_driver::allocator::Policy;
 use tessera_driver::names;
-use tessera_driver::overcommit::Factor;
-use tessera_driver::simulate::{
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::rules::config::Factor;
+use tessera_driver::tools::simulate::{
     self, Cluster, Mixing, ReplayOptions, SeedResult, Summary, parse_nodes, parse_pods,
 };
 

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use tessera_driver::cel::CelCache;
-use tessera_driver::validation::{
+use tessera_driver::rules::cel::CelCache;
+use tessera_driver::rules::validation::{
     capacity_rounding_warnings, share_classes, validate_claim_spec, validate_device_class,
 };
 

@@ -54,7 +54,7 @@ mod tests {
 
     use super::*;
     use serde_json::json;
-    use tessera_driver::allocator::{Allocator, AllocatorOptions, Learn, Snapshot};
+    use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Learn, Snapshot};
 
     fn served_slice() -> res::ResourceSlice {
         serde_json::from_value(json!({
@@ -110,7 +110,7 @@ mod tests {
                                         "uid": "p1", "controller": true}]})
         );
         // What `gate::releases` reads to keep a template claim marked until it is deleted.
-        assert!(tessera_driver::admission::owning_pod(&slim).is_some());
+        assert!(tessera_driver::placement::gate::owning_pod(&slim).is_some());
     }
 
     #[test]
@@ -134,7 +134,7 @@ mod tests {
                 &mut snapshot,
                 &[&c],
                 &nodes,
-                &tessera_driver::fragmentation::HostResources::default(),
+                &tessera_driver::placement::fragmentation::HostResources::default(),
                 Learn::FromClaims,
             );
             let placement = placed.result.unwrap();

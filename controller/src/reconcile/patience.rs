@@ -1,6 +1,6 @@
 //! Delay-tolerant pods wait for a fragment (shared/DESIGN.md §8, docs/controller.md).
 //!
-//! A gated pod whose claims have a patience ([`tessera_driver::patience`]) is placed with the
+//! A gated pod whose claims have a patience ([`tessera_driver::rules::patience`]) is placed with the
 //! fragments-only allocator until its patience, counted from the pod's creation, runs out;
 //! while no fragment fits it stays gated with the condition reason `WaitingForFragment` and a
 //! message that says until when. The deadline is a function of the pod alone, so a restarted
@@ -10,8 +10,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::jiff::Timestamp;
-use tessera_driver::allocator::{Allocator, Snapshot};
-use tessera_driver::{names, patience};
+use tessera_driver::placement::allocator::{Allocator, Snapshot};
+use tessera_driver::{names, rules::patience};
 
 use super::NotPlaced;
 

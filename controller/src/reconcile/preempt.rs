@@ -18,9 +18,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
-use tessera_driver::allocator::preempt;
-use tessera_driver::fragmentation::HostResources;
 use tessera_driver::names;
+use tessera_driver::placement::allocator::preempt;
+use tessera_driver::placement::fragmentation::HostResources;
 use tracing::{info, warn};
 
 use super::{Eviction, NotPlaced, Reconciler, Writes, now, pod_key};

@@ -12,14 +12,13 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
-use tessera_driver::{gate, names};
+use tessera_driver::{names, placement::gate};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::{CONFLICT_RETRIES, NotPlaced, REASON_ALLOCATED, Writes, now, pod_key, split_key};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::writer;
 
 /// A change the pass applies to the view once a pod's writes are done.
 #[derive(Debug)]
@@ -194,7 +193,7 @@ impl<W: Writes> Protocol<W> {
             if !marked {
                 match self.writer.mark_claim(&current, pod_name).await {
                     Ok(c) => current = c,
-                    Err(e) if writer::is_conflict(&e) => {
+                    Err(e) if e.is_conflict() => {
                         self.metrics.conflict();
                         continue;
                     }
@@ -210,7 +209,7 @@ impl<W: Writes> Protocol<W> {
                     updates.push(ViewUpdate::Claim(Box::new(c.clone())));
                     return Ok(c);
                 }
-                Err(e) if writer::is_conflict(&e) => {
+                Err(e) if e.is_conflict() => {
                     self.metrics.conflict();
                 }
                 Err(e) => {
@@ -256,8 +255,8 @@ impl<W: Writes> Protocol<W> {
                     ungated = true;
                     break;
                 }
-                Err(e) if writer::is_conflict(&e) => self.metrics.conflict(),
-                Err(e) if writer::is_not_found(&e) => {
+                Err(e) if e.is_conflict() => self.metrics.conflict(),
+                Err(e) if e.is_not_found() => {
                     updates.push(ViewUpdate::ForgetPod(key.clone()));
                     *pod_gone = true;
                     return Err(NotPlaced::Unschedulable(format!("Pod {key} was deleted")));
@@ -347,11 +346,11 @@ impl<W: Writes> Protocol<W> {
                         return Ok(());
                     }
                 }
-                Err(e) if writer::is_conflict(&e) => {
+                Err(e) if e.is_conflict() => {
                     self.metrics.conflict();
                     stale = true;
                 }
-                Err(e) if writer::is_not_found(&e) => {
+                Err(e) if e.is_not_found() => {
                     updates.push(ViewUpdate::ForgetClaim(key.to_owned()));
                     return Ok(());
                 }

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
-use tessera_driver::allocator::Policy;
-use tessera_driver::{gate, names};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::{names, placement::gate};
 use tokio::sync::watch;
 
 use super::*;

@@ -9,6 +9,7 @@ use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::error::Result;
+use crate::writer::Eviction;
 
 /// What the reconcile loop asks of the API server; every write carries the object's
 /// resourceVersion as a precondition and answers the object as stored after it.
@@ -83,17 +84,6 @@ pub trait Writes: Send + Sync {
         message: &str,
         now: Timestamp,
     ) -> impl Future<Output = Result<()>> + Send;
-}
-
-/// What the API server answered an eviction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Eviction {
-    /// The pod is being deleted (or, for a dry run, would be).
-    Evicted,
-    /// 429: a `PodDisruptionBudget` does not allow it now; the server's message.
-    Blocked(String),
-    /// The pod is gone, or is another pod by now (a UID precondition failed).
-    Gone,
 }
 
 impl Writes for crate::writer::Writer {

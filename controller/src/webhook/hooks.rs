@@ -20,7 +20,8 @@ use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::admission::device_plugin_names::{self, PodRewrite};
 use tessera_driver::admission::{self, ClaimSource, PodClaim};
 use tessera_driver::apiversion::{self, Object};
-use tessera_driver::cel::CelCache;
+use tessera_driver::placement::gate;
+use tessera_driver::rules::cel::CelCache;
 
 use super::lookup::AdmissionLookup;
 use super::review::{
@@ -451,7 +452,7 @@ impl Admission {
         request: &AdmissionRequest,
         claim: &res::ResourceClaim,
     ) -> Vec<admission::PatchOp> {
-        let Some((pod, _)) = admission::owning_pod(claim) else {
+        let Some((pod, _)) = gate::owning_pod(claim) else {
             return Vec::new();
         };
         let namespace = request

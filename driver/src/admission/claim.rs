@@ -4,9 +4,9 @@
 use k8s_openapi::api::resource::v1 as res;
 
 use super::PatchOp;
-use crate::cel::CelCache;
 use crate::error::Error;
-use crate::validation::{share_classes, validate_claim_spec};
+use crate::rules::cel::CelCache;
+use crate::rules::validation::{share_classes, validate_claim_spec};
 
 /// Checks a claim spec the way `tessera validate` does: CEL selectors compile, Tessera opaque
 /// configs decode, capacity requests are not negative, and every share obeys the share rules.
@@ -50,7 +50,7 @@ pub fn review_claim_spec(
 
 /// The webhook's whole review of a claim spec: the problems that refuse it (see
 /// [`review_claim_spec`]) and the warnings that admit it (native requests the request policies
-/// round, see [`crate::validation::capacity_rounding_warnings`]). Field paths start at the
+/// round, see [`crate::rules::validation::capacity_rounding_warnings`]). Field paths start at the
 /// object's root (`field_prefix` is `spec.` for a template) and follow the object's version:
 /// with `v1beta1` a request's fields are not nested under `exactly`.
 pub fn review_claim(
@@ -86,7 +86,7 @@ pub fn review_claim(
         .collect();
     let shares = share_classes(classes);
     let shares: Vec<&str> = shares.iter().map(String::as_str).collect();
-    let warnings = crate::validation::capacity_rounding_warnings(object, spec, &shares)
+    let warnings = crate::rules::validation::capacity_rounding_warnings(object, spec, &shares)
         .into_iter()
         .map(|w| {
             as_written(w.replacen(

@@ -16,19 +16,8 @@ use k8s_openapi::api::resource::v1 as res;
 use serde_json::json;
 
 use super::PatchOp;
-use crate::{gate, names};
-
-/// `(name, uid)` of the pod that controls `claim` (its controller owner reference of kind
-/// `Pod` in core v1), as kube-controller-manager sets it on claims made from templates.
-pub fn owning_pod(claim: &res::ResourceClaim) -> Option<(&str, &str)> {
-    claim
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
-        .map(|o| (o.name.as_str(), o.uid.as_str()))
-}
+use crate::names;
+use crate::placement::gate::{self, owning_pod};
 
 /// The JSON patch that marks `claim` for its owning pod `owner` (as looked up by name), or
 /// nothing when the claim is not made for a pod the controller will place.

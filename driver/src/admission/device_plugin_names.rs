@@ -39,12 +39,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::PatchOp;
-use crate::config::GpuShare;
 use crate::error::{Error, Result};
-use crate::inventory::models;
 use crate::names;
-use crate::quantity::Quantity;
-use crate::share::{COMPUTE_STEP, GIB, ShareRequest};
+use crate::node::inventory::models;
+use crate::rules::config::GpuShare;
+use crate::rules::quantity::Quantity;
+use crate::rules::share::{COMPUTE_STEP, GIB, ShareRequest};
 
 /// NVIDIA device plugin: whole GPUs.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";

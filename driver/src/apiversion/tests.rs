@@ -1,8 +1,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::inventory::Inventory;
-use crate::slices::{RenderOptions, render};
+use crate::node::inventory::Inventory;
+use crate::node::slices::{RenderOptions, render};
 
 fn claim(api_version: &str) -> Value {
     json!({

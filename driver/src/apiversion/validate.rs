@@ -17,14 +17,11 @@ use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::Object;
-use crate::cel::{CelCache, MAX_EXPRESSION_LENGTH};
 use crate::error::Error;
-use crate::quantity::Quantity;
-use crate::slices::limits;
+use crate::rules::cel::{CelCache, MAX_EXPRESSION_LENGTH};
+use crate::rules::limits::{self, MAX_REQUESTS};
+use crate::rules::quantity::Quantity;
 
-/// `DeviceRequestsMaxSize` (= `AllocationResultsMaxSize`): requests of one claim, and devices
-/// one claim can be allocated.
-pub const MAX_REQUESTS: usize = 32;
 /// `DeviceConstraintsMaxSize`.
 pub const MAX_CONSTRAINTS: usize = 32;
 /// `DeviceConfigMaxSize`.

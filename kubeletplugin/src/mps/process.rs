@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_driver::mps;
+use tessera_driver::node::mps;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};

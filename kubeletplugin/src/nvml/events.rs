@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_driver::health::{GpuEvent, GpuHealthTracker};
+use tessera_driver::node::health::{GpuEvent, GpuHealthTracker};
 use tracing::{info, warn};
 
 use super::{NvmlEvents, NvmlLibrary, locked};

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_driver::inventory::discovered::{DiscoveredGpu, DiscoveredMig};
+use tessera_driver::node::inventory::discovered::{DiscoveredGpu, DiscoveredMig};
 
 use super::{NvmlDevice, NvmlEvents, NvmlLibrary, XidEvent, locked};
 use crate::error::{Error, NvmlErrorKind, Result};

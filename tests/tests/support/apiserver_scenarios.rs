@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 use tessera_driver::apiversion::ApiVersion;
-use tessera_driver::cdi::Enforcement;
-use tessera_driver::inventory::{Inventory, NodeInventory};
 use tessera_driver::names;
+use tessera_driver::node::cdi::Enforcement;
+use tessera_driver::node::inventory::{Inventory, NodeInventory};
 use tessera_kubelet_plugin::apiserver::ApiClaimSource;
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::publisher::{PublisherConfig, SlicePublisher};
@@ -359,9 +359,9 @@ pub(crate) async fn slices_come_back(
     let node = node_inventory();
     let (_inventory, receiver) = tokio::sync::watch::channel(node.clone());
     let running = Arc::clone(&publisher).spawn(receiver);
-    let rendered = tessera_driver::slices::render(
+    let rendered = tessera_driver::node::slices::render(
         &node,
-        &tessera_driver::slices::RenderOptions {
+        &tessera_driver::node::slices::RenderOptions {
             max_devices_per_slice: 2,
             consumable_capacity: version == ApiVersion::V1,
             ..Default::default()

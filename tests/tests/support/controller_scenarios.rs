@@ -14,11 +14,11 @@ use serde_json::{Value, json};
 use tessera_controller::leader::LeaderConfig;
 use tessera_controller::metrics::Metrics;
 use tessera_controller::service::{self, ControllerConfig};
-use tessera_driver::allocator::{Policy, Snapshot};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
-use tessera_driver::inventory::Inventory;
-use tessera_driver::slices::{self, RenderOptions};
-use tessera_driver::{gate, names};
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{self, RenderOptions};
+use tessera_driver::placement::allocator::{Policy, Snapshot};
+use tessera_driver::{names, placement::gate};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

@@ -16,9 +16,9 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 use tessera_controller::metrics::Outcome;
 use tessera_controller::service::ControllerConfig;
-use tessera_driver::allocator::Policy;
 use tessera_driver::apiversion::ApiVersion;
-use tessera_driver::{gate, names};
+use tessera_driver::placement::allocator::Policy;
+use tessera_driver::{names, placement::gate};
 use tessera_kubeapi as apiserver;
 
 use crate::scenarios::*;
@@ -233,7 +233,7 @@ pub(crate) async fn preemption_evicts_batch_pods_through_the_eviction_api(
     version: ApiVersion,
 ) {
     let wait = Duration::from_secs(30);
-    let one_gpu = tessera_driver::inventory::Inventory::from_yaml(&format!(
+    let one_gpu = tessera_driver::node::inventory::Inventory::from_yaml(&format!(
         "nodes:\n- name: {}\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: 1\n",
         node_name(0)
     ))

@@ -1,0 +1,268 @@
+//! What each share-enforcement backend puts into a container, and the MPS daemon a claim
+//! needs. See `docs/cdi.md` for the reasoning behind every edit.
+
+use std::fmt::Write as _;
+
+use crate::error::Result;
+use crate::rules::config::Tier;
+
+use super::spec::{ContainerEdits, Mount};
+use super::{CudaDevice, check};
+
+/// Where the MPS pipe directory of a claim's daemon appears in the container.
+pub const MPS_PIPE_DIR_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+/// MPS clients and their server exchange memory through `/dev/shm`.
+pub const MPS_SHM_IN_CONTAINER: &str = "/dev/shm";
+/// Where the HAMi-core library appears in the container.
+pub const HAMI_LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/hami/libvgpu.so";
+/// Where the claim's HAMi-core cache directory appears in the container.
+pub const HAMI_CACHE_DIR_IN_CONTAINER: &str = "/run/tessera/hami";
+/// The HAMi-core shared accounting file, inside [`HAMI_CACHE_DIR_IN_CONTAINER`].
+pub const HAMI_CACHE_FILE_IN_CONTAINER: &str = "/run/tessera/hami/vgpu.cache";
+/// HAMi-core's lock directory, a fixed path inside the library.
+pub const HAMI_LOCK_DIR_IN_CONTAINER: &str = "/tmp/vgpulock";
+
+const MIB: u64 = 1 << 20;
+
+/// `CUDA_MPS_CLIENT_PRIORITY` of a tier: 0 is MPS's normal priority, 1 its below-normal one.
+pub const fn mps_client_priority(tier: Tier) -> u8 {
+    match tier {
+        Tier::Online => 0,
+        Tier::Batch => 1,
+    }
+}
+
+/// HAMi-core's `CUDA_TASK_PRIORITY` of a tier: 0 is its high priority, 1 its low one (and
+/// the library's default when the variable is unset).
+pub const fn hami_task_priority(tier: Tier) -> u8 {
+    match tier {
+        Tier::Online => 0,
+        Tier::Batch => 1,
+    }
+}
+
+/// How a node enforces shares inside containers; chosen by the admin per node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enforcement {
+    /// NVIDIA MPS: one control daemon per shared GPU set, started by the kubelet plugin.
+    Mps {
+        /// Host directory under which each daemon gets `<id>/pipe` and `<id>/shm`.
+        pipe_dir_root: String,
+        /// Host directory under which each daemon logs to `<id>`.
+        log_dir_root: String,
+    },
+    /// HAMi-core's `libvgpu.so`, preloaded into every process of the container.
+    HamiCore {
+        /// Host path of the installed `libvgpu.so`.
+        library_path: String,
+        /// Host directory under which each claim gets its accounting directory `<claim uid>`.
+        cache_dir: String,
+    },
+    /// Time-slicing: shares are bookkeeping only, nothing is limited in the container.
+    None,
+}
+
+impl Enforcement {
+    /// Checks the admin's paths: absolute, normalised, and made of plain characters only.
+    pub(super) fn validate(&self, claim: &str) -> Result<()> {
+        match self {
+            Self::Mps {
+                pipe_dir_root,
+                log_dir_root,
+            } => {
+                check::host_path(claim, "mps.pipeDirRoot", pipe_dir_root)?;
+                check::host_path(claim, "mps.logDirRoot", log_dir_root)
+            }
+            Self::HamiCore {
+                library_path,
+                cache_dir,
+            } => {
+                check::host_path(claim, "hamiCore.libraryPath", library_path)?;
+                check::host_path(claim, "hamiCore.cacheDir", cache_dir)
+            }
+            Self::None => Ok(()),
+        }
+    }
+}
+
+/// An MPS control daemon serving one set of CUDA devices.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemon {
+    /// [`mps_daemon_id`] of `devices`.
+    pub id: String,
+    /// The devices' UUIDs in the order the daemon must list them in `CUDA_VISIBLE_DEVICES`:
+    /// clients number devices in this order, and the spec's per-device limits use it.
+    pub devices: Vec<String>,
+    /// Host pipe directory (`CUDA_MPS_PIPE_DIRECTORY` of the daemon).
+    pub pipe_dir: String,
+    /// Host directory the daemon must use as its `/dev/shm` (a tmpfs the plugin mounts).
+    pub shm_dir: String,
+    /// Host log directory (`CUDA_MPS_LOG_DIRECTORY` of the daemon).
+    pub log_dir: String,
+}
+
+/// The id of the MPS daemon serving a set of CUDA device UUIDs: `mps-` and 32 hex digits of a
+/// name-based (v5) UUID of the sorted, de-duplicated set. The same set always gives the same id
+/// (whatever the order), and the id is a valid directory name.
+pub fn mps_daemon_id<I, S>(uuids: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut set: Vec<String> = uuids.into_iter().map(|u| u.as_ref().to_owned()).collect();
+    set.sort();
+    set.dedup();
+    let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"mps.gpu.tessera.dev");
+    let id = uuid::Uuid::new_v5(&namespace, set.join(",").as_bytes());
+    format!("mps-{}", id.simple())
+}
+
+pub(super) fn mps_daemon(
+    pipe_dir_root: &str,
+    log_dir_root: &str,
+    devices: &[CudaDevice],
+) -> MpsDaemon {
+    let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
+    let id = mps_daemon_id(&uuids);
+    MpsDaemon {
+        pipe_dir: format!("{}/{id}/pipe", pipe_dir_root.trim_end_matches('/')),
+        shm_dir: format!("{}/{id}/shm", pipe_dir_root.trim_end_matches('/')),
+        log_dir: format!("{}/{id}", log_dir_root.trim_end_matches('/')),
+        id,
+        devices: uuids,
+    }
+}
+
+/// The smallest non-zero compute percent: one value covers every device of a process, and
+/// the smallest never lets a device use more than its grant (0 means not isolated).
+fn thread_percent(devices: &[CudaDevice]) -> Option<i64> {
+    devices
+        .iter()
+        .filter_map(|d| d.share)
+        .map(|s| s.compute_percent)
+        .filter(|&c| c > 0)
+        .min()
+}
+
+/// Calls `each(ordinal, MiB)` for every shared device, ordinals counted over all devices.
+fn per_ordinal(devices: &[CudaDevice], mut each: impl FnMut(usize, u64)) {
+    for (ordinal, d) in devices.iter().enumerate() {
+        if let Some(share) = d.share {
+            each(ordinal, share.memory_bytes / MIB);
+        }
+    }
+}
+
+pub(super) fn mps_edits(daemon: &MpsDaemon, devices: &[CudaDevice], tier: Tier) -> ContainerEdits {
+    let mut env = vec![
+        format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR_IN_CONTAINER}"),
+        format!("CUDA_MPS_CLIENT_PRIORITY={}", mps_client_priority(tier)),
+    ];
+    if let Some(pct) = thread_percent(devices) {
+        env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}"));
+    }
+    let mut limits = String::new();
+    per_ordinal(devices, |ordinal, mib| {
+        if !limits.is_empty() {
+            limits.push(',');
+        }
+        let _ = write!(limits, "{ordinal}={mib}M");
+    });
+    if !limits.is_empty() {
+        env.push(format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}"));
+    }
+    ContainerEdits {
+        env,
+        mounts: vec![
+            bind(&daemon.pipe_dir, MPS_PIPE_DIR_IN_CONTAINER, "rw", true),
+            bind(&daemon.shm_dir, MPS_SHM_IN_CONTAINER, "rw", false),
+        ],
+        ..ContainerEdits::default()
+    }
+}
+
+/// The claim's HAMi-core directory on the host: `<cache_dir>/<claim uid>`.
+pub(super) fn hami_claim_dir(cache_dir: &str, uid: &str) -> String {
+    format!("{}/{uid}", cache_dir.trim_end_matches('/'))
+}
+
+/// The claim's HAMi-core lock directory on the host, inside [`hami_claim_dir`].
+pub(super) fn hami_lock_dir(cache_dir: &str, uid: &str) -> String {
+    format!("{}/vgpulock", hami_claim_dir(cache_dir, uid))
+}
+
+pub(super) fn hami_edits(
+    library_path: &str,
+    cache_dir: &str,
+    uid: &str,
+    devices: &[CudaDevice],
+    tier: Tier,
+) -> ContainerEdits {
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    let mut env = vec![
+        format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")),
+        format!("LD_PRELOAD={HAMI_LIBRARY_IN_CONTAINER}"),
+        format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={HAMI_CACHE_FILE_IN_CONTAINER}"),
+        format!("CUDA_TASK_PRIORITY={}", hami_task_priority(tier)),
+    ];
+    per_ordinal(devices, |ordinal, mib| {
+        env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{ordinal}={mib}m"));
+    });
+    if let Some(pct) = thread_percent(devices) {
+        env.push(format!("CUDA_DEVICE_SM_LIMIT={pct}"));
+    }
+    ContainerEdits {
+        env,
+        mounts: vec![
+            bind(library_path, HAMI_LIBRARY_IN_CONTAINER, "ro", false),
+            bind(
+                &hami_claim_dir(cache_dir, uid),
+                HAMI_CACHE_DIR_IN_CONTAINER,
+                "rw",
+                true,
+            ),
+            bind(
+                &hami_lock_dir(cache_dir, uid),
+                HAMI_LOCK_DIR_IN_CONTAINER,
+                "rw",
+                true,
+            ),
+        ],
+        ..ContainerEdits::default()
+    }
+}
+
+fn bind(host: &str, container: &str, access: &str, noexec: bool) -> Mount {
+    let mut options = vec![access.to_owned(), "nosuid".into(), "nodev".into()];
+    if noexec {
+        options.push("noexec".into());
+    }
+    options.push("bind".into());
+    Mount {
+        host_path: host.to_owned(),
+        container_path: container.to_owned(),
+        options,
+        mount_type: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_id_is_stable_and_order_free() {
+        let a = mps_daemon_id(["GPU-b", "GPU-a"]);
+        assert_eq!(a, mps_daemon_id(["GPU-a", "GPU-b", "GPU-a"]));
+        assert_ne!(a, mps_daemon_id(["GPU-a"]));
+        assert_eq!(a.len(), 36);
+        assert!(a.starts_with("mps-"));
+        assert!(a[4..].chars().all(|c| c.is_ascii_hexdigit()));
+        // Pinned: daemons started by an older plugin must be found again after an upgrade.
+        assert_eq!(
+            mps_daemon_id(["GPU-8a0c4f7e-6f41-4b9e-9c51-1d2e3f405060"]),
+            "mps-a055420bcd0a5a6e81a7c0047733ef26"
+        );
+    }
+}

@@ -1,0 +1,392 @@
+#![allow(clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::node::inventory::Inventory;
+use crate::rules::share::GIB;
+
+const DRIVER: &str = "gpu.tessera.dev";
+
+fn node() -> NodeInventory {
+    Inventory::from_yaml("nodes:\n- name: node-a\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n")
+        .unwrap()
+        .nodes
+        .remove(0)
+}
+
+fn record(memory: &str, compute: i64) -> Value {
+    json!({
+        "source": "FromClaim",
+        "requests": ["gpu"],
+        "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "AllocatedShares",
+            "devices": [{"request": "gpu", "pool": "node-a", "device": "gpu-0", "memory": memory, "compute": compute}]
+        }}
+    })
+}
+
+fn gpu_share(source: &str, memory: &str, compute: i64) -> Value {
+    json!({
+        "source": source,
+        "requests": ["gpu"],
+        "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": memory, "compute": compute
+        }}
+    })
+}
+
+/// A claim for request `gpu`, allocated gpu-0 of node-a with `consumed` (if any), the claim's
+/// own `spec_config` and the allocation's `alloc_config`.
+fn claim(
+    consumed: Option<Value>,
+    spec_config: &[Value],
+    alloc_config: &[Value],
+) -> res::ResourceClaim {
+    let spec_config: Vec<Value> = spec_config
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c.as_object_mut().unwrap().remove("source");
+            c
+        })
+        .collect();
+    let mut result = json!({
+        "request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0",
+        "shareID": "7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70"
+    });
+    if let Some(c) = consumed {
+        result["consumedCapacity"] = c;
+    }
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}}],
+            "config": spec_config
+        }},
+        "status": {"allocation": {"devices": {"results": [result], "config": alloc_config}}}
+    }))
+    .unwrap()
+}
+
+fn prepare(claim: &res::ResourceClaim) -> Result<PreparedClaim> {
+    prepare_on_node(claim, DRIVER, &node())
+}
+
+fn refused(claim: &res::ResourceClaim) -> String {
+    let err = prepare(claim).unwrap_err();
+    assert!(matches!(err, Error::Prepare { .. }), "{err}");
+    err.to_string()
+}
+
+fn share(claim: &res::ResourceClaim) -> Option<PerDeviceShare> {
+    prepare(claim).unwrap().devices[0].share
+}
+
+#[test]
+fn a_record_the_user_wrote_into_the_claim_is_refused() {
+    // kube-scheduler booked the policy defaults and copied the user's record into the
+    // allocation: the record must not become the limits.
+    let user_record = record("80Gi", 100);
+    let c = claim(
+        Some(json!({"memory": "1Gi", "compute": "5"})),
+        std::slice::from_ref(&user_record),
+        std::slice::from_ref(&user_record),
+    );
+    let msg = refused(&c);
+    assert!(msg.contains("spec.devices.config[0]"), "{msg}");
+    assert!(msg.contains("AllocatedShares"), "{msg}");
+}
+
+#[test]
+fn a_record_larger_than_what_was_booked_is_refused_naming_both() {
+    let c = claim(
+        Some(json!({"memory": "1Gi", "compute": "5"})),
+        &[],
+        &[record("80Gi", 100)],
+    );
+    let msg = refused(&c);
+    assert!(
+        msg.contains(&format!("memory {} bytes, compute 100", 80 * GIB)),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("memory {GIB} bytes, compute 5")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_record_that_does_not_decode_is_refused() {
+    let c = claim(None, &[], &[record("1e30", 50)]);
+    let msg = refused(&c);
+    assert!(
+        msg.contains("does not decode") && msg.contains("1e30"),
+        "{msg}"
+    );
+    let mut bad = record("10Gi", 50);
+    bad["opaque"]["parameters"]["devices"][0]["memroy"] = json!("10Gi");
+    let msg = refused(&claim(None, &[], &[bad]));
+    assert!(msg.contains("does not decode"), "{msg}");
+}
+
+#[test]
+fn a_gpu_share_that_kube_scheduler_placed_with_the_policy_defaults_is_refused() {
+    let share = gpu_share("FromClaim", "10Gi", 50);
+    let c = claim(
+        Some(json!({"memory": "1Gi", "compute": "0"})),
+        std::slice::from_ref(&share),
+        std::slice::from_ref(&share),
+    );
+    let msg = refused(&c);
+    assert!(msg.contains("not gated by Tessera's admission"), "{msg}");
+    assert!(msg.contains("delete the pod"), "{msg}");
+}
+
+#[test]
+fn a_class_gpu_share_without_a_record_is_refused_too() {
+    let c = claim(None, &[], &[gpu_share("FromClass", "10Gi", 50)]);
+    assert!(refused(&c).contains("GpuShare"));
+}
+
+#[test]
+fn a_record_from_a_class_is_refused() {
+    let mut from_class = record("10Gi", 50);
+    from_class["source"] = json!("FromClass");
+    let msg = refused(&claim(None, &[], &[from_class]));
+    assert!(msg.contains("FromClass"), "{msg}");
+}
+
+#[test]
+fn a_capacity_requests_share_kube_scheduler_booked_is_prepared_from_consumed_capacity() {
+    let c = claim(Some(json!({"memory": "10Gi", "compute": "50"})), &[], &[]);
+    assert_eq!(
+        share(&c),
+        Some(PerDeviceShare {
+            memory_bytes: 10 * GIB,
+            compute_percent: 50
+        })
+    );
+}
+
+#[test]
+fn the_controllers_record_within_its_booking_sets_the_limits() {
+    // memoryPercent 33 of an 80 GiB card: the record is exact, the booking rounds up to the
+    // policy's step.
+    let exact = 33 * 80 * GIB / 100;
+    let c = claim(
+        Some(json!({"memory": "27Gi", "compute": "25"})),
+        &[gpu_share("FromClaim", "10Gi", 25)],
+        &[
+            gpu_share("FromClaim", "10Gi", 25),
+            record(&exact.to_string(), 25),
+        ],
+    );
+    assert_eq!(
+        share(&c),
+        Some(PerDeviceShare {
+            memory_bytes: exact,
+            compute_percent: 25
+        })
+    );
+    // Without consumable capacity (1.32, 1.33) the record alone is the share.
+    let c = claim(None, &[], &[record("10Gi", 0)]);
+    assert_eq!(share(&c).unwrap().memory_bytes, 10 * GIB);
+}
+
+#[test]
+fn an_unisolated_record_under_a_compute_booking_is_refused() {
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "50"})),
+        &[],
+        &[record("10Gi", 0)],
+    );
+    assert!(refused(&c).contains("disagrees"));
+}
+
+#[test]
+fn a_record_naming_a_device_outside_the_allocation_is_refused() {
+    let mut stray = record("10Gi", 50);
+    stray["opaque"]["parameters"]["devices"][0]["device"] = json!("gpu-1");
+    let msg = refused(&claim(None, &[], &[stray]));
+    assert!(msg.contains("node-a/gpu-1"), "{msg}");
+}
+
+#[test]
+fn a_whole_device_without_a_share_request_is_prepared_whole_with_its_share_id() {
+    let c = claim(None, &[], &[]);
+    let prepared = prepare(&c).unwrap();
+    assert_eq!(prepared.devices[0].share, None);
+    assert_eq!(
+        prepared.devices[0].share_id.as_deref(),
+        Some("7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70")
+    );
+}
+
+fn with_tier(mut record: Value, tier: &str) -> Value {
+    record["opaque"]["parameters"]["devices"][0]["tier"] = json!(tier);
+    record
+}
+
+fn tier_policy(source: &str, tier: &str, allow_online: Option<bool>) -> Value {
+    let mut v = json!({
+        "source": source,
+        "requests": ["gpu"],
+        "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy", "tier": tier
+        }}
+    });
+    if let Some(a) = allow_online {
+        v["opaque"]["parameters"]["allowOnline"] = json!(a);
+    }
+    v
+}
+
+fn tier(claim: &res::ResourceClaim) -> Tier {
+    prepare(claim).unwrap().devices[0].tier
+}
+
+#[test]
+fn the_tier_comes_from_the_record_and_an_old_record_is_online() {
+    assert_eq!(tier(&claim(None, &[], &[record("10Gi", 50)])), Tier::Online);
+    assert_eq!(
+        tier(&claim(None, &[], &[with_tier(record("10Gi", 50), "batch")])),
+        Tier::Batch
+    );
+    assert_eq!(
+        tier(&claim(
+            None,
+            &[],
+            &[with_tier(record("10Gi", 50), "online")]
+        )),
+        Tier::Online
+    );
+}
+
+#[test]
+fn a_record_whose_tier_does_not_decode_is_refused() {
+    let msg = refused(&claim(
+        None,
+        &[],
+        &[with_tier(record("10Gi", 50), "platinum")],
+    ));
+    assert!(
+        msg.contains("does not decode") && msg.contains("platinum"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_claim_cannot_raise_its_tier_with_its_own_config() {
+    // A user's TierPolicy, copied by kube-scheduler as FromClaim, never changes the tier: the
+    // booked share stays online by default and a FromClaim policy is no class policy.
+    let user = tier_policy("FromClaim", "online", Some(true));
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "50"})),
+        &[],
+        &[tier_policy("FromClass", "batch", None), user],
+    );
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+#[test]
+fn a_share_kube_scheduler_booked_takes_the_class_tier() {
+    let booked = Some(json!({"memory": "10Gi", "compute": "50"}));
+    assert_eq!(tier(&claim(booked.clone(), &[], &[])), Tier::Online);
+    let c = claim(
+        booked,
+        &[],
+        &[tier_policy("FromClass", "batch", Some(false))],
+    );
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+#[test]
+fn an_online_record_under_a_class_that_forbids_online_is_refused() {
+    let c = claim(
+        None,
+        &[],
+        &[
+            tier_policy("FromClass", "batch", Some(false)),
+            record("10Gi", 50),
+        ],
+    );
+    let msg = refused(&c);
+    assert!(msg.contains("allowOnline: false"), "{msg}");
+    // The record that says batch is prepared.
+    let c = claim(
+        None,
+        &[],
+        &[
+            tier_policy("FromClass", "batch", Some(false)),
+            with_tier(record("10Gi", 50), "batch"),
+        ],
+    );
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+#[test]
+fn a_whole_device_is_online_whatever_its_class_says() {
+    let c = claim(None, &[], &[tier_policy("FromClass", "batch", None)]);
+    let prepared = prepare(&c).unwrap();
+    assert_eq!(prepared.devices[0].share, None);
+    assert_eq!(prepared.devices[0].tier, Tier::Online);
+}
+
+fn guaranteed(mut record: Value, memory: Option<&str>, compute: Option<i64>) -> Value {
+    let d = &mut record["opaque"]["parameters"]["devices"][0];
+    if let Some(m) = memory {
+        d["guaranteedMemory"] = json!(m);
+    }
+    if let Some(c) = compute {
+        d["guaranteedCompute"] = json!(c);
+    }
+    record
+}
+
+#[test]
+fn an_over_committed_batch_share_is_booked_at_its_guarantee_and_limited_at_what_it_may_use() {
+    // Booked (consumedCapacity) 40 of compute, recorded 80 that it may use when idle.
+    let rec = guaranteed(with_tier(record("10Gi", 80), "batch"), None, Some(40));
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "40"})),
+        &[gpu_share("FromClaim", "10Gi", 80)],
+        &[gpu_share("FromClaim", "10Gi", 80), rec],
+    );
+    let prepared = prepare(&c).unwrap();
+    let d = &prepared.devices[0];
+    assert_eq!(d.share.unwrap().compute_percent, 80);
+    assert!(!d.memory_overcommitted);
+    // A guarantee above what was booked is refused.
+    let rec = guaranteed(with_tier(record("10Gi", 80), "batch"), None, Some(60));
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "40"})),
+        &[],
+        &[rec],
+    );
+    assert!(refused(&c).contains("guaranteed memory"), "{}", refused(&c));
+    // Over-committed memory is flagged for the CDI builder (which needs hami-core).
+    let rec = guaranteed(with_tier(record("10Gi", 0), "batch"), Some("4Gi"), None);
+    let c = claim(Some(json!({"memory": "4Gi"})), &[], &[rec]);
+    assert!(prepare(&c).unwrap().devices[0].memory_overcommitted);
+}
+
+#[test]
+fn an_online_record_that_claims_over_commit_or_a_guarantee_above_its_share_is_refused() {
+    let c = claim(None, &[], &[guaranteed(record("10Gi", 80), None, Some(40))]);
+    assert!(
+        refused(&c).contains("online shares are never"),
+        "{}",
+        refused(&c)
+    );
+    let c = claim(
+        None,
+        &[],
+        &[guaranteed(
+            with_tier(record("10Gi", 40), "batch"),
+            None,
+            Some(80),
+        )],
+    );
+    assert!(refused(&c).contains("guaranteedCompute"), "{}", refused(&c));
+}

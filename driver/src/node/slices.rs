@@ -1,0 +1,466 @@
+//! Rendering one node's inventory into the `ResourceSlices` of its pool (resource.k8s.io/v1).
+//!
+//! Pure: the same inventory and options always give the same slices, byte for byte, so the
+//! kubelet plugin can compare before it writes. What a device publishes is the contract of
+//! DESIGN.md §2; docs/inventory.md shows rendered examples. Every validation limit of the API
+//! is checked here, and an inventory that would break one is an [`Error::Invalid`], never an
+//! object the API server would reject.
+
+pub mod drift;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::error::{Error, Result};
+use crate::names;
+use crate::node::inventory::{Gpu, GpuMode, MigInstance, NodeInventory};
+use crate::rules::quantity::Quantity;
+
+use crate::rules::limits::{self, normalize_version};
+
+const GIB: u64 = 1024 * 1024 * 1024;
+
+/// How to render a node's slices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// The DRA driver name, also the domain of the attributes (default `gpu.tessera.dev`).
+    pub driver_name: String,
+    /// The pool generation; bump it whenever the devices change.
+    pub pool_generation: i64,
+    /// Whether the cluster has consumable capacity (Kubernetes 1.34+): shared GPUs are then
+    /// published with `allowMultipleAllocations` and request policies.
+    pub consumable_capacity: bool,
+    /// Devices per slice, at most the API's limit (128, or 64 when a device has taints); a
+    /// lower value only makes more, smaller slices.
+    pub max_devices_per_slice: usize,
+    /// How the node enforces shares (`mps`, `hami-core`, `none`), published on shared GPUs as
+    /// the `enforcement` attribute; `None` publishes nothing. Batch memory over-commit is
+    /// allowed only on GPUs that say `hami-core` ([`crate::rules::overcommit`]).
+    pub enforcement: Option<String>,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self {
+            driver_name: names::DEFAULT_DRIVER_NAME.to_owned(),
+            pool_generation: 1,
+            consumable_capacity: false,
+            max_devices_per_slice: limits::MAX_DEVICES_PER_SLICE,
+            enforcement: None,
+        }
+    }
+}
+
+/// Renders the slices of `node`'s pool: one pool named after the node, its devices split over
+/// as many slices as the per-slice limit needs (at least one, so an empty pool is visible).
+pub fn render(node: &NodeInventory, opts: &RenderOptions) -> Result<Vec<ResourceSlice>> {
+    let object = format!("ResourceSlice pool {}", node.name);
+    let invalid = |field: &str, message: String| Error::invalid(&object, field, message);
+    if !limits::is_dns_subdomain(&opts.driver_name, limits::MAX_DOMAIN_LENGTH) {
+        return Err(invalid(
+            "spec.driver",
+            format!(
+                "driver name {:?} must be a lower-case DNS subdomain of at most {} characters",
+                opts.driver_name,
+                limits::MAX_DOMAIN_LENGTH
+            ),
+        ));
+    }
+    if !limits::is_dns_subdomain(&node.name, limits::MAX_DNS_SUBDOMAIN) {
+        return Err(invalid(
+            "spec.nodeName",
+            format!("node name {:?} must be a DNS subdomain", node.name),
+        ));
+    }
+    if opts.pool_generation < 0 {
+        return Err(invalid(
+            "spec.pool.generation",
+            format!("{} must not be negative", opts.pool_generation),
+        ));
+    }
+
+    let mut devices = Vec::new();
+    let mut gpus: Vec<&Gpu> = node.gpus.iter().collect();
+    gpus.sort_by_key(|g| g.index);
+    for pair in gpus.windows(2) {
+        if pair[0].index == pair[1].index {
+            return Err(invalid(
+                "spec.devices",
+                format!("two GPUs have index {}", pair[0].index),
+            ));
+        }
+    }
+    for gpu in gpus {
+        match gpu.mode {
+            GpuMode::Mig => {
+                for mig in &gpu.mig_instances {
+                    devices.push(mig_device(gpu, mig));
+                }
+            }
+            GpuMode::Exclusive | GpuMode::Shared => devices.push(gpu_device(gpu, opts)),
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for d in &devices {
+        check_device(d, &object)?;
+        if !seen.insert(d.name.as_str()) {
+            return Err(invalid(
+                "spec.devices",
+                format!("device name {:?} appears twice", d.name),
+            ));
+        }
+    }
+
+    let tainted = devices
+        .iter()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
+    let api_limit = if tainted {
+        limits::MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    } else {
+        limits::MAX_DEVICES_PER_SLICE
+    };
+    if opts.max_devices_per_slice == 0 {
+        return Err(invalid(
+            "spec.devices",
+            "max_devices_per_slice must be at least 1".to_owned(),
+        ));
+    }
+    let per_slice = opts.max_devices_per_slice.min(api_limit);
+    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+        vec![Vec::new()]
+    } else {
+        devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
+    };
+    let count = i64::try_from(chunks.len())
+        .map_err(|_| invalid("spec.pool.resourceSliceCount", "too many slices".to_owned()))?;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(k, devices)| {
+            Ok(ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(slice_name(&node.name, &opts.driver_name, k)),
+                    ..ObjectMeta::default()
+                },
+                spec: ResourceSliceSpec {
+                    driver: opts.driver_name.clone(),
+                    node_name: Some(node.name.clone()),
+                    pool: ResourcePool {
+                        name: node.name.clone(),
+                        generation: opts.pool_generation,
+                        resource_slice_count: count,
+                    },
+                    devices: (!devices.is_empty()).then_some(devices),
+                    ..ResourceSliceSpec::default()
+                },
+            })
+        })
+        .collect()
+}
+
+/// `<node>-<driver with dots as dashes>-<k>`, shortened with a hash when it would exceed the
+/// 253 characters of an object name.
+fn slice_name(node: &str, driver: &str, k: usize) -> String {
+    let base = format!("{node}-{}", driver.replace('.', "-"));
+    let suffix = format!("-{k}");
+    if base.len() + suffix.len() <= limits::MAX_DNS_SUBDOMAIN {
+        return format!("{base}{suffix}");
+    }
+    let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"gpu.tessera.dev");
+    let hash = uuid::Uuid::new_v5(&namespace, base.as_bytes())
+        .simple()
+        .to_string();
+    let hash = &hash[..8];
+    let keep = limits::MAX_DNS_SUBDOMAIN - suffix.len() - hash.len() - 1;
+    let head = base[..keep].trim_end_matches(['-', '.']);
+    format!("{head}-{hash}{suffix}")
+}
+
+fn string(s: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(s.to_owned()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn int(i: u32) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(i64::from(i)),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn boolean(b: bool) -> DeviceAttribute {
+    DeviceAttribute {
+        bool: Some(b),
+        ..DeviceAttribute::default()
+    }
+}
+
+/// A version attribute; a value that is not a version is kept as given so `check_device`
+/// reports it with the attribute's name.
+fn version(v: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(normalize_version(v).unwrap_or_else(|| v.to_owned())),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn capacity(q: Quantity) -> DeviceCapacity {
+    DeviceCapacity {
+        value: q.to_k8s(),
+        request_policy: None,
+    }
+}
+
+/// Attributes a GPU and its MIG instances share.
+fn common_attributes(gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    a.insert(
+        names::ATTR_PRODUCT_NAME.to_owned(),
+        string(&gpu.product_name),
+    );
+    a.insert(names::ATTR_MODEL.to_owned(), string(&gpu.model));
+    a.insert(names::ATTR_BRAND.to_owned(), string(&gpu.brand));
+    a.insert(
+        names::ATTR_ARCHITECTURE.to_owned(),
+        string(&gpu.architecture),
+    );
+    a.insert(
+        names::ATTR_CUDA_COMPUTE_CAPABILITY.to_owned(),
+        version(&gpu.compute_capability),
+    );
+    a.insert(
+        names::ATTR_DRIVER_VERSION.to_owned(),
+        version(&gpu.driver_version),
+    );
+    a.insert(
+        names::ATTR_CUDA_DRIVER_VERSION.to_owned(),
+        version(&gpu.cuda_driver_version),
+    );
+    if let Some(domain) = &gpu.nvlink_domain {
+        a.insert(names::ATTR_NVLINK_DOMAIN.to_owned(), string(domain));
+    }
+    if let Some(numa) = gpu.numa_node {
+        a.insert(names::ATTR_NUMA_NODE.to_owned(), int(numa));
+    }
+    a.insert(names::ATTR_STD_PCIE_ROOT.to_owned(), string(&gpu.pcie_root));
+    a
+}
+
+/// The taints of a GPU's devices: unhealthy, and draining (value: the mode it switches to).
+fn taints(gpu: &Gpu) -> Option<Vec<DeviceTaint>> {
+    let mut taints = Vec::new();
+    if !gpu.healthy {
+        taints.push(DeviceTaint {
+            key: names::TAINT_UNHEALTHY.to_owned(),
+            effect: names::TAINT_EFFECT_NO_SCHEDULE.to_owned(),
+            ..DeviceTaint::default()
+        });
+    }
+    if let Some(mode) = gpu.draining_to {
+        taints.push(DeviceTaint {
+            key: names::TAINT_DRAINING.to_owned(),
+            value: Some(mode.as_str().to_owned()),
+            effect: names::TAINT_EFFECT_NO_SCHEDULE.to_owned(),
+            ..DeviceTaint::default()
+        });
+    }
+    (!taints.is_empty()).then_some(taints)
+}
+
+fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
+    let shared = gpu.mode == GpuMode::Shared;
+    let mut a = common_attributes(gpu);
+    a.insert(names::ATTR_TYPE.to_owned(), string(names::TYPE_GPU));
+    a.insert(names::ATTR_UUID.to_owned(), string(&gpu.uuid));
+    a.insert(names::ATTR_INDEX.to_owned(), int(gpu.index));
+    a.insert(names::ATTR_MIG_CAPABLE.to_owned(), boolean(gpu.mig_capable));
+    a.insert(
+        names::ATTR_SHARING.to_owned(),
+        string(if shared {
+            names::SHARING_SHARED
+        } else {
+            names::SHARING_EXCLUSIVE
+        }),
+    );
+    a.insert(
+        names::ATTR_STD_PCI_BUS_ID.to_owned(),
+        string(&gpu.pci_bus_id),
+    );
+    if let Some(enforcement) = opts.enforcement.as_deref().filter(|_| shared) {
+        a.insert(names::ATTR_ENFORCEMENT.to_owned(), string(enforcement));
+    }
+
+    let consumable = shared && opts.consumable_capacity;
+    let mut c = BTreeMap::new();
+    let mut memory = capacity(Quantity::from_bytes(gpu.memory_bytes));
+    let mut compute = capacity(Quantity::from_units(100));
+    if consumable {
+        memory.request_policy = Some(policy(
+            Quantity::from_bytes(GIB),
+            Quantity::from_bytes(GIB),
+            None,
+            Quantity::from_bytes(GIB),
+        ));
+        compute.request_policy = Some(policy(
+            Quantity::ZERO,
+            Quantity::ZERO,
+            Some(Quantity::from_units(100)),
+            Quantity::from_units(5),
+        ));
+    } else {
+        // A shareable device's every capacity is consumed by every share, so one without a
+        // policy would let only one share in (DESIGN.md §2): leave it off shared devices.
+        c.insert(
+            names::CAP_MULTIPROCESSORS.to_owned(),
+            capacity(Quantity::from_units(i64::from(gpu.multiprocessors))),
+        );
+    }
+    c.insert(names::CAP_MEMORY.to_owned(), memory);
+    c.insert(names::CAP_COMPUTE.to_owned(), compute);
+
+    Device {
+        name: gpu.device_name(),
+        attributes: Some(a),
+        capacity: Some(c),
+        allow_multiple_allocations: consumable.then_some(true),
+        taints: taints(gpu),
+        ..Device::default()
+    }
+}
+
+fn policy(
+    default: Quantity,
+    min: Quantity,
+    max: Option<Quantity>,
+    step: Quantity,
+) -> CapacityRequestPolicy {
+    CapacityRequestPolicy {
+        default: Some(default.to_k8s()),
+        valid_range: Some(CapacityRequestPolicyRange {
+            min: min.to_k8s(),
+            max: max.map(Quantity::to_k8s),
+            step: Some(step.to_k8s()),
+        }),
+        valid_values: None,
+    }
+}
+
+fn mig_device(gpu: &Gpu, mig: &MigInstance) -> Device {
+    let mut a = common_attributes(gpu);
+    a.insert(names::ATTR_TYPE.to_owned(), string(names::TYPE_MIG));
+    a.insert(names::ATTR_UUID.to_owned(), string(&mig.uuid));
+    a.insert(names::ATTR_MIG_PROFILE.to_owned(), string(&mig.profile));
+    a.insert(names::ATTR_PARENT_UUID.to_owned(), string(&gpu.uuid));
+    a.insert(names::ATTR_PARENT_INDEX.to_owned(), int(gpu.index));
+    a.insert(
+        names::ATTR_SHARING.to_owned(),
+        string(names::SHARING_EXCLUSIVE),
+    );
+    let mut c = BTreeMap::new();
+    c.insert(
+        names::CAP_MEMORY.to_owned(),
+        capacity(Quantity::from_bytes(mig.memory_bytes)),
+    );
+    c.insert(
+        names::CAP_COMPUTE.to_owned(),
+        capacity(Quantity::from_units(i64::from(mig.compute_percent))),
+    );
+    c.insert(
+        names::CAP_MULTIPROCESSORS.to_owned(),
+        capacity(Quantity::from_units(i64::from(mig.multiprocessors))),
+    );
+    Device {
+        name: mig.device_name(gpu.index),
+        attributes: Some(a),
+        capacity: Some(c),
+        taints: taints(gpu),
+        ..Device::default()
+    }
+}
+
+/// Checks one device against the API's per-device rules.
+fn check_device(d: &Device, object: &str) -> Result<()> {
+    let field = |rest: &str| format!("spec.devices[{}]{rest}", d.name);
+    if !limits::is_dns_label(&d.name) {
+        return Err(Error::invalid(
+            object,
+            "spec.devices[].name",
+            format!(
+                "device name {:?} must be a DNS label of at most {} characters",
+                d.name,
+                limits::MAX_DNS_LABEL
+            ),
+        ));
+    }
+    let attributes = d.attributes.as_ref();
+    let capacities = d.capacity.as_ref();
+    let total = attributes.map_or(0, BTreeMap::len) + capacities.map_or(0, BTreeMap::len);
+    if total > limits::MAX_ATTRIBUTES_AND_CAPACITIES {
+        return Err(Error::invalid(
+            object,
+            field(""),
+            format!(
+                "{total} attributes and capacities; at most {} are allowed",
+                limits::MAX_ATTRIBUTES_AND_CAPACITIES
+            ),
+        ));
+    }
+    for (name, value) in attributes.into_iter().flatten() {
+        let f = || field(&format!(".attributes[{name}]"));
+        limits::check_qualified_name(name).map_err(|m| Error::invalid(object, f(), m))?;
+        for s in value.string.iter().chain(value.version.iter()) {
+            if s.len() > limits::MAX_VALUE_LENGTH {
+                return Err(Error::invalid(
+                    object,
+                    f(),
+                    format!(
+                        "value {s:?} is longer than {} characters",
+                        limits::MAX_VALUE_LENGTH
+                    ),
+                ));
+            }
+        }
+        if let Some(v) = &value.version
+            && !limits::is_semver(v)
+        {
+            return Err(Error::invalid(
+                object,
+                f(),
+                format!("{v:?} is not a semantic version (semver.org 2.0.0)"),
+            ));
+        }
+    }
+    for (name, cap) in capacities.into_iter().flatten() {
+        limits::check_qualified_name(name)
+            .map_err(|m| Error::invalid(object, field(&format!(".capacity[{name}]")), m))?;
+        if cap.request_policy.is_some() && d.allow_multiple_allocations != Some(true) {
+            return Err(Error::invalid(
+                object,
+                field(&format!(".capacity[{name}].requestPolicy")),
+                "a request policy needs allowMultipleAllocations".to_owned(),
+            ));
+        }
+    }
+    let taints = d.taints.as_ref().map_or(0, Vec::len);
+    if taints > limits::MAX_TAINTS_PER_DEVICE {
+        return Err(Error::invalid(
+            object,
+            field(".taints"),
+            format!(
+                "{taints} taints; at most {} are allowed",
+                limits::MAX_TAINTS_PER_DEVICE
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,237 @@
+//! The Alibaba "openb" trace CSV format: node lists and pod (task) lists.
+//!
+//! Columns are found by their header names, so the 5-column variants (`multigpu*`) and the
+//! 11-column ones read alike. Every bad value is an error naming the file, the line, the
+//! column and the rule. GPU models are mapped to Tessera's model ids through the inventory's
+//! model table (`G1`/`G2`/`G3` are aliases of stand-in models, docs/inventory.md).
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::node::inventory::models;
+use crate::placement::fragmentation::{HostResources, TaskShape, WHOLE_GPU};
+
+/// Bytes in one MiB, the trace's memory unit.
+pub const MIB: u64 = 1 << 20;
+/// The `qos` of best-effort tasks (the others: `LS`, `Burstable`, `Guaranteed`).
+pub const QOS_BEST_EFFORT: &str = "BE";
+
+/// One node of a node list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceNode {
+    /// Node name (`sn`).
+    pub name: String,
+    /// CPU and memory.
+    pub host: HostResources,
+    /// Number of GPUs.
+    pub gpus: u32,
+    /// Tessera model id of its GPUs (empty when it has none).
+    pub model: String,
+}
+
+/// One task of a pod list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracePod {
+    /// Task name.
+    pub name: String,
+    /// CPU and memory requested.
+    pub host: HostResources,
+    /// GPUs requested.
+    pub num_gpu: u32,
+    /// Milli-GPU on each GPU (1..=1000; 0 for CPU-only tasks).
+    pub gpu_milli: u32,
+    /// Tessera model ids the task accepts; empty accepts any.
+    pub gpu_spec: Vec<String>,
+    /// Whether the task is best-effort (`qos` `BE`: batch when mixing tiers); `None` when the
+    /// list has no `qos` column.
+    pub best_effort: Option<bool>,
+}
+
+impl TracePod {
+    /// GPU demand in milli-GPU.
+    pub fn gpu_demand(&self) -> u64 {
+        u64::from(self.num_gpu) * u64::from(self.gpu_milli)
+    }
+
+    /// The task's shape, as fragmentation measures see it.
+    pub fn shape(&self) -> TaskShape {
+        TaskShape {
+            host: self.host,
+            gpus: self.num_gpu,
+            gpu_milli: self.gpu_milli,
+            models: (!self.gpu_spec.is_empty()).then(|| Arc::from(self.gpu_spec.clone())),
+        }
+    }
+}
+
+/// A CSV table with named columns.
+struct Table<'a> {
+    file: &'a str,
+    header: Vec<&'a str>,
+    rows: Vec<(usize, Vec<&'a str>)>,
+}
+
+impl<'a> Table<'a> {
+    fn parse(file: &'a str, text: &'a str) -> Result<Self> {
+        // Spreadsheets often save CSV with a UTF-8 byte-order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((_, header)) = lines.next() else {
+            return Err(Error::invalid(file, "header", "the file is empty"));
+        };
+        let header: Vec<&str> = header.split(',').map(str::trim).collect();
+        let rows = lines
+            .map(|(i, l)| (i + 1, l.split(',').map(str::trim).collect()))
+            .collect();
+        Ok(Self { file, header, rows })
+    }
+
+    fn column(&self, name: &str) -> Result<usize> {
+        self.header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| Error::invalid(self.file, name, "the header has no such column"))
+    }
+
+    fn cell<'r>(&self, row: &'r (usize, Vec<&'a str>), col: usize, name: &str) -> Result<&'r str> {
+        row.1.get(col).copied().ok_or_else(|| {
+            Error::invalid(
+                format!("{} line {}", self.file, row.0),
+                name,
+                format!(
+                    "the row has {} columns, the header {}",
+                    row.1.len(),
+                    self.header.len()
+                ),
+            )
+        })
+    }
+
+    fn number(&self, row: &(usize, Vec<&'a str>), col: usize, name: &str) -> Result<u64> {
+        let text = self.cell(row, col, name)?;
+        text.parse::<u64>().map_err(|_| {
+            Error::invalid(
+                format!("{} line {}", self.file, row.0),
+                name,
+                format!("{text:?} is not a whole non-negative number"),
+            )
+        })
+    }
+}
+
+fn model_id(code: &str, object: &str, field: &str) -> Result<String> {
+    models::lookup(code)
+        .map(|m| m.id.to_owned())
+        .ok_or_else(|| Error::invalid(object, field, format!("unknown GPU model {code:?}")))
+}
+
+fn small(value: u64, object: &str, field: &str) -> Result<u32> {
+    u32::try_from(value)
+        .map_err(|_| Error::invalid(object, field, format!("{value} is out of range")))
+}
+
+/// Reads a node list (`sn,cpu_milli,memory_mib,gpu,model`); `file` names it in errors.
+pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>> {
+    let t = Table::parse(file, text)?;
+    let (sn, cpu, mem, gpu, model) = (
+        t.column("sn")?,
+        t.column("cpu_milli")?,
+        t.column("memory_mib")?,
+        t.column("gpu")?,
+        t.column("model")?,
+    );
+    let mut nodes = Vec::with_capacity(t.rows.len());
+    for row in &t.rows {
+        let object = format!("{file} line {}", row.0);
+        let gpus = small(t.number(row, gpu, "gpu")?, &object, "gpu")?;
+        let code = t.cell(row, model, "model")?;
+        let model = match (gpus, code.is_empty()) {
+            (0, _) => String::new(),
+            (_, true) => {
+                return Err(Error::invalid(
+                    &object,
+                    "model",
+                    "a node with GPUs needs a model",
+                ));
+            }
+            (_, false) => model_id(code, &object, "model")?,
+        };
+        nodes.push(TraceNode {
+            name: t.cell(row, sn, "sn")?.to_owned(),
+            host: HostResources {
+                cpu_milli: t.number(row, cpu, "cpu_milli")?,
+                memory_bytes: t.number(row, mem, "memory_mib")?.saturating_mul(MIB),
+            },
+            gpus,
+            model,
+        });
+    }
+    Ok(nodes)
+}
+
+/// Reads a pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`).
+pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
+    let t = Table::parse(file, text)?;
+    let (name, cpu, mem, num, milli) = (
+        t.column("name")?,
+        t.column("cpu_milli")?,
+        t.column("memory_mib")?,
+        t.column("num_gpu")?,
+        t.column("gpu_milli")?,
+    );
+    let spec = t.column("gpu_spec").ok();
+    let qos = t.column("qos").ok();
+    if t.rows.is_empty() {
+        return Err(Error::invalid(
+            file,
+            "rows",
+            "the pod list has a header but no tasks",
+        ));
+    }
+    let mut pods = Vec::with_capacity(t.rows.len());
+    for row in &t.rows {
+        let object = format!("{file} line {}", row.0);
+        let num_gpu = small(t.number(row, num, "num_gpu")?, &object, "num_gpu")?;
+        let gpu_milli = small(t.number(row, milli, "gpu_milli")?, &object, "gpu_milli")?;
+        if num_gpu > 0 && !(1..=WHOLE_GPU).contains(&gpu_milli) {
+            return Err(Error::invalid(
+                &object,
+                "gpu_milli",
+                format!("{gpu_milli} is outside 1..1000 for a task with GPUs"),
+            ));
+        }
+        if num_gpu == 0 && gpu_milli != 0 {
+            return Err(Error::invalid(
+                &object,
+                "gpu_milli",
+                format!("{gpu_milli} milli-GPU on a task with num_gpu 0"),
+            ));
+        }
+        let gpu_spec = match spec {
+            Some(col) => t
+                .cell(row, col, "gpu_spec")?
+                .split('|')
+                .filter(|s| !s.is_empty())
+                .map(|code| model_id(code, &object, "gpu_spec"))
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        pods.push(TracePod {
+            name: t.cell(row, name, "name")?.to_owned(),
+            host: HostResources {
+                cpu_milli: t.number(row, cpu, "cpu_milli")?,
+                memory_bytes: t.number(row, mem, "memory_mib")?.saturating_mul(MIB),
+            },
+            num_gpu,
+            gpu_milli,
+            gpu_spec,
+            best_effort: qos
+                .map(|col| t.cell(row, col, "qos").map(|q| q == QOS_BEST_EFFORT))
+                .transpose()?,
+        });
+    }
+    Ok(pods)
+}
