@@ -62,11 +62,11 @@ impl Resource {
     /// The plural resource name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Slices => "resourceslices",
-            Self::Classes => "deviceclasses",
-            Self::Claims => "resourceclaims",
-            Self::Pods => "pods",
-            Self::Nodes => "nodes",
+            Self::Slices => names::RESOURCE_SLICE.plural,
+            Self::Classes => names::DEVICE_CLASS.plural,
+            Self::Claims => names::RESOURCE_CLAIM.plural,
+            Self::Pods => names::POD.plural,
+            Self::Nodes => names::NODE.plural,
         }
     }
 }
@@ -720,7 +720,6 @@ impl ClusterView {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use serde_json::json;

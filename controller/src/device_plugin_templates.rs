@@ -67,11 +67,7 @@ impl TemplateKeeper {
     ) -> Self {
         Self {
             client,
-            api: tessera_kubeapi::resource(
-                version,
-                "ResourceClaimTemplate",
-                "resourceclaimtemplates",
-            ),
+            api: tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM_TEMPLATE),
             version,
             options,
             relist,

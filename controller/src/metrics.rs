@@ -221,7 +221,6 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

@@ -197,11 +197,13 @@ fn spawn_reflectors(
     for resource in Resource::ALL {
         let api = match resource {
             Resource::Slices => {
-                tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices")
+                tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_SLICE)
             }
-            Resource::Classes => tessera_kubeapi::resource(version, "DeviceClass", "deviceclasses"),
+            Resource::Classes => {
+                tessera_kubeapi::resource(version, tessera_driver::names::DEVICE_CLASS)
+            }
             Resource::Claims => {
-                tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims")
+                tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM)
             }
             Resource::Pods => ApiResource::erase::<Pod>(&()),
             Resource::Nodes => ApiResource::erase::<Node>(&()),

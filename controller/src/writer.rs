@@ -30,7 +30,7 @@ pub enum Eviction {
 
 /// The `reservedFor` entry naming `pod`.
 fn reservation(pod: &Pod) -> Value {
-    json!({"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid})
+    json!({"resource": names::POD.plural, "name": pod.metadata.name, "uid": pod.metadata.uid})
 }
 
 fn name_of(meta: &ObjectMeta) -> (&str, &str) {
@@ -60,7 +60,7 @@ impl Writer {
     pub fn new(client: kube::Client, version: ApiVersion) -> Self {
         Self {
             client,
-            claims: tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
+            claims: tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM),
         }
     }
 
@@ -290,7 +290,7 @@ impl Writer {
             },
             involved_object: ObjectReference {
                 api_version: Some(names::CORE_API_V1.to_owned()),
-                kind: Some("Pod".to_owned()),
+                kind: Some(names::POD.kind.to_owned()),
                 namespace: Some(namespace.to_owned()),
                 name: Some(name.to_owned()),
                 uid: pod.metadata.uid.clone(),
@@ -324,7 +324,7 @@ impl Writer {
         let (namespace, name) = name_of(&pod.metadata);
         let body = json!({
             "apiVersion": names::POLICY_API_V1,
-            "kind": "Eviction",
+            "kind": names::EVICTION.kind,
             "metadata": {"name": name, "namespace": namespace},
             "deleteOptions": {"preconditions": {"uid": pod.metadata.uid}},
         });

@@ -126,6 +126,52 @@ pub const CORE_API_V1: &str = "v1";
 /// API version of Evictions (the `pods/eviction` subresource).
 pub const POLICY_API_V1: &str = "policy/v1";
 
+/// A Kubernetes resource the binaries read or write: its `kind`, and its plural, the path
+/// segment of its URLs (`/apis/<group>/<version>/<plural>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResourceKind {
+    /// The `kind` of its objects.
+    pub kind: &'static str,
+    /// The resource name in URLs, and in an admission review's `resource.resource`.
+    pub plural: &'static str,
+}
+
+/// resource.k8s.io DeviceClasses (cluster-scoped).
+pub const DEVICE_CLASS: ResourceKind = ResourceKind {
+    kind: "DeviceClass",
+    plural: "deviceclasses",
+};
+/// resource.k8s.io ResourceSlices (cluster-scoped).
+pub const RESOURCE_SLICE: ResourceKind = ResourceKind {
+    kind: "ResourceSlice",
+    plural: "resourceslices",
+};
+/// resource.k8s.io ResourceClaims.
+pub const RESOURCE_CLAIM: ResourceKind = ResourceKind {
+    kind: "ResourceClaim",
+    plural: "resourceclaims",
+};
+/// resource.k8s.io ResourceClaimTemplates.
+pub const RESOURCE_CLAIM_TEMPLATE: ResourceKind = ResourceKind {
+    kind: "ResourceClaimTemplate",
+    plural: "resourceclaimtemplates",
+};
+/// Core v1 Pods.
+pub const POD: ResourceKind = ResourceKind {
+    kind: "Pod",
+    plural: "pods",
+};
+/// Core v1 Nodes (cluster-scoped).
+pub const NODE: ResourceKind = ResourceKind {
+    kind: "Node",
+    plural: "nodes",
+};
+/// policy/v1 Evictions, posted to a pod's `eviction` subresource.
+pub const EVICTION: ResourceKind = ResourceKind {
+    kind: "Eviction",
+    plural: "eviction",
+};
+
 /// Plugin type a DRA driver reports to kubelet's plugin registration.
 pub const PLUGIN_TYPE_DRA: &str = "DRAPlugin";
 /// Supported-version entry for the DRA node API v1 (kubelet 1.34 and later).

@@ -36,7 +36,6 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

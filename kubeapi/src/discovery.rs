@@ -3,6 +3,7 @@
 
 use kube::core::{ApiResource, GroupVersionKind};
 use tessera_driver::apiversion::ApiVersion;
+use tessera_driver::names::ResourceKind;
 
 use crate::error::{Error, Result};
 
@@ -40,12 +41,15 @@ fn newest_known(served: &[String]) -> Option<ApiVersion> {
 }
 
 /// The dynamic API resource of a resource.k8s.io kind in `version`.
-pub fn resource(version: ApiVersion, kind: &str, plural: &str) -> ApiResource {
+pub fn resource(version: ApiVersion, kind: ResourceKind) -> ApiResource {
     let group_version = version.as_str();
     let short = group_version
         .strip_prefix("resource.k8s.io/")
         .unwrap_or(group_version);
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(RESOURCE_GROUP, short, kind), plural)
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(RESOURCE_GROUP, short, kind.kind),
+        kind.plural,
+    )
 }
 
 #[cfg(test)]
@@ -54,7 +58,7 @@ mod tests {
 
     #[test]
     fn resources_name_the_group_version() {
-        let r = resource(ApiVersion::V1beta2, "ResourceClaim", "resourceclaims");
+        let r = resource(ApiVersion::V1beta2, tessera_driver::names::RESOURCE_CLAIM);
         assert_eq!(r.api_version, "resource.k8s.io/v1beta2");
         assert_eq!(r.version, "v1beta2");
         assert_eq!(r.plural, "resourceclaims");

@@ -153,7 +153,6 @@ impl Resource for JsonObject {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use kube::api::{ObjectList, WatchEvent};
@@ -162,8 +161,7 @@ mod tests {
     fn slices() -> ApiResource {
         crate::resource(
             tessera_driver::apiversion::ApiVersion::V1,
-            "ResourceSlice",
-            "resourceslices",
+            tessera_driver::names::RESOURCE_SLICE,
         )
     }
 

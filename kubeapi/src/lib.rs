@@ -15,7 +15,7 @@
 //!
 //! let client = tessera_kubeapi::client(None).await?;
 //! let version = tessera_kubeapi::served_resource_version(&client).await?;
-//! let slices = tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices");
+//! let slices = tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_SLICE);
 //! let mut changes = std::pin::pin!(tessera_kubeapi::changes(
 //!     client,
 //!     &slices,

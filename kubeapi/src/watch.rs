@@ -177,7 +177,6 @@ pub fn changes<B: Backoff + 'static>(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DynamicObject};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
+use tessera_driver::names;
 
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
@@ -72,7 +73,7 @@ impl ApiClaimSource {
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             &claim.namespace,
-            &tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
+            &tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM),
         );
         let object = match api.get(&claim.name).await {
             Ok(o) => o,
@@ -96,7 +97,8 @@ impl ApiClaimSource {
             // An answer without type information is the kind and version asked for.
             map.entry("apiVersion")
                 .or_insert_with(|| version.as_str().into());
-            map.entry("kind").or_insert_with(|| "ResourceClaim".into());
+            map.entry("kind")
+                .or_insert_with(|| names::RESOURCE_CLAIM.kind.into());
         }
         let Object::ResourceClaim(found) = apiversion::decode_document(value, &context)? else {
             return Err(Error::Api {

@@ -146,7 +146,6 @@ impl ClaimSource for FakeClaimSource {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

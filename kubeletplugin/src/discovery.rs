@@ -112,7 +112,6 @@ impl GpuDiscovery for ChosenModes {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use tessera_driver::node::inventory::GpuMode;
 

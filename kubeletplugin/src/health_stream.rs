@@ -193,7 +193,6 @@ impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use tessera_driver::node::inventory::Inventory;
     use tokio_stream::StreamExt as _;

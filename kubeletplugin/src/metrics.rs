@@ -350,7 +350,6 @@ impl ClaimPreparer for MeteredPreparer {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use tessera_driver::node::checkpoint::{ClaimEntry, HeldDevice};
     use tessera_driver::node::inventory::Inventory;

@@ -348,7 +348,6 @@ impl MpsSupervisor {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use tessera_driver::node::checkpoint::{ClaimEntry, PrepareState};
 

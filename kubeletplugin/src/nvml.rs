@@ -298,7 +298,6 @@ impl GpuDiscovery for NvmlDiscovery {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use tessera_driver::node::inventory::GpuMode;
 

@@ -159,7 +159,7 @@ impl SlicePublisher {
             let mut value = apiversion::encode_slice(&slice, version)?;
             if let Some(map) = value.as_object_mut() {
                 map.insert("apiVersion".to_owned(), version.as_str().into());
-                map.insert("kind".to_owned(), "ResourceSlice".into());
+                map.insert("kind".to_owned(), names::RESOURCE_SLICE.kind.into());
             }
             out.insert(name, value);
         }
@@ -195,7 +195,7 @@ impl SlicePublisher {
         };
         Ok(OwnerReference {
             api_version: names::CORE_API_V1.to_owned(),
-            kind: "Node".to_owned(),
+            kind: names::NODE.kind.to_owned(),
             name: self.config.node_name.clone(),
             uid,
             controller: Some(true),
@@ -264,7 +264,7 @@ impl SlicePublisher {
         let owner = self.owner().await?;
         let api: Api<DynamicObject> = Api::all_with(
             self.client.clone(),
-            &tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices"),
+            &tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_SLICE),
         );
         let existing = self.stored(&api).await?;
         let seen = existing

@@ -245,7 +245,6 @@ impl InventoryWatcher {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use tessera_driver::node::cdi::Enforcement;
     use tessera_driver::node::inventory::GpuMode;

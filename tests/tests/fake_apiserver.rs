@@ -19,7 +19,7 @@ fn claims(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(
         client.clone(),
         ns,
-        &tessera_kubeapi::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(ApiVersion::V1, tessera_driver::names::RESOURCE_CLAIM),
     )
 }
 
@@ -64,7 +64,7 @@ async fn crud_selectors_patches_and_status() {
     assert_eq!(listed.items.iter().map(name).collect::<Vec<_>>(), ["a"]);
     let all: Api<DynamicObject> = Api::all_with(
         client.clone(),
-        &tessera_kubeapi::resource(ApiVersion::V1, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(ApiVersion::V1, tessera_driver::names::RESOURCE_CLAIM),
     );
     let everywhere = all
         .list(&ListParams::default().labels("app in (x)"))

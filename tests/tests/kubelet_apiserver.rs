@@ -168,7 +168,7 @@ async fn the_fake_server_watches_and_enforces_resource_versions() {
     let (_server, client, _dir) = start(&["v1"]).await;
     let api: Api<DynamicObject> = Api::all_with(
         client.clone(),
-        &tessera_kubeapi::resource(ApiVersion::V1, "ResourceSlice", "resourceslices"),
+        &tessera_kubeapi::resource(ApiVersion::V1, tessera_driver::names::RESOURCE_SLICE),
     );
     let mut stream = Box::pin(api.watch(&WatchParams::default(), "0").await.unwrap());
     let slice: DynamicObject = serde_json::from_value(json!({

@@ -10,6 +10,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1 as core;
 use kube::api::{Api, DynamicObject, ListParams};
 use tessera_driver::apiversion::{self, ApiVersion};
+use tessera_driver::names;
 use tessera_driver::placement::allocator::Policy;
 use tessera_driver::tools::inspect::{self, ClusterObjects, ClusterView, PodExplanation};
 
@@ -118,16 +119,14 @@ pub async fn inspect(
 /// Lists DeviceClasses, ResourceSlices, ResourceClaims and Nodes (and Pods when `pods`).
 async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result<Objects> {
     let mut objects = Objects::default();
-    for (kind, plural) in [
-        ("DeviceClass", "deviceclasses"),
-        ("ResourceSlice", "resourceslices"),
-        ("ResourceClaim", "resourceclaims"),
+    for kind in [
+        names::DEVICE_CLASS,
+        names::RESOURCE_SLICE,
+        names::RESOURCE_CLAIM,
     ] {
-        let api: Api<DynamicObject> = Api::all_with(
-            client.clone(),
-            &tessera_kubeapi::resource(version, kind, plural),
-        );
-        let action = format!("listing {plural}");
+        let api: Api<DynamicObject> =
+            Api::all_with(client.clone(), &tessera_kubeapi::resource(version, kind));
+        let action = format!("listing {}", kind.plural);
         let listed = api
             .list(&ListParams::default())
             .await
@@ -142,7 +141,7 @@ async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result
                 // List items may come without type information: they are what was listed.
                 map.entry("apiVersion")
                     .or_insert_with(|| version.as_str().into());
-                map.entry("kind").or_insert_with(|| kind.into());
+                map.entry("kind").or_insert_with(|| kind.kind.into());
             }
             objects.push(&action, apiversion::decode_document(value, &action)?)?;
         }

@@ -35,7 +35,7 @@ pub(crate) fn claim(claim: &mut res::ResourceClaim) {
     let owner = claim.metadata.owner_references.take().and_then(|refs| {
         let pods: Vec<_> = refs
             .into_iter()
-            .filter(|r| r.kind == "Pod" && r.controller == Some(true))
+            .filter(|r| r.kind == names::POD.kind && r.controller == Some(true))
             .collect();
         (!pods.is_empty()).then_some(pods)
     });
@@ -50,7 +50,6 @@ pub(crate) fn claim(claim: &mut res::ResourceClaim) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use serde_json::json;

@@ -1,7 +1,6 @@
 //! The reconcile loop against an in-memory API (`FakeWrites`): the gate protocol's writes in
 //! order, conflicts re-read and retried, a failure half-way rolled back, a refusal that waits
 //! for a change of the pod or its claims. No HTTP server.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -20,6 +20,7 @@ use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::admission::device_plugin_names::{self, PodRewrite};
 use tessera_driver::admission::{self, ClaimSource, PodClaim};
 use tessera_driver::apiversion::{self, Object};
+use tessera_driver::names;
 use tessera_driver::placement::gate;
 use tessera_driver::rules::cel::CelCache;
 
@@ -162,7 +163,7 @@ impl Admission {
 
     async fn mutate_pod(&self, request: &AdmissionRequest) -> AdmissionResponse {
         let allow = AdmissionResponse::allow(&request.uid);
-        if request.resource.resource != "pods"
+        if request.resource.resource != names::POD.plural
             || request.operation != "CREATE"
             || request.sub_resource.is_some()
         {
@@ -487,10 +488,9 @@ fn decode_claim_object(
     let Some(value) = object else {
         return Ok(None);
     };
-    if !matches!(
-        request.resource.resource.as_str(),
-        "resourceclaims" | "resourceclaimtemplates"
-    ) {
+    let resource = request.resource.resource.as_str();
+    if resource != names::RESOURCE_CLAIM.plural && resource != names::RESOURCE_CLAIM_TEMPLATE.plural
+    {
         return Ok(None);
     }
     let mut value = value.clone();
@@ -520,8 +520,8 @@ fn decode_claim_object(
 
 fn describe(request: &AdmissionRequest, object: &ClaimObject) -> String {
     let (kind, meta) = match object {
-        ClaimObject::Claim(c) => ("ResourceClaim", &c.metadata),
-        ClaimObject::Template(t) => ("ResourceClaimTemplate", &t.metadata),
+        ClaimObject::Claim(c) => (names::RESOURCE_CLAIM.kind, &c.metadata),
+        ClaimObject::Template(t) => (names::RESOURCE_CLAIM_TEMPLATE.kind, &t.metadata),
     };
     let namespace = request
         .namespace

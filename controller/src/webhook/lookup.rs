@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DynamicObject, GetParams};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
+use tessera_driver::names::{self, ResourceKind};
 
 use crate::error::{Error, Result};
 
@@ -88,20 +89,19 @@ impl ApiAdmissionLookup {
 
     async fn get(
         &self,
-        kind: &str,
-        plural: &str,
+        kind: ResourceKind,
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<Object>> {
         let version = self.version().await?;
-        let resource = tessera_kubeapi::resource(version, kind, plural);
+        let resource = tessera_kubeapi::resource(version, kind);
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
             None => Api::all_with(self.client.clone(), &resource),
         };
         let described = match namespace {
-            Some(ns) => format!("{kind} {ns}/{name}"),
-            None => format!("{kind} {name}"),
+            Some(ns) => format!("{} {ns}/{name}", kind.kind),
+            None => format!("{} {name}", kind.kind),
         };
         let action = format!("getting {described}");
         let Some(found) = api
@@ -122,7 +122,7 @@ impl ApiAdmissionLookup {
             // An answer without type information is the kind and version asked for.
             map.entry("apiVersion")
                 .or_insert_with(|| version.as_str().into());
-            map.entry("kind").or_insert_with(|| kind.into());
+            map.entry("kind").or_insert_with(|| kind.kind.into());
         }
         Ok(Some(apiversion::decode_document(value, &described)?))
     }
@@ -139,10 +139,10 @@ fn wrong_kind(kind: &str) -> Error {
 impl AdmissionLookup for ApiAdmissionLookup {
     fn device_class<'a>(&'a self, name: &'a str) -> LookupFuture<'a, res::DeviceClass> {
         Box::pin(async move {
-            match self.get("DeviceClass", "deviceclasses", None, name).await? {
+            match self.get(names::DEVICE_CLASS, None, name).await? {
                 None => Ok(None),
                 Some(Object::DeviceClass(c)) => Ok(Some(c)),
-                Some(_) => Err(wrong_kind("DeviceClass")),
+                Some(_) => Err(wrong_kind(names::DEVICE_CLASS.kind)),
             }
         })
     }
@@ -154,12 +154,12 @@ impl AdmissionLookup for ApiAdmissionLookup {
     ) -> LookupFuture<'a, res::ResourceClaim> {
         Box::pin(async move {
             match self
-                .get("ResourceClaim", "resourceclaims", Some(namespace), name)
+                .get(names::RESOURCE_CLAIM, Some(namespace), name)
                 .await?
             {
                 None => Ok(None),
                 Some(Object::ResourceClaim(c)) => Ok(Some(c)),
-                Some(_) => Err(wrong_kind("ResourceClaim")),
+                Some(_) => Err(wrong_kind(names::RESOURCE_CLAIM.kind)),
             }
         })
     }
@@ -171,17 +171,12 @@ impl AdmissionLookup for ApiAdmissionLookup {
     ) -> LookupFuture<'a, res::ResourceClaimTemplate> {
         Box::pin(async move {
             match self
-                .get(
-                    "ResourceClaimTemplate",
-                    "resourceclaimtemplates",
-                    Some(namespace),
-                    name,
-                )
+                .get(names::RESOURCE_CLAIM_TEMPLATE, Some(namespace), name)
                 .await?
             {
                 None => Ok(None),
                 Some(Object::ResourceClaimTemplate(t)) => Ok(Some(t)),
-                Some(_) => Err(wrong_kind("ResourceClaimTemplate")),
+                Some(_) => Err(wrong_kind(names::RESOURCE_CLAIM_TEMPLATE.kind)),
             }
         })
     }

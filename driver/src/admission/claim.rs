@@ -145,7 +145,6 @@ pub fn canonical_parameters_patch(spec: &res::ResourceClaimSpec, pointer: &str) 
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use serde_json::json;
 

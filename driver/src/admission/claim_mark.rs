@@ -68,7 +68,6 @@ pub fn claim_mark_patch(claim: &res::ResourceClaim, owner: &Pod) -> Vec<PatchOp>
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use serde_json::{Value, json};
 

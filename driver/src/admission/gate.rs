@@ -213,7 +213,6 @@ pub fn decide_gate(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use std::collections::BTreeMap;
 

@@ -332,7 +332,6 @@ impl Checkpoint {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use crate::node::prepare::{GpuNode, MigNode, PreparedDevice};

@@ -171,7 +171,6 @@ impl ModeChoice {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::node::inventory::Inventory;

@@ -244,7 +244,6 @@ impl HealthBoard {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::node::inventory::Inventory;

@@ -117,7 +117,6 @@ pub fn restart_delay(failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::node::checkpoint::{ClaimEntry, PrepareState};

@@ -117,7 +117,6 @@ pub fn released(node: &NodeInventory, prepared: &Checkpoint) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};

@@ -139,7 +139,6 @@ fn unfiltered_resource(c: &Container) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use serde_json::{Value, json};
 

@@ -359,7 +359,11 @@ pub fn owning_pod(claim: &res::ResourceClaim) -> Option<(&str, &str)> {
         .owner_references
         .iter()
         .flatten()
-        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == names::POD.kind
+                && o.api_version == names::CORE_API_V1
+        })
         .map(|o| (o.name.as_str(), o.uid.as_str()))
 }
 

@@ -246,7 +246,6 @@ impl From<&res::ResourceSlice> for PublishedSlice {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use serde_json::json;

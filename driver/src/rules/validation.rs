@@ -457,7 +457,6 @@ pub fn share_classes(classes: &[res::DeviceClass]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
     use crate::names;

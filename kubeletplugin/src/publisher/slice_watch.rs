@@ -47,7 +47,7 @@ pub(crate) async fn run(publisher: Arc<SlicePublisher>, drifted: Arc<Notify>) {
     loop {
         match publisher.served_version().await {
             Ok(version) => {
-                let api = tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices");
+                let api = tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_SLICE);
                 let changes = tessera_kubeapi::changes(
                     publisher.client().clone(),
                     &api,

@@ -285,7 +285,6 @@ pub(crate) fn matches_fields(object: &Value, selector: &str) -> Result<bool, Str
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use serde_json::json;
 

@@ -165,7 +165,6 @@ impl FakeApiServer {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

@@ -68,7 +68,7 @@ pub(crate) fn fast_config() -> PublisherConfig {
 pub(crate) fn slices_api(client: &kube::Client, version: ApiVersion) -> Api<DynamicObject> {
     Api::all_with(
         client.clone(),
-        &tessera_kubeapi::resource(version, "ResourceSlice", "resourceslices"),
+        &tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_SLICE),
     )
 }
 
@@ -221,7 +221,7 @@ pub(crate) async fn create_allocated_claim(
     let api: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         "default",
-        &tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM),
     );
     let (claim, status) = allocated_claim(version, name);
     let mut created = api

@@ -56,20 +56,16 @@ pub(crate) fn inventory(nodes: usize, gpus: usize, shared: bool) -> Inventory {
 fn dynamic(
     client: &kube::Client,
     version: ApiVersion,
-    kind: &str,
-    plural: &str,
+    kind: tessera_driver::names::ResourceKind,
 ) -> Api<DynamicObject> {
-    Api::all_with(
-        client.clone(),
-        &tessera_kubeapi::resource(version, kind, plural),
-    )
+    Api::all_with(client.clone(), &tessera_kubeapi::resource(version, kind))
 }
 
 pub(crate) fn claims_api(client: &kube::Client, version: ApiVersion) -> Api<DynamicObject> {
     Api::namespaced_with(
         client.clone(),
         NS,
-        &tessera_kubeapi::resource(version, "ResourceClaim", "resourceclaims"),
+        &tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM),
     )
 }
 
@@ -93,7 +89,7 @@ pub(crate) async fn seed(
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap();
-    let classes = dynamic(client, version, "DeviceClass", "deviceclasses");
+    let classes = dynamic(client, version, tessera_driver::names::DEVICE_CLASS);
     for file in ["gpu.yaml", "shared-gpu.yaml"] {
         let text = std::fs::read_to_string(repo.join("deviceclasses").join(file)).unwrap();
         let mut value: Value = serde_yaml::from_str(&text).unwrap();
@@ -101,7 +97,7 @@ pub(crate) async fn seed(
         create_tolerant(&classes, value).await;
     }
     let nodes = Api::<Node>::all(client.clone());
-    let slices_api = dynamic(client, version, "ResourceSlice", "resourceslices");
+    let slices_api = dynamic(client, version, tessera_driver::names::RESOURCE_SLICE);
     let options = RenderOptions {
         consumable_capacity: version == ApiVersion::V1,
         ..RenderOptions::default()
@@ -406,7 +402,7 @@ pub(crate) async fn check_invariants(client: &kube::Client, version: ApiVersion)
             .collect()
     };
     let slices: Vec<res::ResourceSlice> = decode_all(
-        dynamic(client, version, "ResourceSlice", "resourceslices")
+        dynamic(client, version, tessera_driver::names::RESOURCE_SLICE)
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -420,7 +416,7 @@ pub(crate) async fn check_invariants(client: &kube::Client, version: ApiVersion)
     })
     .collect();
     let classes: Vec<res::DeviceClass> = decode_all(
-        dynamic(client, version, "DeviceClass", "deviceclasses")
+        dynamic(client, version, tessera_driver::names::DEVICE_CLASS)
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -711,7 +707,7 @@ pub(crate) async fn templates(
     let api: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         NS,
-        &tessera_kubeapi::resource(version, "ResourceClaimTemplate", "resourceclaimtemplates"),
+        &tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM_TEMPLATE),
     );
     let mut found = BTreeMap::new();
     for item in api.list(&ListParams::default()).await.unwrap().items {

@@ -35,7 +35,7 @@ async fn seed_batch_class(client: &kube::Client, version: ApiVersion) {
     value["apiVersion"] = json!(version.as_str());
     let api: Api<DynamicObject> = Api::all_with(
         client.clone(),
-        &apiserver::resource(version, "DeviceClass", "deviceclasses"),
+        &apiserver::resource(version, tessera_driver::names::DEVICE_CLASS),
     );
     let object: DynamicObject = serde_json::from_value(value).unwrap();
     match api.create(&PostParams::default(), &object).await {

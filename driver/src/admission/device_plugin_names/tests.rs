@@ -1,5 +1,3 @@
-#![allow(clippy::unwrap_used)]
-
 use serde_json::json;
 
 use super::*;

@@ -83,7 +83,6 @@ pub fn add_device_plugin_env(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use std::collections::BTreeMap;
 

@@ -342,7 +342,6 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

@@ -1,5 +1,3 @@
-#![allow(clippy::unwrap_used)]
-
 use serde_json::{Value, json};
 
 use super::*;

@@ -239,7 +239,6 @@ fn deleted(record: &SliceRecord, slice: &Value) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use super::*;
 

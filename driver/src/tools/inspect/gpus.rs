@@ -128,7 +128,7 @@ fn claim_pods(claim: &res::ResourceClaim, pods: &[core::Pod]) -> Vec<String> {
         .status
         .iter()
         .flat_map(|s| s.reserved_for.iter().flatten())
-        .filter(|r| r.resource == "pods")
+        .filter(|r| r.resource == names::POD.plural)
         .map(|r| r.name.clone())
         .collect();
     if !reserved.is_empty() {
@@ -257,7 +257,6 @@ pub fn cluster_view(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use serde_json::json;
 

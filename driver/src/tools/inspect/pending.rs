@@ -363,7 +363,6 @@ fn unmet_conditions(pod: &core::Pod) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use serde_json::json;
 
