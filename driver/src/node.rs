@@ -3,11 +3,13 @@
 //! It holds the GPU inventory model (discovered or from a fake-inventory file), the admin's GPU
 //! modes, rendering an inventory into the ResourceSlices of one pool and their drift, health,
 //! preparing a claim into a CDI spec with its isolation limits, the checkpoint of prepared claims,
-//! the MPS control daemons the claims need, and taking a re-discovered inventory.
+//! the MPS control daemons the claims need, taking a re-discovered inventory, and holding each
+//! claim's processes together to its GPU memory booking (`accounting`).
 //!
 //! May import: `rules` and the shared top-level modules `names` and `error`. Nothing here
 //! imports `placement`, `tools`, `admission` or `apiversion`.
 
+pub mod accounting;
 pub mod cdi;
 pub mod checkpoint;
 pub mod gpu_mode;

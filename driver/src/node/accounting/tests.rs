@@ -1,0 +1,389 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
+
+const GIB: u64 = 1 << 30;
+
+fn daemon(uuids: &[&str]) -> MpsDaemon {
+    let id = crate::node::cdi::mps_daemon_id(uuids);
+    MpsDaemon {
+        pipe_dir: format!("/run/tessera/mps/{id}/pipe"),
+        shm_dir: format!("/run/tessera/mps/{id}/shm"),
+        log_dir: format!("/var/log/tessera/mps/{id}"),
+        id,
+        devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
+    }
+}
+
+fn share(gpu: &str, gib: u64) -> HeldDevice {
+    HeldDevice {
+        request: "gpu".to_owned(),
+        pool: "node-a".to_owned(),
+        device: format!("{gpu}-dev"),
+        gpu_uuid: gpu.to_owned(),
+        mig: false,
+        exclusive: false,
+        cdi_ids: Vec::new(),
+        share_memory_bytes: Some(gib * GIB),
+        share_compute_percent: Some(0),
+        share_id: Some("s".to_owned()),
+    }
+}
+
+fn whole(gpu: &str) -> HeldDevice {
+    HeldDevice {
+        exclusive: true,
+        share_memory_bytes: None,
+        share_compute_percent: None,
+        share_id: None,
+        ..share(gpu, 0)
+    }
+}
+
+fn claim(record: &mut Checkpoint, uid: &str, devices: Vec<HeldDevice>, mps: Option<MpsDaemon>) {
+    record.claims.insert(
+        uid.to_owned(),
+        ClaimEntry {
+            namespace: "team".to_owned(),
+            name: format!("claim-{uid}"),
+            state: PrepareState::PrepareCompleted,
+            devices,
+            host_dirs: Vec::new(),
+            mps_daemon: mps,
+        },
+    );
+}
+
+fn consumers(pairs: &[(&str, &str)]) -> Consumers {
+    let mut out = Consumers::new();
+    for (claim, pod) in pairs {
+        out.entry((*claim).to_owned()).or_default().push(Consumer {
+            uid: (*pod).to_owned(),
+            name: format!("pod-{pod}"),
+        });
+    }
+    out
+}
+
+fn process(pid: u32, gpu: &str, gib_tenths: u64, start: u64, pod: Option<&str>) -> GpuProcess {
+    GpuProcess {
+        pid,
+        gpu_uuid: gpu.to_owned(),
+        used_bytes: gib_tenths * GIB / 10,
+        start_ticks: start,
+        pod_uid: pod.map(str::to_owned),
+    }
+}
+
+fn pids(verdict: &Verdict) -> Vec<u32> {
+    verdict.stops.iter().map(|s| s.pid).collect()
+}
+
+/// The H200 measurement: three processes of one 10 GiB share, 9.5 GiB each.
+fn three_workers() -> (Checkpoint, Consumers, Vec<GpuProcess>) {
+    let mut record = Checkpoint::new("b");
+    claim(
+        &mut record,
+        "c1",
+        vec![share("GPU-1", 10)],
+        Some(daemon(&["GPU-1"])),
+    );
+    let who = consumers(&[("c1", "p1")]);
+    let procs = vec![
+        process(101, "GPU-1", 95, 1000, Some("p1")),
+        process(102, "GPU-1", 95, 1001, Some("p1")),
+        process(103, "GPU-1", 95, 1002, Some("p1")),
+    ];
+    (record, who, procs)
+}
+
+#[test]
+fn three_processes_each_under_the_limit_but_together_over_the_booking_lose_the_newest_two() {
+    let (record, who, procs) = three_workers();
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(
+        pids(&verdict),
+        [103, 102],
+        "newest first, until the rest fits"
+    );
+    assert!(
+        verdict
+            .stops
+            .iter()
+            .all(|s| s.means == Means::MpsTerminate(vec![daemon(&["GPU-1"])]))
+    );
+    assert_eq!(verdict.over.len(), 1);
+    let over = &verdict.over[0];
+    assert_eq!(over.pod_name, "pod-p1");
+    assert_eq!(over.namespace, "team");
+    assert_eq!(over.booked_bytes, 10 * GIB);
+    assert_eq!(over.used_bytes, 285 * GIB / 10);
+    assert_eq!(over.stopped.len(), 2);
+    let message = over.message();
+    assert!(message.contains("ResourceClaim team/claim-c1"), "{message}");
+    assert!(
+        message.contains("booked 10240 MiB of GPU GPU-1"),
+        "{message}"
+    );
+    assert!(message.contains("used 29184 MiB"), "{message}");
+    assert!(message.contains("103 (9728 MiB)"), "{message}");
+}
+
+#[test]
+fn a_claim_within_its_booking_is_left_alone_and_its_use_reported() {
+    let (record, who, mut procs) = three_workers();
+    for p in &mut procs {
+        p.used_bytes = 3 * GIB;
+    }
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert!(verdict.stops.is_empty());
+    assert!(verdict.over.is_empty());
+    assert_eq!(
+        verdict.used[&("c1".to_owned(), "GPU-1".to_owned())],
+        9 * GIB
+    );
+}
+
+#[test]
+fn use_exactly_at_the_booking_is_within_it() {
+    let (record, who, mut procs) = three_workers();
+    procs.truncate(2);
+    procs[0].used_bytes = 5 * GIB;
+    procs[1].used_bytes = 5 * GIB;
+    assert!(
+        judge(&record, &who, &procs, &BTreeSet::new())
+            .stops
+            .is_empty()
+    );
+}
+
+#[test]
+fn an_older_process_that_grows_past_the_booking_is_stopped_when_the_newer_ones_are_not_enough() {
+    let (record, who, mut procs) = three_workers();
+    procs[0].used_bytes = 12 * GIB;
+    procs[1].used_bytes = GIB;
+    procs[2].used_bytes = GIB;
+    assert_eq!(
+        pids(&judge(&record, &who, &procs, &BTreeSet::new())),
+        [103, 102, 101]
+    );
+}
+
+#[test]
+fn processes_started_in_the_same_tick_lose_the_larger_first() {
+    let (record, who, mut procs) = three_workers();
+    for p in &mut procs {
+        p.start_ticks = 7;
+    }
+    procs[1].used_bytes = 96 * GIB / 10;
+    assert_eq!(
+        pids(&judge(&record, &who, &procs, &BTreeSet::new())),
+        [102, 103]
+    );
+}
+
+#[test]
+fn a_process_mps_did_not_stop_is_killed_on_the_next_pass() {
+    let (record, who, procs) = three_workers();
+    let asked = BTreeSet::from([(103, 1002)]);
+    let verdict = judge(&record, &who, &procs, &asked);
+    assert_eq!(verdict.stops[0].pid, 103);
+    assert_eq!(verdict.stops[0].means, Means::Kill);
+    assert!(matches!(verdict.stops[1].means, Means::MpsTerminate(_)));
+}
+
+#[test]
+fn a_reused_pid_is_not_taken_for_the_process_mps_was_asked_to_stop() {
+    let (record, who, procs) = three_workers();
+    let asked = BTreeSet::from([(103, 5)]);
+    let verdict = judge(&record, &who, &procs, &asked);
+    assert!(matches!(verdict.stops[0].means, Means::MpsTerminate(_)));
+}
+
+#[test]
+fn without_an_mps_daemon_the_process_is_killed() {
+    let (mut record, who, procs) = three_workers();
+    record.claims.get_mut("c1").unwrap().mps_daemon = None;
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert!(verdict.stops.iter().all(|s| s.means == Means::Kill));
+}
+
+#[test]
+fn processes_outside_pods_or_of_other_pods_are_unattributed_and_left_alone() {
+    let (record, who, mut procs) = three_workers();
+    procs.push(process(7, "GPU-1", 400, 1, None));
+    procs.push(process(8, "GPU-1", 400, 1, Some("stranger")));
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(verdict.unattributed, [7, 8]);
+    assert!(!pids(&verdict).contains(&7) && !pids(&verdict).contains(&8));
+}
+
+#[test]
+fn gpus_without_bookings_and_whole_gpu_claims_are_not_accounted() {
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "w", vec![whole("GPU-9")], None);
+    let who = consumers(&[("w", "p")]);
+    let procs = vec![
+        process(1, "GPU-9", 800, 1, Some("p")),
+        process(2, "GPU-5", 800, 1, Some("p")),
+    ];
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(verdict, Verdict::default());
+}
+
+#[test]
+fn each_gpu_of_a_claim_is_held_to_that_gpus_booking() {
+    let mut record = Checkpoint::new("b");
+    let d = daemon(&["GPU-1", "GPU-2"]);
+    claim(
+        &mut record,
+        "c",
+        vec![share("GPU-1", 4), share("GPU-2", 4)],
+        Some(d),
+    );
+    let who = consumers(&[("c", "p")]);
+    let procs = vec![
+        process(1, "GPU-1", 30, 1, Some("p")),
+        process(2, "GPU-2", 30, 1, Some("p")),
+        process(3, "GPU-2", 30, 2, Some("p")),
+    ];
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [3]);
+    assert_eq!(verdict.stops[0].gpu_uuid, "GPU-2");
+}
+
+#[test]
+fn two_shares_of_one_claim_on_one_gpu_book_their_sum() {
+    let mut record = Checkpoint::new("b");
+    claim(
+        &mut record,
+        "c",
+        vec![share("GPU-1", 4), share("GPU-1", 4)],
+        None,
+    );
+    let who = consumers(&[("c", "p")]);
+    let procs = vec![
+        process(1, "GPU-1", 40, 1, Some("p")),
+        process(2, "GPU-1", 40, 2, Some("p")),
+    ];
+    assert!(
+        judge(&record, &who, &procs, &BTreeSet::new())
+            .stops
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_claim_shared_by_two_pods_counts_the_processes_of_both() {
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "c", vec![share("GPU-1", 10)], None);
+    let who = consumers(&[("c", "p1"), ("c", "p2")]);
+    let procs = vec![
+        process(1, "GPU-1", 60, 1, Some("p1")),
+        process(2, "GPU-1", 60, 2, Some("p2")),
+    ];
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [2]);
+    assert_eq!(
+        verdict.over.len(),
+        1,
+        "only the pod that loses a process hears of it"
+    );
+    assert_eq!(verdict.over[0].pod_name, "pod-p2");
+}
+
+#[test]
+fn a_pods_two_claims_on_one_gpu_are_held_to_their_sum_together() {
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "a", vec![share("GPU-1", 4)], None);
+    claim(&mut record, "b", vec![share("GPU-1", 6)], None);
+    let who = consumers(&[("a", "p"), ("b", "p")]);
+    let within = vec![
+        process(1, "GPU-1", 70, 1, Some("p")),
+        process(2, "GPU-1", 30, 2, Some("p")),
+    ];
+    assert!(
+        judge(&record, &who, &within, &BTreeSet::new())
+            .stops
+            .is_empty()
+    );
+    let over = vec![
+        process(1, "GPU-1", 70, 1, Some("p")),
+        process(2, "GPU-1", 40, 2, Some("p")),
+    ];
+    let verdict = judge(&record, &who, &over, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [2]);
+    assert_eq!(verdict.over[0].claims.len(), 2);
+    assert!(verdict.over[0].message().contains(" + "));
+}
+
+#[test]
+fn other_claims_on_the_same_gpu_are_untouched() {
+    let (mut record, mut who, mut procs) = three_workers();
+    claim(
+        &mut record,
+        "c2",
+        vec![share("GPU-1", 20)],
+        Some(daemon(&["GPU-1"])),
+    );
+    who.extend(consumers(&[("c2", "p2")]));
+    procs.push(process(200, "GPU-1", 190, 5000, Some("p2")));
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [103, 102]);
+}
+
+#[test]
+fn a_process_listed_by_both_nvml_lists_counts_once() {
+    let (record, who, mut procs) = three_workers();
+    procs.truncate(1);
+    procs.push(procs[0].clone());
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert!(verdict.stops.is_empty());
+    assert_eq!(
+        verdict.used[&("c1".to_owned(), "GPU-1".to_owned())],
+        95 * GIB / 10
+    );
+}
+
+#[test]
+fn the_pod_uid_is_read_from_the_cgroup_of_either_kubelet_cgroup_driver() {
+    let uid = "0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1";
+    let systemd = "0::/kubepods.slice/kubepods-burstable.slice/\
+                   kubepods-burstable-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/\
+                   cri-containerd-3f2a.scope\n";
+    assert_eq!(pod_uid_from_cgroup(systemd).as_deref(), Some(uid));
+    let guaranteed =
+        "0::/kubepods.slice/kubepods-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/crio-9.scope";
+    assert_eq!(pod_uid_from_cgroup(guaranteed).as_deref(), Some(uid));
+    let cgroupfs = "12:memory:/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n\
+                    0::/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n";
+    assert_eq!(pod_uid_from_cgroup(cgroupfs).as_deref(), Some(uid));
+    let namespaced =
+        "0::/../../kubepods-besteffort-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/x.scope";
+    assert_eq!(pod_uid_from_cgroup(namespaced).as_deref(), Some(uid));
+    let namespaced_cgroupfs = "0::/../../burstable/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a";
+    assert_eq!(
+        pod_uid_from_cgroup(namespaced_cgroupfs).as_deref(),
+        Some(uid)
+    );
+    let static_pod = "0::/kubepods/burstable/pod5f1e8a8c9d0b4e7fa1b2c3d4e5f60718/abc";
+    assert_eq!(
+        pod_uid_from_cgroup(static_pod).as_deref(),
+        Some("5f1e8a8c9d0b4e7fa1b2c3d4e5f60718")
+    );
+}
+
+#[test]
+fn processes_outside_kubelets_pods_have_no_pod() {
+    for text in [
+        "0::/system.slice/nvidia-persistenced.service\n",
+        "0::/user.slice/user-0.slice/session-1.scope\n",
+        "0::/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/x\n",
+        "0::/kubepods/besteffort/podnot-a-uid/x\n",
+        "",
+        "garbage",
+    ] {
+        assert_eq!(pod_uid_from_cgroup(text), None, "{text:?}");
+    }
+}
