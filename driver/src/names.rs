@@ -233,3 +233,8 @@ pub const CONTROLLER_MANAGER: &str = "tessera-controller";
 /// Pod label that keeps a pod's device-plugin resource names as they are (value `true`): the
 /// webhook leaves the pod to a device plugin still running on some nodes during a migration.
 pub const LABEL_KEEP_DEVICE_PLUGIN_NAMES: &str = "gpu.tessera.dev/keep-device-plugin-names";
+/// Reason of the Warning Event on a pod whose processes used more GPU memory than their claim
+/// booked, and which lost processes for it; the message names the claim, the booking and the use.
+pub const REASON_GPU_MEMORY_OVER_BOOKING: &str = "GpuMemoryOverBooking";
+/// Component name the kubelet plugin reports in Events.
+pub const KUBELET_PLUGIN_COMPONENT: &str = "tessera-kubelet-plugin";

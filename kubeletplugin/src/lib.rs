@@ -6,6 +6,8 @@
 //! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::node::checkpoint`).
 //! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs.
+//! * [`accounting`]: `Accountant`, which holds each claim's processes together to its GPU
+//!   memory booking (NVML's processes, `/proc`, MPS `terminate_client`, Events).
 //! * [`claims`]: `ClaimSource`, where allocations come from.
 //! * [`apiserver`]: `ApiClaimSource` (the client itself is `tessera_kubeapi`'s);
 //!   [`publisher`]: `SlicePublisher`, and the watch of the published slices that keeps them so.
@@ -13,6 +15,7 @@
 //! * [`discovery`]: `GpuDiscovery`, which GPUs the node has; [`nvml`]: its NVML backend.
 //! * [`args`]: the command line and the process around the library.
 
+pub mod accounting;
 pub mod apiserver;
 pub mod args;
 pub mod atomic_file;

@@ -43,6 +43,11 @@ struct GpuLabels {
     uuid: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StopLabels {
+    means: String,
+}
+
 type HistogramFamily = Family<CallLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -128,6 +133,7 @@ pub struct Metrics {
     inventory_reloads: Counter,
     mode_changes_refused: Family<GpuLabels, Counter>,
     gpu_healthy: Family<GpuLabels, Gauge>,
+    accounting_stops: Family<StopLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -156,6 +162,13 @@ impl Metrics {
         let inventory_reloads = Counter::default();
         let mode_changes_refused = Family::<GpuLabels, Counter>::default();
         let gpu_healthy = Family::<GpuLabels, Gauge>::default();
+        let accounting_stops = Family::<StopLabels, Counter>::default();
+        registry.register(
+            "accounting_stopped_processes",
+            "Processes stopped because their claim's processes together used more GPU memory \
+             than it booked, by means (mps_terminate, kill; failed: an attempt that failed)",
+            accounting_stops.clone(),
+        );
         registry.register(
             "gpu_healthy",
             "1 while the GPU is healthy, 0 while its devices are published with the unhealthy taint",
@@ -218,6 +231,7 @@ impl Metrics {
             inventory_reloads,
             mode_changes_refused,
             gpu_healthy,
+            accounting_stops,
         }
     }
 
@@ -286,6 +300,15 @@ impl Metrics {
             .get_or_create(&GpuLabels {
                 gpu: gpu.to_owned(),
                 uuid: uuid.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a process the accounting stopped by `means` (or `failed` to).
+    pub fn observe_accounting_stop(&self, means: &str) {
+        self.accounting_stops
+            .get_or_create(&StopLabels {
+                means: means.to_owned(),
             })
             .inc();
     }

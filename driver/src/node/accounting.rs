@@ -377,6 +377,24 @@ fn judge_unit(
     }
 }
 
+/// The pods `claim` is reserved for (`status.reservedFor` entries of the core group's `pods`):
+/// the only consumers whose processes can use a prepared claim's devices.
+pub fn pod_consumers(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> Vec<Consumer> {
+    let mut out: Vec<Consumer> = claim
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+        .map(|r| Consumer {
+            uid: r.uid.clone(),
+            name: r.name.clone(),
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// The UID of the pod whose cgroup a `/proc/<pid>/cgroup` text names, or `None` for a process
 /// outside kubelet's pods.
 ///

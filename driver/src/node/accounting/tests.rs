@@ -387,3 +387,21 @@ fn processes_outside_kubelets_pods_have_no_pod() {
         assert_eq!(pod_uid_from_cgroup(text), None, "{text:?}");
     }
 }
+
+#[test]
+fn a_claims_consumers_are_the_pods_it_is_reserved_for() {
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "team", "uid": "c1"},
+            "spec": {},
+            "status": {"reservedFor": [
+                {"resource": "pods", "name": "b", "uid": "u-b"},
+                {"resource": "pods", "name": "a", "uid": "u-a"},
+                {"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "u-x"},
+                {"apiGroup": "apps", "resource": "statefulsets", "name": "s", "uid": "u-s"}
+            ]}
+        }))
+        .unwrap();
+    let names: Vec<String> = pod_consumers(&claim).into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["a", "b"]);
+}

@@ -1,0 +1,483 @@
+//! Asking an MPS control daemon about its clients and ending one: the [`MpsControl`] seam.
+//!
+//! The real daemon is driven the way NVIDIA documents it, by writing commands to
+//! `nvidia-cuda-mps-control` run without arguments against the daemon's pipe directory
+//! ([`BinaryMpsControl`]); the binary talks to the daemon over the control socket, which is a
+//! `SOCK_SEQPACKET` unix socket (a stream socket is refused with `EPROTOTYPE`). The commands:
+//! `get_server_list` (the server pids, one a line), `get_client_list <server>` (its client pids,
+//! one a line) and `terminate_client <server> <client>` (ends that client's GPU work, frees its
+//! memory, and leaves the server's other clients running; seen on an H200, driver 580).
+//!
+//! [`FakeMpsDaemon`] serves a real `SOCK_SEQPACKET` socket at `<pipe>/control` and answers those
+//! commands from its records, one message per command and one per answer; [`FakeMpsControl`]
+//! is the control binary's side of it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read as _, Write as _};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::net::{
+    AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketType, sockopt::Timeout,
+};
+use tessera_driver::cdi::MpsDaemon;
+use tessera_driver::mps;
+
+use super::gpu_processes::FakeGpu;
+use crate::error::{Error, Result};
+
+/// The longest answer read from the control binary or the fake daemon.
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// An MPS control daemon's view of its servers and clients.
+pub trait MpsControl: Send + Sync {
+    /// The pids of `daemon`'s servers.
+    fn servers(&self, daemon: &MpsDaemon) -> Result<Vec<u32>>;
+    /// The pids of `server`'s clients.
+    fn clients(&self, daemon: &MpsDaemon, server: u32) -> Result<Vec<u32>>;
+    /// Ends `client`'s GPU work through `server`.
+    fn terminate(&self, daemon: &MpsDaemon, server: u32, client: u32) -> Result<()>;
+}
+
+/// Pids, one a line; anything else in an answer is an error that quotes it.
+fn parse_pids(command: &str, answer: &str) -> Result<Vec<u32>> {
+    answer
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.parse().map_err(|_| {
+                Error::Mps(format!(
+                    "`{command}` answered {l:?} where a pid was expected"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Runs `nvidia-cuda-mps-control` once per command.
+#[derive(Debug, Clone)]
+pub struct BinaryMpsControl {
+    binary: PathBuf,
+    timeout: Duration,
+}
+
+impl BinaryMpsControl {
+    /// Commands through `binary`, each given `timeout` to answer.
+    pub fn new(binary: impl Into<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            binary: binary.into(),
+            timeout,
+        }
+    }
+
+    fn ask(&self, daemon: &MpsDaemon, command: &str) -> Result<String> {
+        let mut child = Command::new(&self.binary)
+            .envs(mps::daemon_env(daemon))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::io("starting", &self.binary, e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(format!("{command}\n").as_bytes())
+                .map_err(|e| Error::io("writing to", &self.binary, e))?;
+        }
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            if let Some(status) = child
+                .try_wait()
+                .map_err(|e| Error::io("waiting for", &self.binary, e))?
+            {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Mps(format!(
+                    "`{command}` through {} did not answer within {:?} (pipe directory {})",
+                    self.binary.display(),
+                    self.timeout,
+                    daemon.pipe_dir
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut out = String::new();
+        let mut err = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            let _ = stdout.take(MAX_ANSWER as u64).read_to_string(&mut out);
+        }
+        if let Some(stderr) = child.stderr.take() {
+            let _ = stderr.take(MAX_ANSWER as u64).read_to_string(&mut err);
+        }
+        if !status.success() {
+            return Err(Error::Mps(format!(
+                "`{command}` through {} failed ({status}): {}{}",
+                self.binary.display(),
+                out.trim(),
+                err.trim()
+            )));
+        }
+        Ok(out)
+    }
+}
+
+impl MpsControl for BinaryMpsControl {
+    fn servers(&self, daemon: &MpsDaemon) -> Result<Vec<u32>> {
+        parse_pids("get_server_list", &self.ask(daemon, "get_server_list")?)
+    }
+
+    fn clients(&self, daemon: &MpsDaemon, server: u32) -> Result<Vec<u32>> {
+        let command = format!("get_client_list {server}");
+        parse_pids(&command, &self.ask(daemon, &command)?)
+    }
+
+    fn terminate(&self, daemon: &MpsDaemon, server: u32, client: u32) -> Result<()> {
+        self.ask(daemon, &format!("terminate_client {server} {client}"))
+            .map(|_| ())
+    }
+}
+
+fn io_err(action: &'static str, path: &Path, e: Errno) -> Error {
+    Error::io(action, path, e.into())
+}
+
+fn seqpacket() -> std::io::Result<OwnedFd> {
+    rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).map_err(Into::into)
+}
+
+/// Sends one message and reads the one answer (the fake protocol's round trip).
+fn round_trip(path: &Path, message: &str, timeout: Duration) -> Result<String> {
+    let fd = seqpacket().map_err(|e| Error::io("opening a socket for", path, e))?;
+    let addr = SocketAddrUnix::new(path).map_err(|e| io_err("addressing", path, e))?;
+    rustix::net::connect(&fd, &addr).map_err(|e| io_err("connecting to", path, e))?;
+    rustix::net::sockopt::set_socket_timeout(&fd, Timeout::Recv, Some(timeout))
+        .map_err(|e| io_err("setting a timeout on", path, e))?;
+    rustix::net::send(&fd, message.as_bytes(), SendFlags::empty())
+        .map_err(|e| io_err("writing to", path, e))?;
+    let mut buf = vec![0u8; MAX_ANSWER];
+    let (n, _) = rustix::net::recv(&fd, &mut buf[..], RecvFlags::empty())
+        .map_err(|e| io_err("reading from", path, e))?;
+    let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+    Ok(answer.strip_suffix('\n').unwrap_or(&answer).to_owned())
+}
+
+/// The control binary's side of [`FakeMpsDaemon`]: one `SOCK_SEQPACKET` connection per command.
+#[derive(Debug, Clone)]
+pub struct FakeMpsControl {
+    timeout: Duration,
+}
+
+impl Default for FakeMpsControl {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl FakeMpsControl {
+    /// Commands that wait up to 5 s for their answer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn ask(daemon: &MpsDaemon, command: &str, timeout: Duration) -> Result<String> {
+        round_trip(Path::new(&mps::control_socket(daemon)), command, timeout)
+    }
+}
+
+impl MpsControl for FakeMpsControl {
+    fn servers(&self, daemon: &MpsDaemon) -> Result<Vec<u32>> {
+        parse_pids(
+            "get_server_list",
+            &Self::ask(daemon, "get_server_list", self.timeout)?,
+        )
+    }
+
+    fn clients(&self, daemon: &MpsDaemon, server: u32) -> Result<Vec<u32>> {
+        let command = format!("get_client_list {server}");
+        parse_pids(&command, &Self::ask(daemon, &command, self.timeout)?)
+    }
+
+    fn terminate(&self, daemon: &MpsDaemon, server: u32, client: u32) -> Result<()> {
+        let command = format!("terminate_client {server} {client}");
+        let answer = Self::ask(daemon, &command, self.timeout)?;
+        if answer.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Mps(format!("`{command}`: {answer}")))
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct FakeMps {
+    servers: BTreeMap<u32, BTreeSet<u32>>,
+    terminated: Vec<(u32, u32)>,
+    commands: Vec<String>,
+}
+
+/// A stand-in MPS control daemon on a real `SOCK_SEQPACKET` socket at `<pipe>/control`. Its
+/// servers and clients are what the test says; `terminate_client` ends the client on the
+/// [`FakeGpu`] (its memory is freed) and leaves the other clients alone. Stops when dropped.
+#[derive(Debug)]
+pub struct FakeMpsDaemon {
+    path: PathBuf,
+    state: Arc<Mutex<FakeMps>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock(state: &Mutex<FakeMps>) -> MutexGuard<'_, FakeMps> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn answer(state: &Mutex<FakeMps>, gpu: &FakeGpu, command: &str) -> String {
+    let mut s = lock(state);
+    s.commands.push(command.to_owned());
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let pid = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
+    match (words.first().copied(), words.len()) {
+        (Some("get_server_list"), 1) => s.servers.keys().map(|p| format!("{p}\n")).collect(),
+        (Some("get_client_list"), 2) => match pid(1).and_then(|p| s.servers.get(&p)) {
+            Some(clients) => clients.iter().map(|p| format!("{p}\n")).collect(),
+            None => format!("Error: no server {}\n", words[1]),
+        },
+        (Some("terminate_client"), 3) => match (pid(1), pid(2)) {
+            (Some(server), Some(client))
+                if s.servers
+                    .get_mut(&server)
+                    .is_some_and(|c| c.remove(&client)) =>
+            {
+                s.terminated.push((server, client));
+                gpu.end(client);
+                String::new()
+            }
+            _ => format!("Error: {} is not a client of {}\n", words[2], words[1]),
+        },
+        _ => format!("Error: unknown command {command:?}\n"),
+    }
+}
+
+fn serve(listener: &OwnedFd, state: &Mutex<FakeMps>, gpu: &FakeGpu, stop: &AtomicBool) {
+    let mut buf = vec![0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(conn) = rustix::net::accept(listener) else {
+            // The accept timeout: look at the stop flag again.
+            continue;
+        };
+        let _ = rustix::net::sockopt::set_socket_timeout(
+            &conn,
+            Timeout::Recv,
+            Some(Duration::from_secs(1)),
+        );
+        loop {
+            let n = match rustix::net::recv(&conn, &mut buf[..], RecvFlags::empty()) {
+                Ok((n, _)) if n > 0 => n,
+                _ => break,
+            };
+            let command = String::from_utf8_lossy(&buf[..n]).trim().to_owned();
+            // Every answer ends with a newline, so that none is an empty message (which reads
+            // as the peer's close).
+            let text = format!("{}\n", answer(state, gpu, &command));
+            if rustix::net::send(&conn, text.as_bytes(), SendFlags::empty()).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+impl FakeMpsDaemon {
+    /// Serves the control socket in `pipe_dir` (created if missing).
+    pub fn start(pipe_dir: &Path, gpu: FakeGpu) -> Result<Self> {
+        std::fs::create_dir_all(pipe_dir).map_err(|e| Error::io("creating", pipe_dir, e))?;
+        let path = pipe_dir.join(mps::CONTROL_SOCKET);
+        let listener = seqpacket().map_err(|e| Error::io("opening a socket for", &path, e))?;
+        let addr = SocketAddrUnix::new(&path).map_err(|e| io_err("addressing", &path, e))?;
+        rustix::net::bind(&listener, &addr).map_err(|e| io_err("binding", &path, e))?;
+        rustix::net::listen(&listener, 16).map_err(|e| io_err("listening on", &path, e))?;
+        // accept(2) honours SO_RCVTIMEO: the thread looks at its stop flag every 50 ms.
+        rustix::net::sockopt::set_socket_timeout(
+            &listener,
+            Timeout::Recv,
+            Some(Duration::from_millis(50)),
+        )
+        .map_err(|e| io_err("setting a timeout on", &path, e))?;
+        let state = Arc::new(Mutex::new(FakeMps::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (state, stop) = (Arc::clone(&state), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("fake-mps-daemon".to_owned())
+                .spawn(move || serve(&listener, &state, &gpu, &stop))
+                .map_err(|e| Error::Task(format!("starting the fake MPS daemon: {e}")))?
+        };
+        Ok(Self {
+            path,
+            state,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The control socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Process `client` is a client of the server `server` (which exists from then on).
+    pub fn add_client(&self, server: u32, client: u32) {
+        lock(&self.state)
+            .servers
+            .entry(server)
+            .or_default()
+            .insert(client);
+    }
+
+    /// The `(server, client)` pairs terminated so far.
+    pub fn terminated(&self) -> Vec<(u32, u32)> {
+        lock(&self.state).terminated.clone()
+    }
+
+    /// The commands received so far.
+    pub fn commands(&self) -> Vec<String> {
+        lock(&self.state).commands.clone()
+    }
+}
+
+impl Drop for FakeMpsDaemon {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn daemon(pipe: &Path) -> MpsDaemon {
+        MpsDaemon {
+            id: "mps-test".to_owned(),
+            devices: vec!["GPU-1".to_owned()],
+            pipe_dir: pipe.display().to_string(),
+            shm_dir: pipe.join("shm").display().to_string(),
+            log_dir: pipe.join("log").display().to_string(),
+        }
+    }
+
+    #[test]
+    fn the_fake_control_socket_refuses_a_stream_client_as_the_real_one_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeMpsDaemon::start(dir.path(), FakeGpu::new()).unwrap();
+        let err = std::os::unix::net::UnixStream::connect(fake.path()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(Errno::PROTOTYPE.raw_os_error()));
+    }
+
+    #[test]
+    fn terminate_client_ends_one_client_and_frees_its_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = FakeGpu::new();
+        gpu.run(11, "GPU-1", 1 << 30);
+        gpu.run(12, "GPU-1", 1 << 30);
+        let fake = FakeMpsDaemon::start(dir.path(), gpu.clone()).unwrap();
+        fake.add_client(7, 11);
+        fake.add_client(7, 12);
+        let d = daemon(dir.path());
+        let control = FakeMpsControl::new();
+        assert_eq!(control.servers(&d).unwrap(), [7]);
+        assert_eq!(control.clients(&d, 7).unwrap(), [11, 12]);
+        control.terminate(&d, 7, 12).unwrap();
+        assert_eq!(control.clients(&d, 7).unwrap(), [11]);
+        assert_eq!(gpu.pids(), BTreeSet::from([11]), "the other client runs on");
+        assert!(
+            control.terminate(&d, 7, 12).is_err(),
+            "not a client any more"
+        );
+        assert!(control.clients(&d, 8).is_err());
+        assert_eq!(fake.terminated(), [(7, 12)]);
+    }
+
+    /// Runs `f` again while the freshly written script is still busy (`ETXTBSY`: another
+    /// test thread forked while the file was open for writing).
+    fn unless_busy<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        for _ in 0..50 {
+            match f() {
+                Err(Error::Io { source, .. }) if source.raw_os_error() == Some(26) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+        f()
+    }
+
+    #[test]
+    fn the_control_binary_is_asked_on_stdin_against_the_daemons_pipe_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("nvidia-cuda-mps-control");
+        let log = dir.path().join("asked");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nread -r cmd\necho \"$CUDA_MPS_PIPE_DIRECTORY $cmd\" >> {}\n\
+                 case \"$cmd\" in\n  get_server_list) echo 41; echo 42 ;;\n  \
+                 get_client_list*) echo 100 ;;\n  terminate_client*) ;;\n  \
+                 *) echo 'unknown' >&2; exit 1 ;;\nesac\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let control = BinaryMpsControl::new(&script, Duration::from_secs(10));
+        let d = daemon(&dir.path().join("pipe"));
+        assert_eq!(unless_busy(|| control.servers(&d)).unwrap(), [41, 42]);
+        assert_eq!(control.clients(&d, 41).unwrap(), [100]);
+        control.terminate(&d, 41, 100).unwrap();
+        let asked = std::fs::read_to_string(&log).unwrap();
+        let pipe = &d.pipe_dir;
+        assert_eq!(
+            asked,
+            format!(
+                "{pipe} get_server_list\n{pipe} get_client_list 41\n{pipe} terminate_client 41 100\n"
+            )
+        );
+    }
+
+    #[test]
+    fn an_answer_that_is_not_pids_is_an_error_that_quotes_it() {
+        let err =
+            parse_pids("get_server_list", "41\nCannot find MPS control daemon\n").unwrap_err();
+        assert!(err.to_string().contains("Cannot find MPS"), "{err}");
+        assert_eq!(parse_pids("x", "\n 5 \n").unwrap(), [5]);
+    }
+
+    #[test]
+    fn a_control_binary_that_hangs_is_killed_after_its_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("hang");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let control = BinaryMpsControl::new(&script, Duration::from_millis(200));
+        let err = unless_busy(|| control.servers(&daemon(dir.path()))).unwrap_err();
+        assert!(err.to_string().contains("did not answer"), "{err}");
+    }
+}
