@@ -246,7 +246,7 @@ impl Accountant {
                 .flat_map(|(c, _)| c.iter().map(|c| c.uid.clone()))
                 .collect()
         };
-        let strangers_on: BTreeSet<&str> = observed
+        let stranger_gpus: BTreeSet<&str> = observed
             .iter()
             .filter(|p| p.pod_uid.as_ref().is_some_and(|u| !known.contains(u)))
             .map(|p| p.gpu_uuid.as_str())
@@ -267,14 +267,14 @@ impl Accountant {
                 if books.is_empty() {
                     continue;
                 }
-                let stale = match state.consumers.get(uid) {
+                let refetch = match state.consumers.get(uid) {
                     None => true,
                     Some((_, at)) => {
                         now.saturating_duration_since(*at) >= CONSUMERS_REFRESH
-                            && books.iter().any(|g| strangers_on.contains(g))
+                            && books.iter().any(|g| stranger_gpus.contains(g))
                     }
                 };
-                if stale {
+                if refetch {
                     wanted.push(ClaimRef::new(&entry.namespace, &entry.name, uid));
                 }
             }
@@ -369,7 +369,7 @@ fn stop(seams: &Seams, s: &Stop) -> Result<Option<Stopped>> {
                 );
             }
             Err(e) => {
-                warn!(pid = s.pid, error = %e, "MPS terminate_client failed; killing the process")
+                warn!(pid = s.pid, error = %e, "MPS terminate_client failed; killing the process");
             }
         }
     }

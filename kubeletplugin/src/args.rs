@@ -21,6 +21,9 @@ type Task = JoinHandle<()>;
 /// The NVML library and the GPUs' health, shared by discovery and the event watcher.
 pub type NvmlParts = (Arc<dyn NvmlLibrary>, Arc<Mutex<GpuHealthTracker>>);
 
+use crate::accounting::{
+    Accountant, BinaryMpsControl, EventSink, KubeEvents, NvmlProcesses, ProcFs, Seams,
+};
 use crate::apiserver::ApiClaimSource;
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
@@ -198,6 +201,12 @@ pub struct Args {
     /// Log line format on stderr.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "plain")]
     pub log_format: LogFormat,
+    /// Seconds between GPU memory accounting passes (0: off): each claim's processes together
+    /// are held to the claim's memory booking on each GPU; processes past it are stopped (MPS
+    /// `terminate_client`, else `SIGKILL`) and the pod gets an Event. Needs the host's PID
+    /// namespace (`hostPID`). Off with `--gpu-backend fake`.
+    #[arg(long, env = "TESSERA_ACCOUNTING_INTERVAL_SECONDS", default_value_t = 5)]
+    pub accounting_interval_seconds: u64,
     /// Seconds between checks of `--fake-inventory` for changes (0: never).
     #[arg(long, env = "TESSERA_INVENTORY_POLL_SECONDS", default_value_t = 10)]
     pub inventory_poll_seconds: u64,
@@ -360,6 +369,48 @@ impl Args {
         Ok((Arc::new(preparer), watchdog))
     }
 
+    /// The GPU memory accounting loop (`--accounting-interval-seconds`), on NVML nodes.
+    fn accounting(
+        &self,
+        preparer: Arc<CdiPreparer>,
+        claims: Arc<dyn ClaimSource>,
+        client: Option<&kube::Client>,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<Option<Task>> {
+        if self.accounting_interval_seconds == 0 {
+            info!("GPU memory accounting is off (--accounting-interval-seconds 0)");
+            return Ok(None);
+        }
+        if self.gpu_backend == GpuBackend::Fake {
+            info!("GPU memory accounting is off: --gpu-backend fake has no GPU processes");
+            return Ok(None);
+        }
+        let events: Option<Arc<dyn EventSink>> = if let Some(client) = client {
+            Some(Arc::new(KubeEvents::new(
+                client.clone(),
+                self.node_name.clone(),
+            )))
+        } else {
+            warn!("no API server (--fake-claims): over-booking is logged, not sent as Events");
+            None
+        };
+        let seams = Seams {
+            prepared: preparer,
+            claims,
+            gpus: Arc::new(NvmlProcesses::open(&self.nvml_library)?),
+            host: Arc::new(ProcFs::default()),
+            mps: Arc::new(BinaryMpsControl::new(
+                self.mps_control_binary.clone(),
+                Duration::from_secs(10),
+            )),
+            events,
+        };
+        let accountant = Arc::new(Accountant::new(seams, Some(Arc::clone(metrics))));
+        Ok(Some(accountant.spawn(Duration::from_secs(
+            self.accounting_interval_seconds,
+        ))))
+    }
+
     /// Runs the plugin until `shutdown` completes, then stops cleanly.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let client = match &self.fake_claims {
@@ -374,8 +425,10 @@ impl Args {
         let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(node.clone());
         let (source, publishing) = self.claim_source(client.as_ref(), inventory_rx)?;
         let plugin_dir = self.plugin_dir();
-        let (preparer, watchdog) = self.preparer(node, source, &plugin_dir)?;
+        let (preparer, watchdog) = self.preparer(node, Arc::clone(&source), &plugin_dir)?;
         let metrics = Arc::new(Metrics::new());
+        let accounting =
+            self.accounting(Arc::clone(&preparer), source, client.as_ref(), &metrics)?;
         let health = HealthReporter::spawn(inventory_tx.subscribe());
         // Wakes the inventory watcher: NVML events, mode label changes, and unprepares that
         // free a draining GPU.
@@ -440,6 +493,9 @@ impl Args {
             task.abort();
         }
         if let Some(task) = labels {
+            task.abort();
+        }
+        if let Some(task) = accounting {
             task.abort();
         }
         if let Some(events) = events {

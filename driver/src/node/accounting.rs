@@ -399,12 +399,12 @@ pub fn pod_consumers(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> V
 /// outside kubelet's pods.
 ///
 /// Kubelet puts every container under a pod cgroup named after the pod's UID, below a
-/// `kubepods` root: with the cgroupfs driver `.../kubepods/<qos>/pod<uid>/<container>`, with
-/// the systemd driver `.../kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid with _
-/// for ->.slice/<runtime>-<container>.scope` (Guaranteed pods have no QoS level). Under a
-/// cgroup namespace the path is relative (`/../..`, its `kubepods` root may be above the
-/// reader's) but keeps the pod's segment. Both cgroup v1 lines
-/// and the v2 line name the same pod; the first line that names one wins.
+/// `kubepods` root. The cgroupfs driver writes `.../kubepods/<qos>/pod<uid>/<container>`; the
+/// systemd driver writes `kubepods-<qos>-pod<uid>.slice` below `kubepods.slice` and
+/// `kubepods-<qos>.slice`, with the UID's dashes as underscores (Guaranteed pods have no `<qos>`
+/// segment). Under a cgroup namespace the path is relative (`/../..`, the `kubepods` root may be
+/// above the reader's) but keeps the pod's segment. Both cgroup v1 lines and the v2 line name
+/// the same pod; the first line that names one wins.
 pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
     text.lines().find_map(|line| {
         let path = line.splitn(3, ':').nth(2)?;

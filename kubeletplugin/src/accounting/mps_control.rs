@@ -243,15 +243,20 @@ fn lock(state: &Mutex<FakeMps>) -> MutexGuard<'_, FakeMps> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Pids, one a line.
+fn lines<'a>(pids: impl Iterator<Item = &'a u32>) -> String {
+    pids.map(|p| format!("{p}\n")).collect::<Vec<_>>().concat()
+}
+
 fn answer(state: &Mutex<FakeMps>, gpu: &FakeGpu, command: &str) -> String {
     let mut s = lock(state);
     s.commands.push(command.to_owned());
     let words: Vec<&str> = command.split_whitespace().collect();
     let pid = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
     match (words.first().copied(), words.len()) {
-        (Some("get_server_list"), 1) => s.servers.keys().map(|p| format!("{p}\n")).collect(),
+        (Some("get_server_list"), 1) => lines(s.servers.keys()),
         (Some("get_client_list"), 2) => match pid(1).and_then(|p| s.servers.get(&p)) {
-            Some(clients) => clients.iter().map(|p| format!("{p}\n")).collect(),
+            Some(clients) => lines(clients.iter()),
             None => format!("Error: no server {}\n", words[1]),
         },
         (Some("terminate_client"), 3) => match (pid(1), pid(2)) {
