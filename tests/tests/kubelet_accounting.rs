@@ -140,21 +140,22 @@ async fn store(client: &kube::Client, claim: &res::ResourceClaim) -> String {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the_pod_gets_an_event()
-{
-    let server = FakeApiServer::start(&["v1"]).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = |p: &str| dir.path().join(p);
-    std::fs::write(path("kubeconfig"), server.kubeconfig()).unwrap();
-    let client = tessera_kubeapi::client(Some(&path("kubeconfig")))
-        .await
-        .unwrap();
+/// The claim stored, and prepared through kubelet's gRPC API by a plugin fetching it from the
+/// API server.
+struct Prepared {
+    preparer: Arc<CdiPreparer>,
+    source: Arc<ApiClaimSource>,
+    plugin: server::RunningPlugin,
+    uid: String,
+    name: String,
+    node: String,
+}
 
+async fn prepare_share(client: &kube::Client, dir: &Path) -> Prepared {
+    let path = |p: &str| dir.join(p);
     let (claim, node, inventory) = allocated_share();
-    let uid = store(&client, &claim).await;
+    let uid = store(client, &claim).await;
     let name = claim.metadata.name.clone().unwrap();
-
     let source = Arc::new(ApiClaimSource::new(client.clone()));
     let preparer = Arc::new(
         CdiPreparer::new(
@@ -197,6 +198,33 @@ async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the
         .into_inner()
         .claims;
     assert_eq!(answer[&uid].error, "");
+    Prepared {
+        preparer,
+        source,
+        plugin,
+        uid,
+        name,
+        node,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the_pod_gets_an_event()
+{
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig()).unwrap();
+    let client = tessera_kubeapi::client(Some(&dir.path().join("kubeconfig")))
+        .await
+        .unwrap();
+    let Prepared {
+        preparer,
+        source,
+        plugin,
+        uid,
+        name,
+        node,
+    } = prepare_share(&client, dir.path()).await;
 
     // The node as the claim's container uses it: the claim's daemon (a fake one on a real
     // SEQPACKET socket in the pipe directory the CDI spec names) and three workers in the pod's
@@ -271,6 +299,5 @@ async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the
     let again = accountant.pass(Instant::now()).await.unwrap();
     assert!(again.terminated.is_empty() && again.killed.is_empty());
     assert_eq!(server.objects("events").len(), 1);
-    drop(kubelet);
     plugin.shutdown().await.unwrap();
 }
