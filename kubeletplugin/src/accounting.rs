@@ -1,5 +1,5 @@
 //! Holding each claim's processes together to its booking: the periodic pass that lists the
-//! GPUs' processes, maps them to claims, asks `tessera_driver::accounting::judge` what to stop,
+//! GPUs' processes, maps them to claims, asks `tessera_driver::node::accounting::judge` what to stop,
 //! stops it and tells the pods.
 //!
 //! Each host part is a small seam with a deterministic fake:
@@ -28,10 +28,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_driver::accounting::{
+use tessera_driver::node::accounting::{
     self, Consumer, Consumers, GpuProcess, Means, ProcessKey, Stop, Verdict,
 };
-use tessera_driver::checkpoint::Checkpoint;
+use tessera_driver::node::checkpoint::Checkpoint;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -379,7 +379,11 @@ fn stop(seams: &Seams, s: &Stop) -> Result<Option<Stopped>> {
         .then_some(Stopped::Killed))
 }
 
-fn terminate(seams: &Seams, daemons: &[tessera_driver::cdi::MpsDaemon], pid: u32) -> Result<bool> {
+fn terminate(
+    seams: &Seams,
+    daemons: &[tessera_driver::node::cdi::MpsDaemon],
+    pid: u32,
+) -> Result<bool> {
     for daemon in daemons {
         for server in seams.mps.servers(daemon)? {
             if seams.mps.clients(daemon, server)?.contains(&pid) {

@@ -19,11 +19,11 @@ use kube::api::{Api, DynamicObject, PostParams};
 use serde::Deserialize as _;
 use serde_json::json;
 use tessera_driver::apiversion::{Object, decode_document};
-use tessera_driver::batch::{BatchInput, BatchOptions, allocate_batch};
-use tessera_driver::cdi::Enforcement;
-use tessera_driver::inventory::Inventory;
 use tessera_driver::names;
-use tessera_driver::slices::{self, RenderOptions};
+use tessera_driver::node::cdi::Enforcement;
+use tessera_driver::node::inventory::Inventory;
+use tessera_driver::node::slices::{self, RenderOptions};
+use tessera_driver::tools::batch::{BatchInput, BatchOptions, allocate_batch};
 use tessera_kubelet_plugin::accounting::{
     Accountant, FakeGpu, FakeHostProcesses, FakeMpsControl, FakeMpsDaemon, KubeEvents, Seams,
 };
@@ -91,7 +91,7 @@ fn allocated_share() -> (res::ResourceClaim, String, Inventory) {
         },
         &BatchOptions {
             driver_name: DRIVER.to_owned(),
-            policy: tessera_driver::allocator::Policy::default(),
+            policy: tessera_driver::placement::allocator::Policy::default(),
             node: None,
         },
     )

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use tessera_driver::accounting::OverBooking;
 use tessera_driver::names;
+use tessera_driver::node::accounting::OverBooking;
 
 use crate::error::{Error, Result};
 

@@ -26,8 +26,8 @@ use rustix::io::Errno;
 use rustix::net::{
     AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketType, sockopt::Timeout,
 };
-use tessera_driver::cdi::MpsDaemon;
-use tessera_driver::mps;
+use tessera_driver::node::cdi::MpsDaemon;
+use tessera_driver::node::mps;
 
 use super::gpu_processes::FakeGpu;
 use crate::error::{Error, Result};

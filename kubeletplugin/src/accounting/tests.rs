@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tessera_driver::cdi::MpsDaemon;
-use tessera_driver::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
+use tessera_driver::node::cdi::MpsDaemon;
+use tessera_driver::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
 
 use super::*;
 use crate::claims::FakeClaimSource;
