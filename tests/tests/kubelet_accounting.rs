@@ -113,8 +113,7 @@ async fn store(client: &kube::Client, claim: &res::ResourceClaim) -> String {
         "default",
         &tessera_kubeapi::resource(
             tessera_driver::apiversion::ApiVersion::V1,
-            "ResourceClaim",
-            "resourceclaims",
+            names::RESOURCE_CLAIM,
         ),
     );
     let mut body = serde_json::to_value(claim).unwrap();

@@ -384,7 +384,10 @@ pub fn pod_consumers(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> V
         .status
         .iter()
         .flat_map(|s| s.reserved_for.iter().flatten())
-        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+        .filter(|r| {
+            r.resource == crate::names::POD.plural
+                && r.api_group.as_deref().unwrap_or_default().is_empty()
+        })
         .map(|r| Consumer {
             uid: r.uid.clone(),
             name: r.name.clone(),

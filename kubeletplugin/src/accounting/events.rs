@@ -32,7 +32,7 @@ pub fn event_object(over: &OverBooking, node: &str, now: Timestamp) -> Event {
         },
         involved_object: ObjectReference {
             api_version: Some(names::CORE_API_V1.to_owned()),
-            kind: Some("Pod".to_owned()),
+            kind: Some(names::POD.kind.to_owned()),
             namespace: Some(over.namespace.clone()),
             name: Some(over.pod_name.clone()),
             uid: Some(over.pod_uid.clone()),
