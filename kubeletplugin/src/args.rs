@@ -27,9 +27,11 @@ use crate::accounting::{
 use crate::apiserver::ApiClaimSource;
 use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
+use crate::driver_files;
 use crate::health_stream::{self, HealthReporter};
 use crate::metrics::{MeteredPreparer, Metrics};
-use crate::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
+use crate::mps::{DaemonKeeper, HostedDaemons, MpsConfig, MpsSupervisor, OsProcessHost};
+use crate::mps_cli::LaunchArgs;
 use crate::node_labels;
 use crate::nvml::{NvmlDiscovery, NvmlHealthWatcher, NvmlLibrary, WrapperLibrary};
 use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
@@ -63,6 +65,15 @@ impl From<ModeArg> for GpuMode {
             ModeArg::Shared => Self::Shared,
         }
     }
+}
+
+/// Who runs the MPS control daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MpsDaemons {
+    /// The plugin, as its own children.
+    Local,
+    /// The node's `tessera-mps host`, in a pod of its own.
+    Host,
 }
 
 /// How shares are enforced inside containers.
@@ -100,7 +111,8 @@ pub struct Args {
     /// Where GPUs are discovered.
     #[arg(long, env = "TESSERA_GPU_BACKEND", value_enum, default_value = "nvml")]
     pub gpu_backend: GpuBackend,
-    /// NVML library for `--gpu-backend nvml` (a file name searched the usual way, or a path).
+    /// NVML library for `--gpu-backend nvml` (a file name searched the usual way, or a path;
+    /// with a `--driver-root` other than `/`, the file name is looked for under it).
     #[arg(
         long,
         env = "TESSERA_NVML_LIBRARY",
@@ -157,22 +169,19 @@ pub struct Args {
         default_value = "/var/log/tessera/mps"
     )]
     pub mps_log_dir_root: String,
-    /// MPS: the `nvidia-cuda-mps-control` binary (a path, or a name looked up on `PATH`).
-    #[arg(
-        long,
-        env = "TESSERA_MPS_CONTROL_BINARY",
-        default_value = "nvidia-cuda-mps-control"
-    )]
-    pub mps_control_binary: PathBuf,
-    /// MPS: run each daemon in a mount namespace of its own with its shm directory as
-    /// `/dev/shm`, the directory its clients get (needs `unshare` and `CAP_SYS_ADMIN`).
-    #[arg(
-        long,
-        env = "TESSERA_MPS_SHM_NAMESPACE",
-        default_value_t = true,
-        action = clap::ArgAction::Set
-    )]
-    pub mps_shm_namespace: bool,
+    /// MPS: who runs the control daemons. `host`: the node's `tessera-mps host` (the chart's
+    /// `tessera-mps` `DaemonSet`), outside this container, so restarts and rollouts of the
+    /// plugin leave them and their clients alone; the plugin waits for each claim's daemon to
+    /// answer. `local`: the plugin runs them as its own children (they outlive a plugin
+    /// process, not its container).
+    #[arg(long, env = "TESSERA_MPS_DAEMONS", value_enum, default_value = "local")]
+    pub mps_daemons: MpsDaemons,
+    /// MPS: seconds a claim's daemon may take to answer before the prepare fails.
+    #[arg(long, env = "TESSERA_MPS_READY_SECONDS", default_value_t = 30)]
+    pub mps_ready_seconds: u64,
+    /// The driver root and how local daemons are launched.
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     /// HAMi-core: host path of the installed libvgpu.so.
     #[arg(
         long,
@@ -235,6 +244,22 @@ impl Args {
             .unwrap_or_else(|| Path::new(names::DEFAULT_PLUGINS_DIR).join(&self.driver_name))
     }
 
+    /// The NVML library to open: a bare file name is looked for under a `--driver-root` other
+    /// than `/` (the chart mounts the host's driver root there), else opened as given.
+    pub fn nvml_library_path(&self) -> anyhow::Result<PathBuf> {
+        let bare = self.nvml_library.parent() == Some(Path::new(""));
+        if bare && self.launch.driver_root != Path::new("/") {
+            let found = driver_files::find(
+                &self.launch.driver_root,
+                &tessera_driver::node::driver_root::LIBRARY_DIRS,
+                &self.nvml_library.display().to_string(),
+            )?;
+            info!(library = %found.outside.display(), "NVML from the driver root");
+            return Ok(found.outside);
+        }
+        Ok(self.nvml_library.clone())
+    }
+
     /// The enforcement backend the flags describe.
     pub fn enforcement(&self) -> Enforcement {
         match self.enforcement {
@@ -263,7 +288,8 @@ impl Args {
     pub fn discovery(&self) -> anyhow::Result<(Arc<dyn GpuDiscovery>, Option<NvmlParts>)> {
         match self.gpu_backend {
             GpuBackend::Nvml => {
-                let lib: Arc<dyn NvmlLibrary> = Arc::new(WrapperLibrary::open(&self.nvml_library)?);
+                let lib: Arc<dyn NvmlLibrary> =
+                    Arc::new(WrapperLibrary::open(&self.nvml_library_path()?)?);
                 let discovery =
                     NvmlDiscovery::new(Arc::clone(&lib), self.node_name.clone(), &self.sysfs_root);
                 let health = discovery.health();
@@ -360,11 +386,24 @@ impl Args {
         )?;
         let mut watchdog = None;
         if self.enforcement == EnforcementKind::Mps {
-            let mut config = MpsConfig::new(self.mps_control_binary.clone());
-            config.shm_namespace = self.mps_shm_namespace;
-            let supervisor = Arc::new(MpsSupervisor::new(config, Arc::new(OsProcessHost::new())));
-            preparer = preparer.with_mps(Arc::clone(&supervisor))?;
-            watchdog = Some(supervisor.spawn_watchdog(Duration::from_secs(1)));
+            let ready = Duration::from_secs(self.mps_ready_seconds);
+            match self.mps_daemons {
+                MpsDaemons::Host => {
+                    let hosted: Arc<dyn DaemonKeeper> =
+                        Arc::new(HostedDaemons::new(Arc::new(OsProcessHost::new()), ready));
+                    preparer = preparer.with_mps(hosted)?;
+                }
+                MpsDaemons::Local => {
+                    let mut config = MpsConfig::new("");
+                    config.launch = self.launch.launch()?;
+                    config.ready_timeout = ready;
+                    let supervisor =
+                        Arc::new(MpsSupervisor::new(config, Arc::new(OsProcessHost::new())));
+                    preparer =
+                        preparer.with_mps(Arc::clone(&supervisor) as Arc<dyn DaemonKeeper>)?;
+                    watchdog = Some(supervisor.spawn_watchdog(Duration::from_secs(1)));
+                }
+            }
         }
         Ok((Arc::new(preparer), watchdog))
     }

@@ -5,7 +5,9 @@
 //! * [`registration`], [`dra`]: the gRPC services, thin layers over the seams below.
 //! * [`preparer`]: `ClaimPreparer`, and `CdiPreparer`, which writes CDI specs under a
 //!   crash-safe checkpoint (the checkpoint's rules live in `tessera_driver::node::checkpoint`).
-//! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs.
+//! * [`mps`]: `MpsSupervisor`, the MPS control daemons of shared GPUs, run by the node's
+//!   `tessera-mps host` ([`mps_cli`]) or by the plugin; [`driver_files`]: the driver's files
+//!   under the mounted driver root.
 //! * [`accounting`]: `Accountant`, which holds each claim's processes together to its GPU
 //!   memory booking (NVML's processes, `/proc`, MPS `terminate_client`, Events).
 //! * [`claims`]: `ClaimSource`, where allocations come from.
@@ -24,11 +26,13 @@ pub mod claims;
 pub mod crash;
 pub mod discovery;
 pub mod dra;
+pub mod driver_files;
 pub mod error;
 pub mod health_http;
 pub mod health_stream;
 pub mod metrics;
 pub mod mps;
+pub mod mps_cli;
 pub mod node_labels;
 pub mod nvml;
 pub mod ops;

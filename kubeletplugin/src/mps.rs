@@ -1,12 +1,21 @@
 //! Starting and supervising MPS control daemons: one per set of GPUs that prepared share claims
 //! use (`tessera_driver::node::cdi::mps_daemon`), started before such a claim is reported prepared,
 //! restarted with backoff when it dies, stopped when the last claim using it is unprepared,
-//! and started again from the checkpoint after a plugin restart.
+//! and started again from the checkpoint after a restart. A daemon that already answers on its
+//! control socket (left by an earlier run) is adopted, clients and all, never told to quit.
+//!
+//! The supervisor runs in the node's `tessera-mps host` ([`host`]), outside the plugin's
+//! container, so that neither a plugin restart nor a rollout of the plugin's `DaemonSet` touches
+//! the daemons; with `--mps-daemons local` the plugin runs one itself.
 //!
 //! Processes are host behaviour, behind [`ProcessHost`]: [`OsProcessHost`] spawns real ones,
 //! [`FakeProcessHost`] records the calls for unit tests.
 
+pub mod exec;
+pub mod fake_control;
+pub mod host;
 mod process;
+pub mod socket;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -15,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::checkpoint::Checkpoint;
-use tessera_driver::node::mps;
+use tessera_driver::node::mps::{self, ControlSocket, Launch, StartAction};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -27,26 +36,26 @@ pub use process::{FakeProcessHost, HostCall, OsProcessHost, ProcessHost, Process
 /// How the supervisor runs daemons.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsConfig {
-    /// The `nvidia-cuda-mps-control` binary.
-    pub control_binary: PathBuf,
-    /// How long a starting daemon may take to create its control socket.
+    /// The control binary, and the wrapper that gives it its mount namespace
+    /// (`tessera_driver::node::mps::daemon_command`).
+    pub launch: Launch,
+    /// How long a starting daemon may take to answer on its control socket.
     pub ready_timeout: Duration,
     /// How long `quit` and the daemon's exit after it may take.
     pub quit_timeout: Duration,
-    /// Whether each daemon runs in a mount namespace with its shm directory as `/dev/shm`
-    /// (`tessera_driver::node::mps::daemon_command`).
-    pub shm_namespace: bool,
 }
 
 impl MpsConfig {
-    /// Defaults: 10 s to become ready, 10 s to quit, the daemon in the plugin's own mount
-    /// namespace.
+    /// Defaults: 10 s to become ready, 10 s to quit, the control binary run directly (in the
+    /// caller's mount namespace).
     pub fn new(control_binary: impl Into<PathBuf>) -> Self {
         Self {
-            control_binary: control_binary.into(),
+            launch: Launch {
+                control_binary: control_binary.into().display().to_string(),
+                wrapper: None,
+            },
             ready_timeout: Duration::from_secs(10),
             quit_timeout: Duration::from_secs(10),
-            shm_namespace: false,
         }
     }
 }
@@ -56,8 +65,8 @@ impl MpsConfig {
 enum Process {
     /// Our child, with its id.
     Child(u32),
-    /// A daemon an earlier run of the plugin started, found answering on its control socket;
-    /// alive while it answers.
+    /// A daemon an earlier run started, found answering on its control socket; alive while it
+    /// answers.
     Adopted,
 }
 
@@ -68,6 +77,85 @@ struct Supervised {
     process: Option<Process>,
     failures: u32,
     restart_at: Option<Instant>,
+}
+
+/// How the preparer makes sure a claim's daemon runs: [`MpsSupervisor`] runs it itself,
+/// [`HostedDaemons`] waits for the node's `tessera-mps host` to run it.
+pub trait DaemonKeeper: Send + Sync {
+    /// Returns once `daemon` answers for `claim` (the claim is already in the checkpoint).
+    /// Blocking.
+    fn ensure(&self, claim: &str, daemon: &MpsDaemon) -> Result<()>;
+    /// `claim` no longer uses its daemon (it is gone from the checkpoint). Blocking.
+    fn release(&self, claim: &str) -> Result<()>;
+    /// The daemons `record`'s claims need, at start. Blocking.
+    fn restore(&self, record: &Checkpoint) -> Result<()>;
+}
+
+/// Daemons run by the node's `tessera-mps host`, which follows the checkpoint: the plugin
+/// only waits until a claim's daemon answers on its control socket.
+pub struct HostedDaemons {
+    host: Arc<dyn ProcessHost>,
+    ready_timeout: Duration,
+}
+
+impl std::fmt::Debug for HostedDaemons {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostedDaemons")
+            .field("ready_timeout", &self.ready_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostedDaemons {
+    /// Waits up to `ready_timeout` for each daemon, probing through `host`.
+    pub fn new(host: Arc<dyn ProcessHost>, ready_timeout: Duration) -> Self {
+        Self {
+            host,
+            ready_timeout,
+        }
+    }
+}
+
+impl DaemonKeeper for HostedDaemons {
+    fn ensure(&self, claim: &str, daemon: &MpsDaemon) -> Result<()> {
+        let control = PathBuf::from(mps::control_socket(daemon));
+        let ready = poll_until(self.ready_timeout, || {
+            Ok(self.host.probe(&control) == ControlSocket::Answers)
+        })?;
+        if ready {
+            return Ok(());
+        }
+        Err(Error::Mps(format!(
+            "MPS control daemon {} of claim {claim} did not answer on {} within {:?}: is the \
+             tessera-mps host running on this node (its DaemonSet), and is its log clean?",
+            daemon.id,
+            control.display(),
+            self.ready_timeout
+        )))
+    }
+
+    fn release(&self, _claim: &str) -> Result<()> {
+        // The host stops the daemon once the checkpoint no longer records a claim using it.
+        Ok(())
+    }
+
+    fn restore(&self, _record: &Checkpoint) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl DaemonKeeper for MpsSupervisor {
+    fn ensure(&self, claim: &str, daemon: &MpsDaemon) -> Result<()> {
+        MpsSupervisor::ensure(self, claim, daemon)
+    }
+
+    fn release(&self, claim: &str) -> Result<()> {
+        MpsSupervisor::release(self, claim)
+    }
+
+    fn restore(&self, record: &Checkpoint) -> Result<()> {
+        MpsSupervisor::restore(self, record)
+    }
 }
 
 /// Keeps one MPS control daemon running per GPU set that prepared claims use.
@@ -101,28 +189,32 @@ impl MpsSupervisor {
             .map_err(|_| Error::Task("a thread panicked holding the MPS daemons".to_owned()))
     }
 
-    fn spec(&self, daemon: &MpsDaemon, args: Vec<String>) -> ProcessSpec {
-        ProcessSpec {
-            program: self.config.control_binary.clone(),
+    /// Runs one control command (`get_server_list`, `ps`, `terminate_client <server> <pid>`,
+    /// ...) against `daemon` through the control binary, as NVIDIA documents it; returns its
+    /// output. Blocking.
+    pub fn control(&self, daemon: &MpsDaemon, command: &str) -> Result<String> {
+        let (program, args) = mps::control_command(&self.config.launch, daemon);
+        let spec = ProcessSpec {
+            program: PathBuf::from(program),
             args,
             env: mps::daemon_env(daemon),
-        }
+        };
+        self.host
+            .run(&spec, &format!("{command}\n"), self.config.quit_timeout)
     }
 
     /// Sends `quit` to whatever daemon listens on `daemon`'s pipe directory.
     fn quit(&self, daemon: &MpsDaemon) -> Result<()> {
-        self.host.run(
-            &self.spec(daemon, Vec::new()),
-            mps::QUIT_COMMAND,
-            self.config.quit_timeout,
-        )
+        self.control(daemon, mps::QUIT_COMMAND.trim_end()).map(drop)
     }
 
     /// Whether the daemon's process still runs.
     fn alive(&self, daemon: &MpsDaemon, process: Process) -> Result<bool> {
         Ok(match process {
             Process::Child(pid) => !self.host.has_exited(pid)?,
-            Process::Adopted => self.host.answers(Path::new(&mps::control_socket(daemon))),
+            Process::Adopted => {
+                self.host.probe(Path::new(&mps::control_socket(daemon))) == ControlSocket::Answers
+            }
         })
     }
 
@@ -133,23 +225,21 @@ impl MpsSupervisor {
             self.host.create_dir_all(Path::new(dir))?;
         }
         let control = PathBuf::from(mps::control_socket(daemon));
-        if self.host.answers(&control) {
-            info!(daemon = %daemon.id, "adopted the MPS control daemon an earlier run left");
-            return Ok(Process::Adopted);
-        }
-        if self.host.exists(&control) {
-            // A control socket nobody answers on: a daemon that died with an earlier run.
-            // Asking it to quit is harmless and lets the new daemon take the directory.
-            info!(daemon = %daemon.id, "stopping the remains of an earlier daemon");
-            if let Err(e) = self.quit(daemon) {
-                warn!(daemon = %daemon.id, error = %e, "could not stop the earlier daemon");
+        match mps::start_action(self.host.probe(&control)) {
+            StartAction::Adopt => {
+                info!(daemon = %daemon.id, "adopted the MPS control daemon that answers on its socket");
+                return Ok(Process::Adopted);
+            }
+            StartAction::Start { remove_stale } => {
+                if remove_stale {
+                    // A socket nobody accepts on: its daemon died. No `quit` (nothing would
+                    // read it); the file goes so the new daemon can listen there.
+                    info!(daemon = %daemon.id, "removing the socket of a daemon that died");
+                    self.host.remove_file(&control)?;
+                }
             }
         }
-        let (program, args) = mps::daemon_command(
-            &self.config.control_binary.display().to_string(),
-            daemon,
-            self.config.shm_namespace,
-        );
+        let (program, args) = mps::daemon_command(&self.config.launch, daemon);
         let pid = self.host.spawn(&ProcessSpec {
             program: PathBuf::from(program),
             args,
@@ -158,7 +248,7 @@ impl MpsSupervisor {
         let mut exited = false;
         let ready = poll_until(self.config.ready_timeout, || {
             exited = self.host.has_exited(pid)?;
-            Ok(exited || self.host.exists(&control))
+            Ok(exited || self.host.probe(&control) == ControlSocket::Answers)
         })?;
         if ready && !exited {
             info!(daemon = %daemon.id, pid, devices = %daemon.devices.join(","), "MPS control daemon started");
@@ -168,21 +258,20 @@ impl MpsSupervisor {
         Err(Error::Mps(format!(
             "MPS control daemon {} ({}) {}",
             daemon.id,
-            self.config.control_binary.display(),
+            self.config.launch.control_binary,
             if exited {
                 format!(
-                    "exited while starting; see its log directory {}{}",
+                    "exited while starting; see its log directory {} and the supervisor's log{}",
                     daemon.log_dir,
-                    if self.config.shm_namespace {
-                        " (the shm namespace needs `unshare` and CAP_SYS_ADMIN; \
-                         --mps-shm-namespace=false runs without it)"
+                    if self.config.launch.wrapper.is_some() {
+                        " (its mount namespace needs CAP_SYS_ADMIN)"
                     } else {
                         ""
                     }
                 )
             } else {
                 format!(
-                    "did not create {} within {:?}",
+                    "did not answer on {} within {:?}",
                     control.display(),
                     self.config.ready_timeout
                 )
@@ -301,6 +390,15 @@ impl MpsSupervisor {
         Ok(())
     }
 
+    /// The claims whose daemons are supervised now.
+    pub fn claims(&self) -> Result<BTreeSet<String>> {
+        Ok(self
+            .lock()?
+            .values()
+            .flat_map(|s| s.claims.iter().cloned())
+            .collect())
+    }
+
     /// The daemons supervised now, by id, with the claims using each.
     pub fn daemons(&self) -> Result<BTreeMap<String, BTreeSet<String>>> {
         Ok(self
@@ -416,20 +514,34 @@ mod tests {
     }
 
     #[test]
-    fn with_an_shm_namespace_the_daemon_starts_through_unshare() {
+    fn with_a_wrapper_the_daemon_starts_through_it_with_its_shm_directory() {
         let host = Arc::new(FakeProcessHost::new());
         let mut config = MpsConfig::new("/usr/bin/nvidia-cuda-mps-control");
-        config.shm_namespace = true;
+        config.launch.wrapper = Some(mps::Wrapper {
+            program: "/usr/local/bin/tessera-mps".to_owned(),
+            driver_root: "/driver-root".to_owned(),
+        });
         let sup = MpsSupervisor::new(config, Arc::clone(&host) as Arc<dyn ProcessHost>);
         let d = daemon(&["GPU-1"]);
         sup.ensure("a", &d).unwrap();
         let (spec, _) = &spawns(&host)[0];
-        assert_eq!(spec.program, PathBuf::from("unshare"));
+        assert_eq!(spec.program, PathBuf::from("/usr/local/bin/tessera-mps"));
         assert!(spec.args.contains(&d.shm_dir));
         assert!(
             host.calls()
                 .contains(&HostCall::CreateDir(PathBuf::from(&d.shm_dir)))
         );
+        sup.release("a").unwrap();
+        let quit = host
+            .calls()
+            .into_iter()
+            .find_map(|c| match c {
+                HostCall::Run(spec, _) => Some(spec),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(quit.program, PathBuf::from("/usr/local/bin/tessera-mps"));
+        assert!(quit.args.contains(&d.pipe_dir), "{:?}", quit.args);
     }
 
     #[test]
@@ -463,7 +575,7 @@ mod tests {
         host.never_ready();
         let sup = supervisor(&host);
         let err = sup.ensure("a", &daemon(&["GPU-1"])).unwrap_err();
-        assert!(err.to_string().contains("did not create"), "{err}");
+        assert!(err.to_string().contains("did not answer"), "{err}");
         assert!(host.alive().is_empty(), "the stuck process is stopped");
         assert!(sup.daemons().unwrap().is_empty());
     }
@@ -503,19 +615,52 @@ mod tests {
         host.leftover_daemon(&d.pipe_dir, true);
         let sup = supervisor(&host);
         sup.ensure("a", &d).unwrap();
+        sup.ensure("b", &d).unwrap();
         assert!(spawns(&host).is_empty(), "its clients keep their server");
+        assert_eq!(
+            quits(&host),
+            0,
+            "a daemon that answers is never told to quit"
+        );
+        sup.check(Instant::now()).unwrap();
+        assert!(
+            spawns(&host).is_empty(),
+            "an adopted daemon that answers is alive"
+        );
         sup.release("a").unwrap();
-        assert_eq!(quits(&host), 1);
+        assert_eq!(quits(&host), 0, "claim b still uses it");
+        sup.release("b").unwrap();
+        assert_eq!(quits(&host), 1, "stopped after its last claim");
+    }
 
+    #[test]
+    fn a_dead_daemons_socket_is_removed_without_quit_and_a_new_daemon_starts() {
         let host = Arc::new(FakeProcessHost::new());
+        let d = daemon(&["GPU-1"]);
         host.leftover_daemon(&d.pipe_dir, false);
         let sup = supervisor(&host);
         sup.ensure("a", &d).unwrap();
-        assert_eq!(
-            quits(&host),
-            1,
-            "the dead daemon's remains are told to quit"
+        assert_eq!(quits(&host), 0);
+        assert!(
+            host.calls()
+                .contains(&HostCall::RemoveFile(PathBuf::from(mps::control_socket(
+                    &d
+                ))))
         );
+        assert_eq!(spawns(&host).len(), 1);
+    }
+
+    #[test]
+    fn an_adopted_daemon_that_stops_answering_is_restarted() {
+        let host = Arc::new(FakeProcessHost::new());
+        let d = daemon(&["GPU-1"]);
+        host.leftover_daemon(&d.pipe_dir, true);
+        let sup = supervisor(&host);
+        sup.ensure("a", &d).unwrap();
+        host.kill(1);
+        let t0 = Instant::now();
+        sup.check(t0).unwrap();
+        sup.check(t0 + Duration::from_secs(1)).unwrap();
         assert_eq!(spawns(&host).len(), 1);
     }
 

@@ -30,7 +30,7 @@ use crate::atomic_file;
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::crash;
 use crate::error::{Error, Result};
-use crate::mps::MpsSupervisor;
+use crate::mps::DaemonKeeper;
 
 /// File name of the checkpoint in the state directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
@@ -82,7 +82,7 @@ pub struct CdiPreparer {
     node: RwLock<NodeInventory>,
     source: Arc<dyn ClaimSource>,
     record: Mutex<Checkpoint>,
-    mps: Option<Arc<MpsSupervisor>>,
+    mps: Option<Arc<dyn DaemonKeeper>>,
 }
 
 impl CdiPreparer {
@@ -121,11 +121,11 @@ impl CdiPreparer {
         Ok(preparer)
     }
 
-    /// Runs the MPS control daemons of share claims through `supervisor`: the daemons the
-    /// checkpoint's claims need are started now, and each later claim's daemon is started
-    /// before the claim is reported prepared. Without a supervisor, specs still point at the
-    /// daemons but nothing starts them. Blocking.
-    pub fn with_mps(mut self, supervisor: Arc<MpsSupervisor>) -> Result<Self> {
+    /// Makes sure of the MPS control daemons of share claims through `supervisor`: the
+    /// daemons the checkpoint's claims need are started (or adopted) now, and each later
+    /// claim's daemon answers before the claim is reported prepared. Without one, specs still
+    /// point at the daemons but nothing waits for them. Blocking.
+    pub fn with_mps(mut self, supervisor: Arc<dyn DaemonKeeper>) -> Result<Self> {
         let record = self.record()?;
         supervisor.restore(&record)?;
         self.mps = Some(supervisor);

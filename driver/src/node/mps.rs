@@ -1,12 +1,17 @@
 //! MPS control daemons as the kubelet plugin runs them: which daemons the recorded claims need,
 //! the command line and environment of each, and how soon one that died is started again.
 //!
-//! The plugin runs `nvidia-cuda-mps-control -f` (foreground) as its own child rather than
-//! `-d`: with `-d` the binary forks and the parent exits at once, so the plugin would have no
-//! process to watch and would learn of a dead daemon only when a client failed. As a child the
-//! daemon's exit is seen at the next check and it is restarted with backoff. It is stopped the
-//! way NVIDIA documents, by writing `quit` to `nvidia-cuda-mps-control` run without arguments
-//! against the same pipe directory.
+//! A supervisor (the plugin itself, or the node's `tessera-mps host`) runs
+//! `nvidia-cuda-mps-control -f` (foreground) as its own child rather than `-d`: with `-d` the
+//! binary forks and the parent exits at once, so there would be no process to watch and a dead
+//! daemon would be learned of only when a client failed. As a child the daemon's exit is seen
+//! at the next check and it is restarted with backoff. It is stopped the way NVIDIA documents,
+//! by writing `quit` to `nvidia-cuda-mps-control` run without arguments against the same pipe
+//! directory, and only once no claim uses it.
+//!
+//! A supervisor that starts finds the daemons an earlier run left by connecting to their
+//! control sockets (`SOCK_SEQPACKET`, as the real daemon's is): one that answers is adopted
+//! with its clients ([`start_action`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -64,36 +69,153 @@ pub fn daemon_env(daemon: &MpsDaemon) -> Vec<(String, String)> {
     ]
 }
 
-/// The program and arguments that start `daemon` with the control binary `binary` in the
-/// foreground. With `shm_namespace`, the daemon runs in a mount namespace of its own where its
-/// shm directory is bind-mounted over `/dev/shm` (`unshare` and `mount` from util-linux, and
-/// `CAP_SYS_ADMIN`), so it shares `/dev/shm` with its clients, whose containers get the same
-/// directory there; the paths are passed as arguments, never spliced into the script.
-pub fn daemon_command(
-    binary: &str,
-    daemon: &MpsDaemon,
-    shm_namespace: bool,
+/// How daemons are launched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The `nvidia-cuda-mps-control` binary, as the daemon sees it (inside the driver root when
+    /// the wrapper changes root into it).
+    pub control_binary: String,
+    /// The `tessera-mps exec` wrapper, or `None` to run the control binary directly (then its
+    /// environment must already hold the driver's files, and the daemon shares the caller's
+    /// `/dev/shm`).
+    pub wrapper: Option<Wrapper>,
+}
+
+/// The `tessera-mps exec` wrapper: it gives the daemon (and each control command) a private
+/// mount namespace with the daemon's shm directory over `/dev/shm`, and with a driver root
+/// other than `/` changes root into it ([`crate::node::mps_exec::plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wrapper {
+    /// The wrapper binary.
+    pub program: String,
+    /// Where the host's driver root is, as the wrapper sees it (`/` for its own root).
+    pub driver_root: String,
+}
+
+/// The subcommand of the wrapper binary that runs a program in the daemon's mount namespace.
+pub const EXEC_SUBCOMMAND: &str = "exec";
+
+fn wrapped(
+    wrapper: &Wrapper,
+    shm_dir: Option<&str>,
+    binds: &[&str],
+    program: &str,
+    args: &[&str],
 ) -> (String, Vec<String>) {
-    if !shm_namespace {
-        return (binary.to_owned(), vec![FOREGROUND_ARG.to_owned()]);
-    }
-    let args = [
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "/bin/sh",
-        "-c",
-        "mount --bind \"$1\" /dev/shm && exec \"$2\" \"$3\"",
-        "tessera-mps",
-        &daemon.shm_dir,
-        binary,
-        FOREGROUND_ARG,
+    let mut out = vec![
+        EXEC_SUBCOMMAND.to_owned(),
+        "--root".to_owned(),
+        wrapper.driver_root.clone(),
     ];
-    (
-        "unshare".to_owned(),
-        args.iter().map(|a| (*a).to_owned()).collect(),
-    )
+    if let Some(shm) = shm_dir {
+        out.extend(["--shm-dir".to_owned(), shm.to_owned()]);
+    }
+    for dir in binds {
+        out.extend(["--bind".to_owned(), (*dir).to_owned()]);
+    }
+    out.push("--".to_owned());
+    out.push(program.to_owned());
+    out.extend(args.iter().map(|a| (*a).to_owned()));
+    (wrapper.program.clone(), out)
+}
+
+/// The program and arguments that start `daemon` in the foreground: the control binary with
+/// `-f`, through the wrapper when there is one (its shm directory over `/dev/shm`, its pipe and
+/// log directories at their own paths inside the driver root). Paths are passed as separate
+/// arguments, never spliced into a shell line.
+pub fn daemon_command(launch: &Launch, daemon: &MpsDaemon) -> (String, Vec<String>) {
+    match &launch.wrapper {
+        None => (
+            launch.control_binary.clone(),
+            vec![FOREGROUND_ARG.to_owned()],
+        ),
+        Some(wrapper) => wrapped(
+            wrapper,
+            Some(&daemon.shm_dir),
+            &[&daemon.pipe_dir, &daemon.log_dir],
+            &launch.control_binary,
+            &[FOREGROUND_ARG],
+        ),
+    }
+}
+
+/// The program and arguments of a control command (`quit`, `get_server_list`, ...) to
+/// `daemon`, written to its stdin: the control binary without arguments, through the wrapper
+/// when there is one (so it finds the same pipe directory and the driver's libraries).
+pub fn control_command(launch: &Launch, daemon: &MpsDaemon) -> (String, Vec<String>) {
+    match &launch.wrapper {
+        None => (launch.control_binary.clone(), Vec::new()),
+        Some(wrapper) => wrapped(
+            wrapper,
+            None,
+            &[&daemon.pipe_dir],
+            &launch.control_binary,
+            &[],
+        ),
+    }
+}
+
+/// What connecting to a daemon's control socket found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlSocket {
+    /// No socket file: no daemon ever ran on this pipe directory (or it quit cleanly).
+    Missing,
+    /// A socket file nobody accepts on: the daemon died and left it behind.
+    Refused,
+    /// A daemon accepted the connection (on a `SOCK_SEQPACKET` socket, as the real one is).
+    Answers,
+}
+
+/// What to do for a daemon a claim needs that this process does not run yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAction {
+    /// A daemon (started by an earlier run, or by another process) answers: keep it, with
+    /// its clients, and never tell it to quit while a claim uses it.
+    Adopt,
+    /// Nothing answers: remove a dead daemon's socket (when `remove_stale`), then start one.
+    Start {
+        /// Whether a dead daemon's socket file is in the way.
+        remove_stale: bool,
+    },
+}
+
+/// Adopt a daemon that answers; start one otherwise. A daemon that answers is never stopped
+/// here: it may serve running containers, and `quit` would wait for them.
+pub fn start_action(socket: ControlSocket) -> StartAction {
+    match socket {
+        ControlSocket::Answers => StartAction::Adopt,
+        ControlSocket::Refused => StartAction::Start { remove_stale: true },
+        ControlSocket::Missing => StartAction::Start {
+            remove_stale: false,
+        },
+    }
+}
+
+/// What a daemon host does to follow the checkpoint: the claims whose daemon it must make
+/// sure of, and the claims it supervises that the checkpoint no longer records (released: a
+/// daemon is stopped when its last claim is).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconcile {
+    /// (claim UID, its daemon) for every recorded claim with a daemon.
+    pub ensure: Vec<(String, MpsDaemon)>,
+    /// Claims supervised now that the checkpoint does not record.
+    pub release: Vec<String>,
+}
+
+/// The daemon host's step: every claim `record` holds with a daemon is ensured (idempotent),
+/// every supervised claim it no longer holds is released.
+pub fn reconcile(record: &Checkpoint, supervised: &BTreeSet<String>) -> Reconcile {
+    let ensure: Vec<(String, MpsDaemon)> = record
+        .claims
+        .iter()
+        .filter_map(|(uid, e)| e.mps_daemon.clone().map(|d| (uid.clone(), d)))
+        .collect();
+    let release = supervised
+        .iter()
+        .filter(|uid| !ensure.iter().any(|(u, _)| u == *uid))
+        .cloned()
+        .collect();
+    Reconcile { ensure, release }
 }
 
 /// The directories the plugin creates before starting the daemon.
@@ -176,22 +298,96 @@ mod tests {
     }
 
     #[test]
-    fn the_daemon_can_get_its_shm_directory_as_dev_shm() {
+    fn the_daemon_runs_through_the_wrapper_with_its_directories_as_arguments() {
         let d = daemon(&["GPU-1"]);
+        let direct = Launch {
+            control_binary: "nvidia-cuda-mps-control".to_owned(),
+            wrapper: None,
+        };
         assert_eq!(
-            daemon_command("nvidia-cuda-mps-control", &d, false),
+            daemon_command(&direct, &d),
             ("nvidia-cuda-mps-control".to_owned(), vec!["-f".to_owned()])
         );
-        let (program, args) = daemon_command("/usr/bin/nvidia-cuda-mps-control", &d, true);
-        assert_eq!(program, "unshare");
-        assert_eq!(args[..4], ["--mount", "--propagation", "private", "--"]);
         assert_eq!(
-            args[args.len() - 3..],
+            control_command(&direct, &d),
+            ("nvidia-cuda-mps-control".to_owned(), Vec::new())
+        );
+        let launch = Launch {
+            control_binary: "/usr/bin/nvidia-cuda-mps-control".to_owned(),
+            wrapper: Some(Wrapper {
+                program: "/usr/local/bin/tessera-mps".to_owned(),
+                driver_root: "/driver-root".to_owned(),
+            }),
+        };
+        let (program, args) = daemon_command(&launch, &d);
+        assert_eq!(program, "/usr/local/bin/tessera-mps");
+        assert_eq!(
+            args,
             [
-                d.shm_dir.clone(),
-                "/usr/bin/nvidia-cuda-mps-control".to_owned(),
-                "-f".to_owned()
+                "exec",
+                "--root",
+                "/driver-root",
+                "--shm-dir",
+                &d.shm_dir,
+                "--bind",
+                &d.pipe_dir,
+                "--bind",
+                &d.log_dir,
+                "--",
+                "/usr/bin/nvidia-cuda-mps-control",
+                "-f"
             ]
+        );
+        let (_, args) = control_command(&launch, &d);
+        assert_eq!(
+            args,
+            [
+                "exec",
+                "--root",
+                "/driver-root",
+                "--bind",
+                &d.pipe_dir,
+                "--",
+                "/usr/bin/nvidia-cuda-mps-control"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_daemon_that_answers_is_adopted_and_a_dead_ones_socket_is_cleared() {
+        assert_eq!(start_action(ControlSocket::Answers), StartAction::Adopt);
+        assert_eq!(
+            start_action(ControlSocket::Refused),
+            StartAction::Start { remove_stale: true }
+        );
+        assert_eq!(
+            start_action(ControlSocket::Missing),
+            StartAction::Start {
+                remove_stale: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_host_ensures_recorded_claims_and_releases_the_rest() {
+        let mut record = Checkpoint::new("b");
+        record
+            .claims
+            .insert("a".to_owned(), entry(Some(daemon(&["GPU-1"]))));
+        record.claims.insert("whole".to_owned(), entry(None));
+        let supervised = BTreeSet::from(["a".to_owned(), "gone".to_owned()]);
+        let step = reconcile(&record, &supervised);
+        assert_eq!(
+            step.ensure
+                .iter()
+                .map(|(u, _)| u.as_str())
+                .collect::<Vec<_>>(),
+            ["a"]
+        );
+        assert_eq!(step.release, ["gone"]);
+        assert_eq!(
+            reconcile(&Checkpoint::new("b"), &BTreeSet::new()),
+            Reconcile::default()
         );
     }
 

@@ -1,14 +1,14 @@
 //! Processes as the MPS supervisor uses them: the `ProcessHost` seam, real processes
 //! (`OsProcessHost`) and recorded ones (`FakeProcessHost`).
 
-use std::collections::{BTreeSet, HashMap};
-use std::io::Write as _;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::mps;
+use tessera_driver::node::mps::{self, ControlSocket};
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -32,12 +32,13 @@ pub trait ProcessHost: Send + Sync {
     fn has_exited(&self, pid: u32) -> Result<bool>;
     /// Waits up to `timeout` for `pid` to exit, then kills it.
     fn stop(&self, pid: u32, timeout: Duration) -> Result<()>;
-    /// Runs a process to completion with `input` on its stdin, killing it after `timeout`.
-    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()>;
-    /// Whether `path` exists.
-    fn exists(&self, path: &Path) -> bool;
-    /// Whether a server accepts connections on the unix socket `path`.
-    fn answers(&self, path: &Path) -> bool;
+    /// Runs a process to completion with `input` on its stdin, killing it after `timeout`;
+    /// returns what it wrote to stdout.
+    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<String>;
+    /// What connecting to the MPS control socket `path` finds (`SOCK_SEQPACKET`).
+    fn probe(&self, path: &Path) -> ControlSocket;
+    /// Removes a file; a missing one is fine.
+    fn remove_file(&self, path: &Path) -> Result<()>;
     /// Creates a directory and its parents.
     fn create_dir_all(&self, path: &Path) -> Result<()>;
 }
@@ -137,9 +138,10 @@ impl ProcessHost for OsProcessHost {
         Ok(())
     }
 
-    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<()> {
+    fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<String> {
         let mut child = command(spec)
             .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| Error::io("starting", &spec.program, e))?;
         if let Some(mut stdin) = child.stdin.take() {
@@ -147,15 +149,27 @@ impl ProcessHost for OsProcessHost {
                 .write_all(input.as_bytes())
                 .map_err(|e| Error::io("writing to", &spec.program, e))?;
         }
-        wait_child(&mut child, &spec.program, timeout)
+        // Control replies are short: they fit the pipe while the command runs.
+        wait_child(&mut child, &spec.program, timeout)?;
+        let mut out = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            stdout
+                .read_to_string(&mut out)
+                .map_err(|e| Error::io("reading from", &spec.program, e))?;
+        }
+        Ok(out)
     }
 
-    fn exists(&self, path: &Path) -> bool {
-        path.exists()
+    fn probe(&self, path: &Path) -> ControlSocket {
+        super::socket::probe(path)
     }
 
-    fn answers(&self, path: &Path) -> bool {
-        std::os::unix::net::UnixStream::connect(path).is_ok()
+    fn remove_file(&self, path: &Path) -> Result<()> {
+        match std::fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("removing", path, e)),
+        }
     }
 
     fn create_dir_all(&self, path: &Path) -> Result<()> {
@@ -174,10 +188,13 @@ pub enum HostCall {
     Run(ProcessSpec, String),
     /// A directory was created.
     CreateDir(PathBuf),
+    /// A file was removed.
+    RemoveFile(PathBuf),
 }
 
-/// Processes that exist only as records: spawned processes get ids from 100 up and create the
-/// daemon's control socket at once (unless told not to); [`FakeProcessHost::kill`] ends one.
+/// Processes that exist only as records: spawned processes get ids from 100 up and answer on
+/// the daemon's control socket at once (unless told not to); [`FakeProcessHost::kill`] ends
+/// one and leaves its socket file behind, refusing connections, as a real crash does.
 #[derive(Debug, Default)]
 pub struct FakeProcessHost {
     state: Mutex<FakeState>,
@@ -188,10 +205,17 @@ struct FakeState {
     calls: Vec<HostCall>,
     next_pid: u32,
     alive: BTreeSet<u32>,
-    paths: BTreeSet<PathBuf>,
+    /// Control sockets by path, with the daemon listening on each (`None`: a dead one's file).
+    sockets: BTreeMap<PathBuf, Option<u32>>,
     never_ready: bool,
     fail_spawn: bool,
-    answering: bool,
+}
+
+fn control_of(spec: &ProcessSpec) -> Option<PathBuf> {
+    spec.env
+        .iter()
+        .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+        .map(|(_, pipe)| PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET)))
 }
 
 impl FakeProcessHost {
@@ -212,9 +236,15 @@ impl FakeProcessHost {
         self.state().calls.clone()
     }
 
-    /// Ends process `pid` as if it crashed.
+    /// Ends process `pid` as if it crashed: its control socket stays, refusing connections.
     pub fn kill(&self, pid: u32) {
-        self.state().alive.remove(&pid);
+        let mut s = self.state();
+        s.alive.remove(&pid);
+        for owner in s.sockets.values_mut() {
+            if *owner == Some(pid) {
+                *owner = None;
+            }
+        }
     }
 
     /// Makes later spawned daemons never create their control socket.
@@ -223,12 +253,17 @@ impl FakeProcessHost {
     }
 
     /// Leaves a daemon of an earlier run on `pipe_dir`: its control socket exists and, when
-    /// `answering`, accepts connections.
+    /// `answering`, accepts connections (a daemon that is not this host's child).
     pub fn leftover_daemon(&self, pipe_dir: &str, answering: bool) {
         let mut s = self.state();
-        s.paths
-            .insert(PathBuf::from(format!("{pipe_dir}/{}", mps::CONTROL_SOCKET)));
-        s.answering = answering;
+        let pid = 1;
+        if answering {
+            s.alive.insert(pid);
+        }
+        s.sockets.insert(
+            PathBuf::from(format!("{pipe_dir}/{}", mps::CONTROL_SOCKET)),
+            answering.then_some(pid),
+        );
     }
 
     /// Makes later spawns fail (a missing binary).
@@ -256,13 +291,9 @@ impl ProcessHost for FakeProcessHost {
         s.next_pid += 1;
         s.alive.insert(pid);
         if !s.never_ready
-            && let Some((_, pipe)) = spec
-                .env
-                .iter()
-                .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+            && let Some(control) = control_of(spec)
         {
-            let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
-            s.paths.insert(control);
+            s.sockets.insert(control, Some(pid));
         }
         s.calls.push(HostCall::Spawn(spec.clone(), pid));
         Ok(pid)
@@ -279,27 +310,38 @@ impl ProcessHost for FakeProcessHost {
         Ok(())
     }
 
-    fn run(&self, spec: &ProcessSpec, input: &str, _timeout: Duration) -> Result<()> {
+    fn run(&self, spec: &ProcessSpec, input: &str, _timeout: Duration) -> Result<String> {
         let mut s = self.state();
-        if let Some((_, pipe)) = spec
-            .env
-            .iter()
-            .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
-        {
-            let control = PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET));
-            s.paths.remove(&control);
-        }
         s.calls.push(HostCall::Run(spec.clone(), input.to_owned()));
+        let Some(control) = control_of(spec) else {
+            return Ok(String::new());
+        };
+        let Some(Some(pid)) = s.sockets.get(&control).copied() else {
+            return Err(Error::Mps(format!(
+                "no MPS control daemon answers on {}",
+                control.display()
+            )));
+        };
+        if input == mps::QUIT_COMMAND {
+            s.sockets.remove(&control);
+            s.alive.remove(&pid);
+        }
+        Ok(String::new())
+    }
+
+    fn probe(&self, path: &Path) -> ControlSocket {
+        match self.state().sockets.get(path) {
+            None => ControlSocket::Missing,
+            Some(None) => ControlSocket::Refused,
+            Some(Some(_)) => ControlSocket::Answers,
+        }
+    }
+
+    fn remove_file(&self, path: &Path) -> Result<()> {
+        let mut s = self.state();
+        s.sockets.remove(path);
+        s.calls.push(HostCall::RemoveFile(path.to_owned()));
         Ok(())
-    }
-
-    fn exists(&self, path: &Path) -> bool {
-        self.state().paths.contains(path)
-    }
-
-    fn answers(&self, path: &Path) -> bool {
-        let s = self.state();
-        s.paths.contains(path) && s.answering
     }
 
     fn create_dir_all(&self, path: &Path) -> Result<()> {

@@ -1,0 +1,404 @@
+//! MPS daemons through plugin restarts, with the fake backend's control binary (a real
+//! `SOCK_SEQPACKET` control socket) and a fake CUDA client attached: a plugin `SIGKILLed` and
+//! started again adopts the daemon (no `quit`, no second daemon, the same CDI ids), whether
+//! the plugin runs the daemons itself (`--mps-daemons local`) or the node's `tessera-mps host`
+//! does (`--mps-daemons host`, the chart's way, where the daemon is not even the plugin's
+//! child). The daemon stops only once its last claim is unprepared.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tessera_driver::node::mps::ControlSocket;
+use tessera_kubelet_plugin::mps::socket;
+use tessera_proto::dra::v1;
+use tonic::transport::Channel;
+
+mod support;
+use support::{DRIVER, Plugin};
+
+const NODE: &str = "t4-node";
+const UID: &str = "uid-share";
+const FAKE_MPS: &str = env!("CARGO_BIN_EXE_tessera-fake-mps-control");
+
+/// A 4 GiB, 50 % share of `gpu-0` of the T4 node, as kube-scheduler allocates it.
+fn share_claim() -> res::ResourceClaim {
+    res::ResourceClaim {
+        metadata: ObjectMeta {
+            namespace: Some("default".to_owned()),
+            name: Some("share".to_owned()),
+            uid: Some(UID.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: res::ResourceClaimSpec::default(),
+        status: Some(res::ResourceClaimStatus {
+            allocation: Some(res::AllocationResult {
+                devices: Some(res::DeviceAllocationResult {
+                    results: Some(vec![res::DeviceRequestAllocationResult {
+                        request: "gpu".to_owned(),
+                        driver: DRIVER.to_owned(),
+                        pool: NODE.to_owned(),
+                        device: "gpu-0".to_owned(),
+                        share_id: Some("7f3a1c52-0d1e-4b7a-9c44-1b2f3e4d5a6b".to_owned()),
+                        consumed_capacity: Some(BTreeMap::from([
+                            ("memory".to_owned(), Quantity("4Gi".to_owned())),
+                            ("compute".to_owned(), Quantity("50".to_owned())),
+                        ])),
+                        ..res::DeviceRequestAllocationResult::default()
+                    }]),
+                    ..res::DeviceAllocationResult::default()
+                }),
+                ..res::AllocationResult::default()
+            }),
+            ..res::ResourceClaimStatus::default()
+        }),
+    }
+}
+
+fn claim_ref() -> v1::Claim {
+    v1::Claim {
+        namespace: "default".to_owned(),
+        uid: UID.to_owned(),
+        name: "share".to_owned(),
+    }
+}
+
+/// A child killed and reaped when the test lets go of it.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    /// Daemon pids seen in control logs, killed at the end (they outlive their parents).
+    daemons: Vec<i32>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for pid in &self.daemons {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = serde_json::to_string(&share_claim()).unwrap();
+        std::fs::write(dir.path().join("claims.yaml"), format!("---\n{yaml}\n")).unwrap();
+        std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
+        Self {
+            dir,
+            daemons: Vec::new(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn plugin(&self, daemons: &str) -> Plugin {
+        let inventory =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/inventory/demo-cluster.yaml");
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"))
+            .env("NODE_NAME", NODE)
+            .env("RUST_LOG", "info")
+            .args(["--gpu-backend", "fake", "--enforcement", "mps"])
+            .arg(format!("--mps-daemons={daemons}"))
+            .arg("--mps-shm-namespace=false")
+            .arg("--mps-ready-seconds=20")
+            .arg("--mps-control-binary")
+            .arg(FAKE_MPS)
+            .arg("--mps-pipe-dir-root")
+            .arg(self.path("mps"))
+            .arg("--mps-log-dir-root")
+            .arg(self.path("mps-log"))
+            .arg("--fake-inventory")
+            .arg(&inventory)
+            .arg("--fake-claims")
+            .arg(self.path("claims.yaml"))
+            .arg("--registration-dir")
+            .arg(self.path("registry"))
+            .arg("--plugin-dir")
+            .arg(self.path("plugin"))
+            .arg("--cdi-dir")
+            .arg(self.path("cdi"))
+            .arg("--boot-id-file")
+            .arg(self.path("boot_id"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Plugin(child)
+    }
+
+    fn host(&self) -> Reaped {
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera-mps"))
+            .env("RUST_LOG", "info")
+            .arg("host")
+            .arg("--state-dir")
+            .arg(self.path("plugin"))
+            .arg("--boot-id-file")
+            .arg(self.path("boot_id"))
+            .arg("--mps-shm-namespace=false")
+            .arg("--mps-control-binary")
+            .arg(FAKE_MPS)
+            .arg("--interval-ms=50")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        Reaped(child)
+    }
+
+    async fn connect(
+        &self,
+        plugin: &mut Plugin,
+    ) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+        let socket = self.path("plugin").join("dra.sock");
+        let deadline = Instant::now() + Duration::from_mins(1);
+        loop {
+            assert!(plugin.0.try_wait().unwrap().is_none(), "the plugin exited");
+            if let Ok(channel) = support::dial(&socket).await {
+                return v1::dra_plugin_client::DraPluginClient::new(channel);
+            }
+            assert!(Instant::now() < deadline, "the plugin did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The one daemon's directory under the pipe root.
+    fn daemon_id(&self) -> String {
+        let ids: Vec<String> = std::fs::read_dir(self.path("mps"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        ids.into_iter().next().unwrap()
+    }
+
+    fn pipe(&self) -> PathBuf {
+        self.path("mps").join(self.daemon_id()).join("pipe")
+    }
+
+    fn control_log(&self) -> Vec<String> {
+        let file = self
+            .path("mps-log")
+            .join(self.daemon_id())
+            .join("control.log");
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn starts(&self) -> usize {
+        self.control_log()
+            .iter()
+            .filter(|l| l.starts_with("start "))
+            .count()
+    }
+
+    fn quits(&self) -> usize {
+        self.control_log()
+            .iter()
+            .filter(|l| *l == "command quit")
+            .count()
+    }
+
+    /// Remembers the daemon's pid (from its log) so that it is killed at the end.
+    fn remember_daemon(&mut self) {
+        for line in self.control_log() {
+            if let Some(pid) = line
+                .strip_prefix("start pid=")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|p| p.parse().ok())
+            {
+                self.daemons.push(pid);
+            }
+        }
+    }
+
+    /// A CUDA process of the fake, attached to the daemon until it is killed.
+    fn client(&self) -> Reaped {
+        let child = Command::new(FAKE_MPS)
+            .arg("client")
+            .env("CUDA_MPS_PIPE_DIRECTORY", self.pipe())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.control_log().iter().any(|l| l == "client connected") {
+            assert!(Instant::now() < deadline, "the client did not attach");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Reaped(child)
+    }
+
+    async fn wait_until(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn prepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) -> Vec<String> {
+    let answer = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![claim_ref()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let one = &answer.claims[UID];
+    assert!(one.error.is_empty(), "{}", one.error);
+    one.devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .collect()
+}
+
+async fn unprepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) {
+    let answer = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![claim_ref()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.claims[UID].error.is_empty(),
+        "{}",
+        answer.claims[UID].error
+    );
+}
+
+fn sigkill(plugin: &mut Plugin) {
+    plugin.0.kill().unwrap();
+    plugin.0.wait().unwrap();
+}
+
+/// Prepare, attach a client, SIGKILL the plugin, start a new one, prepare again; returns the
+/// node (with its live client) and the new plugin's connection.
+async fn kill_and_replace(
+    node: &mut Node,
+    daemons: &str,
+) -> (
+    Plugin,
+    v1::dra_plugin_client::DraPluginClient<Channel>,
+    Reaped,
+) {
+    let mut plugin = node.plugin(daemons);
+    let mut dra = node.connect(&mut plugin).await;
+    let ids = prepare(&mut dra).await;
+    assert!(!ids.is_empty());
+    node.remember_daemon();
+    assert_eq!(node.starts(), 1, "{:?}", node.control_log());
+    let log = node.control_log();
+    assert!(
+        log[0].contains(" visible=GPU-"),
+        "the daemon sees its GPU: {log:?}"
+    );
+    let spec = std::fs::read_to_string(
+        node.path("cdi")
+            .join(tessera_driver::node::cdi::spec_file_name(UID)),
+    )
+    .unwrap();
+    assert!(
+        spec.contains(&node.pipe().display().to_string()),
+        "the containers get the daemon's pipe directory"
+    );
+    let client = node.client();
+    let control = node.pipe().join("control");
+
+    sigkill(&mut plugin);
+    drop(dra);
+    assert_eq!(
+        socket::probe(&control),
+        ControlSocket::Answers,
+        "the daemon outlives the plugin"
+    );
+
+    let mut plugin = node.plugin(daemons);
+    let mut dra = node.connect(&mut plugin).await;
+    assert_eq!(prepare(&mut dra).await, ids, "the same CDI ids");
+    assert_eq!(
+        node.starts(),
+        1,
+        "no second daemon: {:?}",
+        node.control_log()
+    );
+    assert_eq!(
+        node.quits(),
+        0,
+        "no quit to a daemon with a client: {:?}",
+        node.control_log()
+    );
+    assert_eq!(socket::probe(&control), ControlSocket::Answers);
+    let log = node.control_log();
+    assert!(
+        !log.iter().any(|l| l == "client disconnected"),
+        "the client stayed attached: {log:?}"
+    );
+    (plugin, dra, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_plugin_adopts_the_daemon_it_started() {
+    let mut node = Node::new();
+    let (plugin, mut dra, client) = kill_and_replace(&mut node, "local").await;
+    // The adopted daemon stops once its last claim is unprepared (after its client left, as
+    // kubelet stops the containers first).
+    drop(client);
+    unprepare(&mut dra).await;
+    assert_eq!(node.quits(), 1, "{:?}", node.control_log());
+    let control = node.pipe().join("control");
+    node.wait_until("the daemon is gone", || {
+        socket::probe(&control) == ControlSocket::Missing
+    })
+    .await;
+    drop(plugin);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_node_host_the_daemon_is_not_the_plugins_and_outlives_it_and_the_host() {
+    let mut node = Node::new();
+    let host = node.host();
+    let (plugin, mut dra, client) = kill_and_replace(&mut node, "host").await;
+    let control = node.pipe().join("control");
+
+    // A host restart (a process restart; in a pod its children would end with it) adopts.
+    let mut host = host;
+    host.0.kill().unwrap();
+    host.0.wait().unwrap();
+    let host = node.host();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(node.starts(), 1, "{:?}", node.control_log());
+    assert_eq!(node.quits(), 0);
+
+    drop(client);
+    unprepare(&mut dra).await;
+    node.wait_until("the host stops the daemon", || {
+        socket::probe(&control) == ControlSocket::Missing
+    })
+    .await;
+    assert_eq!(node.quits(), 1, "{:?}", node.control_log());
+    drop((plugin, host));
+}
