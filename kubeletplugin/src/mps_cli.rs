@@ -22,12 +22,14 @@ use crate::preparer::CHECKPOINT_FILE;
 #[derive(Debug, Parser)]
 #[command(name = "tessera-mps", version)]
 pub struct Cli {
+    /// What to run.
     #[command(subcommand)]
-    command: Command,
+    pub command: Command,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
-enum Command {
+pub enum Command {
     /// Run the MPS control daemons the plugin's checkpoint records (the node's daemon host).
     Host(HostArgs),
     /// Run an MPS control binary in a mount namespace of its own.

@@ -147,6 +147,14 @@ impl Node {
     }
 
     fn host(&self) -> Reaped {
+        self.host_with(&[
+            "--mps-shm-namespace=false",
+            "--mps-control-binary",
+            FAKE_MPS,
+        ])
+    }
+
+    fn host_with(&self, launch: &[&str]) -> Reaped {
         let child = Command::new(env!("CARGO_BIN_EXE_tessera-mps"))
             .env("RUST_LOG", "info")
             .arg("host")
@@ -154,9 +162,7 @@ impl Node {
             .arg(self.path("plugin"))
             .arg("--boot-id-file")
             .arg(self.path("boot_id"))
-            .arg("--mps-shm-namespace=false")
-            .arg("--mps-control-binary")
-            .arg(FAKE_MPS)
+            .args(launch)
             .arg("--interval-ms=50")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -401,4 +407,104 @@ async fn with_the_node_host_the_daemon_is_not_the_plugins_and_outlives_it_and_th
     .await;
     assert_eq!(node.quits(), 1, "{:?}", node.control_log());
     drop((plugin, host));
+}
+
+/// Whether this process may make mount namespaces and change root (root in CI containers
+/// usually may not).
+fn may_mount_and_chroot() -> bool {
+    const CAP_SYS_CHROOT: u32 = 18;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    effective & (1 << CAP_SYS_ADMIN) != 0 && effective & (1 << CAP_SYS_CHROOT) != 0
+}
+
+/// The shared libraries `binary` loads, as the dynamic loader lists them (what `ldd` does).
+fn libraries(binary: &str) -> Option<Vec<PathBuf>> {
+    let out = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
+        .iter()
+        .filter(|l| Path::new(l).exists())
+        .find_map(|loader| {
+            Command::new(loader)
+                .arg("--list")
+                .arg(binary)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        })?;
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+            .map(PathBuf::from)
+            .collect(),
+    )
+}
+
+/// A driver root holding the fake control binary at `/usr/bin/nvidia-cuda-mps-control` and
+/// the shared libraries it needs, and nothing else: no shell, no `mount`.
+fn fake_driver_root(root: &Path) -> Option<()> {
+    for path in libraries(FAKE_MPS)? {
+        let inside = root.join(path.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+        std::fs::copy(&path, &inside).unwrap();
+    }
+    let control = root.join("usr/bin/nvidia-cuda-mps-control");
+    std::fs::create_dir_all(control.parent().unwrap()).unwrap();
+    std::fs::copy(FAKE_MPS, &control).unwrap();
+    Some(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_driver_root_the_daemon_gets_its_shm_pipe_and_log_directories_without_any_tool() {
+    if !may_mount_and_chroot() {
+        eprintln!("skipped: needs CAP_SYS_ADMIN and CAP_SYS_CHROOT (mount namespace, chroot)");
+        return;
+    }
+    let mut node = Node::new();
+    let root = node.path("driver");
+    if fake_driver_root(&root).is_none() {
+        eprintln!("skipped: no dynamic loader to list the fake control binary's libraries");
+        return;
+    }
+    let root_arg = root.display().to_string();
+    let _host = node.host_with(&[
+        "--driver-root",
+        &root_arg,
+        "--mps-exec-binary",
+        env!("CARGO_BIN_EXE_tessera-mps"),
+    ]);
+    let mut plugin = node.plugin("host");
+    let mut dra = node.connect(&mut plugin).await;
+    prepare(&mut dra).await;
+    node.remember_daemon();
+    assert_eq!(node.starts(), 1, "the log directory is bound into the root");
+    let pid: i32 = *node.daemons.last().unwrap();
+
+    // The daemon runs with the driver root as its root ...
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/root")).unwrap(),
+        root
+    );
+    // ... its /dev/shm is the claim's shm directory ...
+    let shm = node.path("mps").join(node.daemon_id()).join("shm");
+    std::fs::write(shm.join("marker"), "x").unwrap();
+    assert!(Path::new(&format!("/proc/{pid}/root/dev/shm/marker")).exists());
+    // ... and its control socket is the one clients outside reach.
+    let client = node.client();
+    assert!(
+        !Path::new("/dev/shm/marker").exists(),
+        "nothing leaks into the caller's mounts"
+    );
+    drop(client);
+    unprepare(&mut dra).await;
+    let control = node.pipe().join("control");
+    node.wait_until("the host stops the daemon", || {
+        socket::probe(&control) == ControlSocket::Missing
+    })
+    .await;
 }

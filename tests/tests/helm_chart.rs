@@ -150,9 +150,13 @@ fn fill(text: &str, values: &Value) -> String {
         .join("\n")
 }
 
-/// Every YAML document of every template, filled in.
+/// Every YAML document of every template, filled in with the default values.
 fn documents() -> Vec<(String, Value)> {
-    let values = values();
+    documents_with(&values())
+}
+
+/// Every YAML document of every template, filled in with `values`.
+fn documents_with(values: &Value) -> Vec<(String, Value)> {
     let mut docs = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(chart().join("templates"))
         .unwrap()
@@ -161,7 +165,7 @@ fn documents() -> Vec<(String, Value)> {
         .collect();
     files.sort();
     for file in files {
-        let text = fill(&std::fs::read_to_string(&file).unwrap(), &values);
+        let text = fill(&std::fs::read_to_string(&file).unwrap(), values);
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let value = <Value as serde::Deserialize>::deserialize(doc)
                 .unwrap_or_else(|e| panic!("{}: not YAML: {e}\n{text}", file.display()));
@@ -681,4 +685,174 @@ fn the_whole_gpu_class_carries_an_extended_resource_name_only_when_asked_and_onl
     // The replacement finds its anchor in the class it edits.
     let class = std::fs::read_to_string(chart().join("deviceclasses/gpu.yaml")).unwrap();
     assert_eq!(class.matches("\nspec:\n").count(), 1);
+}
+
+/// Where a path a container names is on the node: through the container's mount with the
+/// longest matching `mountPath`, to that volume's `hostPath` under `node`; `None` when no
+/// mount of the chart provides it (the image holds only its binaries).
+fn on_node(pod: &Value, container: &Value, path: &str, node: &Path) -> Option<PathBuf> {
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let at = m["mountPath"].as_str()?;
+            let rest = if path == at {
+                ""
+            } else {
+                path.strip_prefix(at)?.strip_prefix('/')?
+            };
+            let volume = volumes.iter().find(|v| v["name"] == m["name"])?;
+            let host = volume["hostPath"]["path"].as_str()?;
+            Some((at.len(), node.join(host.trim_start_matches('/')).join(rest)))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, p)| p)
+}
+
+/// A node with the NVIDIA driver's files installed under `root` (only NVML and the MPS
+/// binaries, where Ubuntu puts them).
+fn node_with_driver_at(root: &str) -> tempfile::TempDir {
+    let node = tempfile::tempdir().unwrap();
+    let driver = node.path().join(root.trim_start_matches('/'));
+    for file in [
+        "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "usr/bin/nvidia-cuda-mps-control",
+        "usr/bin/nvidia-cuda-mps-server",
+    ] {
+        let path = driver.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "").unwrap();
+    }
+    node
+}
+
+fn with_driver_root(root: &str) -> Value {
+    let mut values = values();
+    values.as_mapping_mut().unwrap().insert(
+        Value::String("nvidiaDriverRoot".to_owned()),
+        Value::String(root.to_owned()),
+    );
+    values
+}
+
+/// The plugin's NVML as the plugin looks for it, on a node with the driver at `driver_at`,
+/// with the chart rendered for `value`.
+fn plugin_nvml(value: &str, driver_at: &str) -> Result<PathBuf, String> {
+    let docs = documents_with(&with_driver_root(value));
+    let ds = find(&docs, "DaemonSet", "tessera-kubelet-plugin");
+    let pod = &ds["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let mut command_line = vec![
+        "tessera-kubelet-plugin".to_owned(),
+        "--node-name=n".to_owned(),
+    ];
+    command_line.extend(strings(&container["args"]));
+    let mut args = tessera_kubelet_plugin::args::Args::try_parse_from(&command_line).unwrap();
+    let node = node_with_driver_at(driver_at);
+    let root = args.launch.driver_root.display().to_string();
+    args.launch.driver_root = on_node(pod, container, &root, node.path())
+        .unwrap_or_else(|| panic!("the plugin's --driver-root {root} is not mounted"));
+    let found = args.nvml_library_path().map_err(|e| e.to_string())?;
+    Ok(found
+        .strip_prefix(node.path())
+        .map(|p| Path::new("/").join(p))
+        .unwrap())
+}
+
+#[test]
+fn the_plugin_finds_nvml_at_either_usual_driver_root_and_only_where_the_value_says() {
+    assert_eq!(
+        plugin_nvml("/", "/").unwrap(),
+        Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    );
+    assert_eq!(
+        plugin_nvml("/run/nvidia/driver", "/run/nvidia/driver").unwrap(),
+        Path::new("/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    );
+    let err = plugin_nvml("/", "/run/nvidia/driver").unwrap_err();
+    assert!(err.contains("nvidiaDriverRoot"), "{err}");
+}
+
+#[test]
+fn the_mps_host_finds_the_mps_binaries_at_either_usual_driver_root_and_shares_the_plugins_paths() {
+    use tessera_kubelet_plugin::mps_cli::{Cli, Command};
+    for root in ["/", "/run/nvidia/driver"] {
+        let docs = documents_with(&with_driver_root(root));
+        let host = find(&docs, "DaemonSet", "tessera-mps");
+        assert_eq!(
+            host["spec"]["updateStrategy"]["type"], "OnDelete",
+            "a chart upgrade must not restart the daemons"
+        );
+        let pod = &host["spec"]["template"]["spec"];
+        assert_eq!(pod["hostPID"], true);
+        let container = &pod["containers"][0];
+        assert_eq!(strings(&container["command"]), ["tessera-mps"]);
+        let mut command_line = vec!["tessera-mps".to_owned()];
+        command_line.extend(strings(&container["args"]));
+        let cli = Cli::try_parse_from(&command_line)
+            .unwrap_or_else(|e| panic!("the MPS host's arguments do not parse: {e}"));
+        let Command::Host(mut args) = cli.command else {
+            panic!("the MPS host runs `tessera-mps host`");
+        };
+        let node = node_with_driver_at(root);
+        let inside = args.launch.driver_root.display().to_string();
+        args.launch.driver_root = on_node(pod, container, &inside, node.path()).unwrap();
+        args.launch.mps_exec_binary = Some(PathBuf::from("/usr/local/bin/tessera-mps"));
+        let launch = args.launch.launch().unwrap();
+        assert_eq!(launch.control_binary, "/usr/bin/nvidia-cuda-mps-control");
+        let wrapper = launch.wrapper.unwrap();
+        assert_eq!(
+            Path::new(&wrapper.driver_root),
+            node.path().join(root.trim_start_matches('/'))
+        );
+
+        // The host reads the plugin's checkpoint and makes the daemons' directories where the
+        // plugin's claims point.
+        let plugin_ds = find(&docs, "DaemonSet", "tessera-kubelet-plugin");
+        let plugin_pod = &plugin_ds["spec"]["template"]["spec"];
+        let plugin = &plugin_pod["containers"][0];
+        let mut plugin_line = vec!["p".to_owned(), "--node-name=n".to_owned()];
+        plugin_line.extend(strings(&plugin["args"]));
+        let plugin_args = tessera_kubelet_plugin::args::Args::try_parse_from(&plugin_line).unwrap();
+        assert_eq!(
+            plugin_args.mps_daemons,
+            tessera_kubelet_plugin::args::MpsDaemons::Host
+        );
+        assert_eq!(
+            plugin_args.state_dir.as_deref(),
+            Some(args.state_dir.as_path())
+        );
+        for dir in [
+            plugin_args.mps_pipe_dir_root.clone(),
+            plugin_args.mps_log_dir_root.clone(),
+        ] {
+            let probe = format!("{dir}/mps-x");
+            let on_host = on_node(pod, container, &probe, node.path());
+            assert!(on_host.is_some(), "the MPS host does not mount {dir}");
+            if dir == plugin_args.mps_pipe_dir_root {
+                assert_eq!(
+                    on_host,
+                    on_node(plugin_pod, plugin, &probe, node.path()),
+                    "plugin and host see {dir} on the same host directory"
+                );
+            }
+        }
+        let state = on_node(
+            pod,
+            container,
+            &args.state_dir.display().to_string(),
+            node.path(),
+        );
+        assert_eq!(
+            state,
+            on_node(
+                plugin_pod,
+                plugin,
+                &args.state_dir.display().to_string(),
+                node.path()
+            )
+        );
+    }
 }
