@@ -436,12 +436,18 @@ impl Args {
         let seams = Seams {
             prepared: preparer,
             claims,
-            gpus: Arc::new(NvmlProcesses::open(&self.nvml_library)?),
+            gpus: Arc::new(NvmlProcesses::open(&self.nvml_library_path()?)?),
             host: Arc::new(ProcFs::default()),
-            mps: Arc::new(BinaryMpsControl::new(
-                self.mps_control_binary.clone(),
-                Duration::from_secs(10),
-            )),
+            mps: Arc::new(if self.enforcement == EnforcementKind::Mps {
+                // As the daemons run: from the driver root, through `tessera-mps exec`.
+                BinaryMpsControl::with_launch(self.launch.launch()?, Duration::from_secs(10))
+            } else {
+                // No MPS daemons to ask.
+                BinaryMpsControl::new(
+                    tessera_driver::node::driver_root::MPS_CONTROL_BINARY,
+                    Duration::from_secs(10),
+                )
+            }),
             events,
         };
         let accountant = Arc::new(Accountant::new(seams, Some(Arc::clone(metrics))));

@@ -61,40 +61,53 @@ fn parse_pids(command: &str, answer: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// Runs `nvidia-cuda-mps-control` once per command.
+/// Runs `nvidia-cuda-mps-control` once per command (through `tessera-mps exec` when the
+/// launch has a wrapper, so it finds the driver root's libraries and the daemon's pipe
+/// directory as the daemon does: `tessera_driver::node::mps::control_command`).
 #[derive(Debug, Clone)]
 pub struct BinaryMpsControl {
-    binary: PathBuf,
+    launch: mps::Launch,
     timeout: Duration,
 }
 
 impl BinaryMpsControl {
-    /// Commands through `binary`, each given `timeout` to answer.
+    /// Commands through `binary` run directly, each given `timeout` to answer.
     pub fn new(binary: impl Into<PathBuf>, timeout: Duration) -> Self {
-        Self {
-            binary: binary.into(),
+        Self::with_launch(
+            mps::Launch {
+                control_binary: binary.into().display().to_string(),
+                wrapper: None,
+            },
             timeout,
-        }
+        )
+    }
+
+    /// Commands the way `launch` runs the control binary.
+    pub fn with_launch(launch: mps::Launch, timeout: Duration) -> Self {
+        Self { launch, timeout }
     }
 
     fn ask(&self, daemon: &MpsDaemon, command: &str) -> Result<String> {
-        let mut child = Command::new(&self.binary)
+        let (program, args) = mps::control_command(&self.launch, daemon);
+        let binary = PathBuf::from(program);
+        let mut child = Command::new(&binary)
+            .args(&args)
             .envs(mps::daemon_env(daemon))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| Error::io("starting", &self.binary, e))?;
+            .map_err(|e| Error::io("starting", &binary, e))?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
                 .write_all(format!("{command}\n").as_bytes())
-                .map_err(|e| Error::io("writing to", &self.binary, e))?;
+                .map_err(|e| Error::io("writing to", &binary, e))?;
         }
         let deadline = Instant::now() + self.timeout;
         let status = loop {
             if let Some(status) = child
                 .try_wait()
-                .map_err(|e| Error::io("waiting for", &self.binary, e))?
+                .map_err(|e| Error::io("waiting for", &binary, e))?
             {
                 break status;
             }
@@ -103,7 +116,7 @@ impl BinaryMpsControl {
                 let _ = child.wait();
                 return Err(Error::Mps(format!(
                     "`{command}` through {} did not answer within {:?} (pipe directory {})",
-                    self.binary.display(),
+                    binary.display(),
                     self.timeout,
                     daemon.pipe_dir
                 )));
@@ -121,7 +134,7 @@ impl BinaryMpsControl {
         if !status.success() {
             return Err(Error::Mps(format!(
                 "`{command}` through {} failed ({status}): {}{}",
-                self.binary.display(),
+                binary.display(),
                 out.trim(),
                 err.trim()
             )));
