@@ -10,6 +10,7 @@
 //! `/validate-claims` (share rules; `failurePolicy: Fail`). `/healthz` answers `ok`. The
 //! decisions are the pure functions of `tessera_driver::admission`.
 
+mod handshakes;
 pub mod hooks;
 pub mod lookup;
 pub mod review;

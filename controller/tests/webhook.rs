@@ -627,6 +627,78 @@ async fn missing_certificate_files_are_a_clear_configuration_error() {
     assert!(err.to_string().contains("tls.crt"), "{err}");
 }
 
+/// Opens `count` TCP connections to the webhook that never send a byte (no TLS handshake).
+async fn idle_connections(addr: std::net::SocketAddr, count: usize) -> Vec<tokio::net::TcpStream> {
+    let mut open = Vec::with_capacity(count);
+    for _ in 0..count {
+        open.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    open
+}
+
+/// Far longer than a review takes on an idle loopback, and shorter than the 9 s a review took
+/// behind 600 idle connections when they held every connection slot for a 10 s handshake
+/// timeout (issue 23); the test bound, not a measurement.
+const REVIEW_BOUND: Duration = Duration::from_secs(8);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_idle_connections_do_not_hold_up_a_valid_review() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let idle = idle_connections(hook.addr, 600).await;
+    let started = std::time::Instant::now();
+    let response = tokio::time::timeout(
+        REVIEW_BOUND,
+        hook.review(
+            "/validate-claims",
+            share_claim_request("v1", &share_claim(50), "CREATE"),
+        ),
+    )
+    .await
+    .expect("a valid review answers while 600 idle connections are open");
+    assert_eq!(response["allowed"], true, "{response}");
+    // For docs/admission.md (printed with --nocapture); not asserted.
+    eprintln!(
+        "a valid review with {} idle connections open took {:?}",
+        idle.len(),
+        started.elapsed()
+    );
+    drop(idle);
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_handshake_or_never_ask_are_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    // No TLS handshake at all: closed after the handshake timeout.
+    let mut silent = tokio::net::TcpStream::connect(hook.addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(REVIEW_BOUND, silent.read(&mut byte))
+        .await
+        .expect("the server closes a connection that does not start TLS");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // A finished handshake and no request: closed after the idle timeout.
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(hook.ca.clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(hook.addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(REVIEW_BOUND, tls.read(&mut byte))
+        .await
+        .expect("the server closes a connection that sends no request");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    hook.stop().await;
+}
+
 // --- Pods written for the device-plugin world (design §7)
 
 fn device_plugin_pod(limits: &Value, labels: &Value, dry_run: bool) -> Value {

@@ -856,3 +856,51 @@ fn the_mps_host_finds_the_mps_binaries_at_either_usual_driver_root_and_shares_th
         );
     }
 }
+
+#[test]
+fn only_the_api_server_may_reach_the_controllers_webhook_port() {
+    let values = values();
+    assert_eq!(
+        lookup(&values, "webhook.networkPolicy.enabled"),
+        Some(&Value::Bool(true)),
+        "the policy is on by default"
+    );
+    let docs = documents();
+    let policy = find(&docs, "NetworkPolicy", "tessera-webhook");
+    let deployment = find(&docs, "Deployment", "tessera-controller");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the policy selects exactly the controller pods"
+    );
+    assert_eq!(strings(&policy["spec"]["policyTypes"]), ["Ingress"]);
+    let rules = policy["spec"]["ingress"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 1, "one rule, for the webhook port: {rules:?}");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let webhook_port = container["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "webhook")
+        .unwrap();
+    assert_eq!(rules[0]["ports"][0]["port"], webhook_port["containerPort"]);
+    assert_eq!(rules[0]["ports"][0]["protocol"], "TCP");
+    // A rule without `from` would admit every source; the sources are the API server's.
+    assert!(
+        rules[0]["from"]
+            .as_sequence()
+            .is_some_and(|f| !f.is_empty()),
+        "{:?}",
+        rules[0]
+    );
+    // Without a known source the chart refuses to render rather than shut the API server out.
+    let template =
+        std::fs::read_to_string(chart().join("templates/webhook-network-policy.yaml")).unwrap();
+    let refusal = actions(&template)
+        .into_iter()
+        .find(|(_, _, a)| a.starts_with("fail "))
+        .expect("the template fails when no API server address is known");
+    assert!(refusal.2.contains("webhook.networkPolicy.apiServerCIDRs"));
+    assert!(
+        template.contains(r#"lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes""#)
+    );
+}
