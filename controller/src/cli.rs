@@ -153,12 +153,16 @@ pub enum SimulateFormat {
 /// Output formats of `tessera allocate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
-    /// `{"results":[...]}` as JSON.
+    /// `{"results":[...]}` as JSON (with `"errors":[...]` when objects were left out).
     Json,
     /// The same as YAML.
     Yaml,
     /// A table for people.
     Table,
+    /// The input's ResourceClaims as YAML, each in its own API version, with
+    /// `status.allocation` filled in where allocated: input for `kubectl`, the kubelet
+    /// plugin's `--fake-claims`, or `tessera allocate` again.
+    Claims,
 }
 
 impl Cli {
@@ -206,14 +210,28 @@ impl Cli {
                 policy,
                 output,
             } => {
-                let mut objects = input::Objects::load(files)?;
+                let mut objects = input::Objects::load_skipping_refused(files)?;
                 for warning in device_plugin::rewrite(&mut objects, &self.device_plugin_options())?
                 {
                     let _ = writeln!(std::io::stderr(), "warning: {warning}");
                 }
-                let outcomes =
-                    allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
-                output::write(&outcomes, *output, out)
+                let answer = allocate::run(&objects, &self.driver_name, *policy, node.as_deref())?;
+                output::write(&answer, &objects, *output, out)?;
+                if answer.errors.is_empty() {
+                    return Ok(());
+                }
+                if *output == OutputFormat::Claims {
+                    // Standard output is YAML for other tools; the errors go beside it.
+                    let mut stderr = std::io::stderr().lock();
+                    for error in &answer.errors {
+                        let _ = writeln!(stderr, "error: {}", output::printable(error, false));
+                    }
+                }
+                Err(Error::Malformed(format!(
+                    "{} error(s) in the input (listed with the results); what they name was \
+                     left out, every other object has its result",
+                    answer.errors.len()
+                )))
             }
             Command::Simulate {
                 nodes,

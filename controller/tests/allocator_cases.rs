@@ -7,6 +7,8 @@
 //!   actual share ID is never accepted where none is expected);
 //! * for `"allocated": false` the actual `reason` is ignored, unless the expected entry carries
 //!   `"reasonContains"`, in which case the reason must contain that text;
+//! * an expected `"errors"` list holds texts the actual errors must contain, one by one (and the
+//!   exit code must then be 2, refused input);
 //! * while [`ORDER_INSENSITIVE_LISTS`] is set, `devices.results` and the lists inside
 //!   `nodeSelector` compare as multisets, because upstream asserts them without regard to order.
 //!   `devices.config` and the order of claims always compare exactly.
@@ -114,11 +116,20 @@ fn run_case(dir: &Path) -> Result<(), String> {
             excerpt(&stderr)
         )
     };
-    if !output.status.success() {
-        return Err(format!("tessera allocate failed\n{}", context()));
+    // A case that expects errors expects the exit code of refused input, 2.
+    let wants_errors = expected.get("errors").is_some();
+    match (wants_errors, output.status.code()) {
+        (false, Some(0)) | (true, Some(2)) => {}
+        _ => {
+            return Err(format!(
+                "tessera allocate exited unexpectedly\n{}",
+                context()
+            ));
+        }
     }
     let actual: Value = serde_json::from_str(&stdout)
         .map_err(|e| format!("stdout is not JSON ({e})\n{}", context()))?;
+    compare_errors(&expected, &actual)?;
 
     compare(&expected, &actual).map_err(|why| {
         format!(
@@ -136,6 +147,24 @@ fn excerpt(text: &str) -> String {
     let mut cut: String = text.chars().take(EXCERPT_CHARS).collect();
     cut.push_str("\n[...]");
     cut
+}
+
+/// `"errors"` in an expected output: one text per error the input must be refused with, each
+/// contained in the actual error at the same position.
+fn compare_errors(expected: &Value, actual: &Value) -> Result<(), String> {
+    let texts = |v: &Value| -> Vec<String> {
+        v.get("errors")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|e| e.as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let (want, got) = (texts(expected), texts(actual));
+    if want.len() != got.len() || want.iter().zip(&got).any(|(w, g)| !g.contains(w.as_str())) {
+        return Err(format!("expected errors {want:?}, got {got:?}"));
+    }
+    Ok(())
 }
 
 /// Compares claim by claim so the report says which entry differs.

@@ -126,7 +126,12 @@ fn malformed_input_exits_2_naming_file_object_and_field() {
     let file = write_temp("bad-class.yaml", &bad);
     let out = tessera(&["allocate", "-f", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The error is in the output with the results (none here), as `kubectl apply -f` lists it.
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(err.contains("bad-class.yaml"), "{err}");
     assert!(err.contains("selectors"), "{err}");
 

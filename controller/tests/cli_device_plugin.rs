@@ -259,8 +259,9 @@ fn a_bad_device_plugin_pod_exits_2_from_allocate_and_is_explained_by_validate() 
     .unwrap();
     let out = tessera(&["allocate", "-f", "deviceclasses", pods.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("compute needs memory"), "{stderr}");
+    // The pod's error is in the output with the results, as `kubectl apply -f` lists it.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("compute needs memory"), "{stdout}");
     let out = tessera(&["validate", "-f", pods.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -15,8 +15,11 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::names;
 
+mod allocation;
 pub mod nesting;
 pub mod validate;
+
+pub use allocation::encode_allocation;
 
 /// A served version of the resource.k8s.io API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

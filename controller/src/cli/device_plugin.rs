@@ -4,7 +4,7 @@
 
 use tessera_driver::admission::device_plugin_names::{self, Options, PodRewrite};
 
-use crate::cli::input::Objects;
+use crate::cli::input::{Objects, Refusal};
 use crate::error::{Error, Result};
 
 fn object_name(pod: &k8s_openapi::api::core::v1::Pod) -> String {
@@ -21,10 +21,13 @@ fn object_name(pod: &k8s_openapi::api::core::v1::Pod) -> String {
 
 /// Rewrites every pod of `objects` that asks with device-plugin names and adds the claims it
 /// gets after the input's own claims. Returns the warnings (roundings, pods left alone); a
-/// pod the webhook would refuse is malformed input (exit 2), with the webhook's message.
+/// pod the webhook would refuse is left out with the webhook's message when the input skips
+/// what it refuses ([`Objects::load_skipping_refused`]), and is malformed input (exit 2)
+/// otherwise.
 pub fn rewrite(objects: &mut Objects, options: &Options) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     let mut claims = Vec::new();
+    let mut refused = Vec::new();
     for (i, pod) in objects.pods.iter_mut().enumerate() {
         if pod.metadata.name.is_none() {
             // A generateName pod gets its name at creation; offline, its input position.
@@ -37,16 +40,46 @@ pub fn rewrite(objects: &mut Objects, options: &Options) -> Result<Vec<String>> 
             Ok(PodRewrite::Skipped(warning)) => warnings.push(format!("{object}: {warning}")),
             Ok(PodRewrite::Rewritten {
                 request, mapping, ..
-            }) => {
-                let (rewritten, made) =
-                    device_plugin_names::rewrite_offline(pod, &request, &mapping, &object)
-                        .map_err(|e| Error::Malformed(e.to_string()))?;
-                warnings.extend(mapping.warnings.iter().map(|w| format!("{object}: {w}")));
-                *pod = rewritten;
-                claims.extend(made);
-            }
-            Err(e) => return Err(Error::Malformed(e.to_string())),
+            }) => match device_plugin_names::rewrite_offline(pod, &request, &mapping, &object) {
+                Ok((rewritten, made)) => {
+                    warnings.extend(mapping.warnings.iter().map(|w| format!("{object}: {w}")));
+                    *pod = rewritten;
+                    claims.extend(made);
+                }
+                Err(e) => refused.push((i, e.to_string())),
+            },
+            Err(e) => refused.push((i, e.to_string())),
         }
+    }
+    let refusals: Vec<Refusal> = refused
+        .iter()
+        .map(|(i, message)| {
+            let pod = &objects.pods[*i];
+            Refusal {
+                message: message.clone(),
+                object: Some((
+                    "Pod".to_owned(),
+                    pod.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".to_owned()),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                )),
+                pod_claims: pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.resource_claims.iter().flatten())
+                    .filter_map(|c| c.resource_claim_name.clone())
+                    .collect(),
+            }
+        })
+        .collect();
+    for refusal in refusals {
+        let error = Error::Malformed(refusal.message.clone());
+        objects.refuse(refusal, error)?;
+    }
+    for (i, _) in refused.iter().rev() {
+        objects.pods.remove(*i);
     }
     objects.claims.extend(claims);
     Ok(warnings)

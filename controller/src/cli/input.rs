@@ -42,6 +42,68 @@ pub struct Objects {
     keep_refused: bool,
     /// Why the API server would refuse objects of the input, one line per problem.
     pub refused: Vec<String>,
+    /// Whether objects that cannot be used are left out, each with its error in
+    /// [`Objects::refusals`], instead of failing the load (`tessera allocate`, as
+    /// `kubectl apply -f` goes on past an invalid object).
+    skip_refused: bool,
+    /// The objects left out, with their errors, in input order.
+    pub refusals: Vec<Refusal>,
+    /// Each ResourceClaim as the input wrote it (its own API version and fields), by namespace
+    /// and name, so that results can be written into the claim as the user gave it.
+    pub claim_documents: BTreeMap<(String, String), serde_json::Value>,
+}
+
+/// An object of the input that was left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The error: where (file and document), which object, which field, which rule.
+    pub message: String,
+    /// Kind, namespace (empty for cluster-scoped kinds) and name, when the document says them.
+    pub object: Option<(String, String, String)>,
+    /// For a Pod: the ResourceClaims it names (`spec.resourceClaims[].resourceClaimName`).
+    pub pod_claims: Vec<String>,
+}
+
+impl Refusal {
+    /// A refusal of something that names no object (a whole file, a document that is not one).
+    pub fn of_input(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            object: None,
+            pod_claims: Vec::new(),
+        }
+    }
+
+    /// A refusal of the object `document` describes.
+    fn of_document(message: String, document: &serde_json::Value) -> Self {
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
+        let kind = text(&document["kind"]);
+        let name = text(&document["metadata"]["name"]);
+        let namespaced = !matches!(
+            kind.as_deref(),
+            Some("DeviceClass" | "ResourceSlice" | "Node")
+        );
+        let namespace = if namespaced {
+            text(&document["metadata"]["namespace"]).unwrap_or_else(|| "default".to_owned())
+        } else {
+            String::new()
+        };
+        let pod_claims = if kind.as_deref() == Some("Pod") {
+            document["spec"]["resourceClaims"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| text(&c["resourceClaimName"]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            message,
+            object: kind.zip(name).map(|(k, n)| (k, namespace, n)),
+            pod_claims,
+        }
+    }
 }
 
 impl Objects {
@@ -54,6 +116,15 @@ impl Objects {
             nodes: &self.nodes,
             pods: &self.pods,
         }
+    }
+
+    /// Where an object of the input was read (`FILE: document N`), by kind, namespace (empty
+    /// for cluster-scoped kinds) and name.
+    pub fn source(&self, kind: &str, namespace: &str, name: &str) -> Option<&str> {
+        self.seen
+            .iter()
+            .find(|((k, ns, n), _)| *k == kind && ns == namespace && n == name)
+            .map(|(_, context)| context.as_str())
     }
 
     /// Adds one decoded object; `context` names where it came from. Refuses a second object of
@@ -99,6 +170,29 @@ impl Objects {
         .load_paths(paths)
     }
 
+    /// As [`Objects::load`], but what cannot be used (a file that does not parse, an object the
+    /// API server would refuse, a second object of one name) is left out with its error in
+    /// [`Objects::refusals`], and the rest is loaded. A path that cannot be read still fails
+    /// the load, as it fails `kubectl apply -f`.
+    pub fn load_skipping_refused(paths: &[PathBuf]) -> Result<Self> {
+        Self {
+            skip_refused: true,
+            ..Self::default()
+        }
+        .load_paths(paths)
+    }
+
+    /// Leaves out what `refusal` describes when refusals are skipped; fails with `error`
+    /// otherwise.
+    pub(crate) fn refuse(&mut self, refusal: Refusal, error: Error) -> Result<()> {
+        if self.skip_refused {
+            self.refusals.push(refusal);
+            Ok(())
+        } else {
+            Err(error)
+        }
+    }
+
     fn load_paths(mut self, paths: &[PathBuf]) -> Result<Self> {
         for path in expand(paths)? {
             let read = |source| Error::Read {
@@ -115,14 +209,26 @@ impl Objects {
             .map_err(read)?;
             let name = path.display().to_string();
             if bytes.len() > MAX_INPUT_BYTES {
-                return Err(Error::Malformed(format!(
+                let message = format!(
                     "{name}: larger than {} MiB; split the input into several files",
                     MAX_INPUT_BYTES >> 20
-                )));
+                );
+                self.refuse(
+                    Refusal::of_input(message.clone()),
+                    Error::Malformed(message),
+                )?;
+                continue;
             }
-            let text = String::from_utf8(bytes)
-                .map_err(|e| Error::Malformed(format!("{name}: not UTF-8 text: {e}")))?;
-            self.load_text(&name, &text)?;
+            match String::from_utf8(bytes) {
+                Ok(text) => self.load_text(&name, &text)?,
+                Err(e) => {
+                    let message = format!("{name}: not UTF-8 text: {e}");
+                    self.refuse(
+                        Refusal::of_input(message.clone()),
+                        Error::Malformed(message),
+                    )?;
+                }
+            }
         }
         Ok(self)
     }
@@ -134,31 +240,54 @@ impl Objects {
     /// so memory follows what is kept rather than the text.
     pub fn load_text(&mut self, name: &str, text: &str) -> Result<()> {
         if text.len() > MAX_INPUT_BYTES {
-            return Err(Error::Malformed(format!(
+            let message = format!(
                 "{name}: larger than {} MiB; split the input into several files",
                 MAX_INPUT_BYTES >> 20
-            )));
+            );
+            return self.refuse(
+                Refusal::of_input(message.clone()),
+                Error::Malformed(message),
+            );
         }
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         if let Err(deep) = nesting::check_nesting(text, nesting::MAX_NESTING) {
-            return Err(Error::Malformed(format!(
+            let message = format!(
                 "{name}: line {}: nested {} levels deep, more than the limit of {}",
                 deep.line,
                 deep.depth,
                 nesting::MAX_NESTING
-            )));
+            );
+            return self.refuse(
+                Refusal::of_input(message.clone()),
+                Error::Malformed(message),
+            );
         }
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let context = format!("{name}: document {}", i + 1);
             // Through serde_yaml's own value first: it refuses duplicate keys, as kubectl does,
             // where a JSON map would silently keep the last one.
-            let yaml = serde_yaml::Value::deserialize(doc)
-                .map_err(|e| Error::Malformed(format!("{context}: not valid YAML or JSON: {e}")))?;
-            let value = serde_json::to_value(&yaml).map_err(|e| {
-                Error::Malformed(format!("{context}: not a Kubernetes object: {e}"))
-            })?;
-            drop(yaml);
-            self.load_value(&context, value)?;
+            let yaml = match serde_yaml::Value::deserialize(doc) {
+                Ok(yaml) => yaml,
+                Err(e) => {
+                    // The parser does not go on past a broken document.
+                    let message = format!("{context}: not valid YAML or JSON: {e}");
+                    let skipped = format!("{message} (the rest of {name} was not read)");
+                    return self.refuse(Refusal::of_input(skipped), Error::Malformed(message));
+                }
+            };
+            match serde_json::to_value(&yaml) {
+                Ok(value) => {
+                    drop(yaml);
+                    self.load_value(&context, value)?;
+                }
+                Err(e) => {
+                    let message = format!("{context}: not a Kubernetes object: {e}");
+                    self.refuse(
+                        Refusal::of_input(message.clone()),
+                        Error::Malformed(message),
+                    )?;
+                }
+            }
         }
         Ok(())
     }
@@ -172,9 +301,11 @@ impl Objects {
                 Some(serde_json::Value::Array(items)) => items,
                 None | Some(serde_json::Value::Null) => Vec::new(),
                 Some(_) => {
-                    return Err(Error::Malformed(format!(
-                        "{context}: List: items: expected a list"
-                    )));
+                    let message = format!("{context}: List: items: expected a list");
+                    return self.refuse(
+                        Refusal::of_input(message.clone()),
+                        Error::Malformed(message),
+                    );
                 }
             };
             for (i, item) in items.into_iter().enumerate() {
@@ -182,20 +313,52 @@ impl Objects {
             }
             return Ok(());
         }
-        let object =
-            decode_document(value, context).map_err(|e| Error::Malformed(e.to_string()))?;
+        // What is needed to name a refused object, and the claim as written.
+        let keep = self.skip_refused || value["kind"] == "ResourceClaim";
+        let original = keep.then(|| value.clone());
+        let refusal = |message: String| match &original {
+            Some(document) => Refusal::of_document(message, document),
+            None => Refusal::of_input(message),
+        };
+        let object = match decode_document(value, context) {
+            Ok(object) => object,
+            Err(e) => {
+                let message = e.to_string();
+                return self.refuse(refusal(message.clone()), Error::Malformed(message));
+            }
+        };
         let problems = validate_object(&object, &self.cel);
         if self.keep_refused {
             self.refused
                 .extend(problems.iter().map(|p| format!("{context}: {p}")));
         } else if !problems.is_empty() {
             let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            return Err(Error::Malformed(format!(
+            let message = format!(
                 "{context}: the API server would refuse this object:\n  {}",
                 list.join("\n  ")
-            )));
+            );
+            return self.refuse(refusal(message.clone()), Error::Malformed(message));
         }
-        self.push(context, object)
+        let claim = match &object {
+            Object::ResourceClaim(c) => Some((
+                c.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned()),
+                c.metadata.name.clone().unwrap_or_default(),
+            )),
+            _ => None,
+        };
+        match self.push(context, object) {
+            Ok(()) => {
+                if let (Some(key), Some(document)) = (claim, original) {
+                    self.claim_documents.insert(key, document);
+                }
+                Ok(())
+            }
+            // A second object of one name: the first stays, so this one names no object.
+            Err(e) => self.refuse(Refusal::of_input(e.to_string()), e),
+        }
     }
 }
 

@@ -2,22 +2,40 @@
 
 use std::fmt::Write as _;
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::Quantity;
+use tessera_driver::apiversion::{ApiVersion, encode_allocation, to_kubectl_yaml};
 use tessera_driver::rules::config::{self, TesseraConfig};
 use tessera_driver::tools::batch::ClaimOutcome;
 
 use crate::cli::OutputFormat;
+use crate::cli::allocate::Answer;
+use crate::cli::input::Objects;
 use crate::error::{Error, Result};
 
 #[derive(serde::Serialize)]
 struct Report<'a> {
     results: &'a [ClaimOutcome],
+    /// The objects left out, one line each (absent when there are none).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    errors: &'a [String],
 }
 
-/// Writes the outcomes in the chosen format.
-pub fn write(outcomes: &[ClaimOutcome], format: OutputFormat, out: &mut String) -> Result<()> {
-    let report = Report { results: outcomes };
+/// Writes the answer in the chosen format: results, then the errors of what was left out
+/// (`-o claims` writes objects only; its errors are the caller's to print elsewhere).
+pub fn write(
+    answer: &Answer,
+    objects: &Objects,
+    format: OutputFormat,
+    out: &mut String,
+) -> Result<()> {
+    let outcomes = answer.outcomes.as_slice();
+    let report = Report {
+        results: outcomes,
+        errors: &answer.errors,
+    };
     match format {
         OutputFormat::Json => {
             let text =
@@ -29,7 +47,73 @@ pub fn write(outcomes: &[ClaimOutcome], format: OutputFormat, out: &mut String) 
             let value = serde_json::to_value(&report).map_err(|e| Error::Output(e.to_string()))?;
             out.push_str(&serde_yaml::to_string(&value).map_err(|e| Error::Output(e.to_string()))?);
         }
-        OutputFormat::Table => table(outcomes, out),
+        OutputFormat::Table => {
+            table(outcomes, out);
+            for error in &answer.errors {
+                let _ = writeln!(out, "error: {}", printable(error, false));
+            }
+        }
+        OutputFormat::Claims => claims(answer, objects, out)?,
+    }
+    Ok(())
+}
+
+/// The input's ResourceClaims as YAML documents, in input order, each in its own API version
+/// and as the input wrote it, with `status.allocation` filled in where it was allocated now.
+/// Claims Tessera refused are left out; a claim the device-plugin rewrite made is written in
+/// v1.
+fn claims(answer: &Answer, objects: &Objects, out: &mut String) -> Result<()> {
+    let allocated: BTreeMap<(&str, &str), &res::AllocationResult> = answer
+        .outcomes
+        .iter()
+        .filter_map(|o| {
+            Some((
+                (o.namespace.as_str(), o.name.as_str()),
+                o.allocation.as_ref()?,
+            ))
+        })
+        .collect();
+    let mut documents = Vec::new();
+    for claim in &objects.claims {
+        let key = (
+            claim
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_owned()),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        if answer.refused_claims.contains(&key) {
+            continue;
+        }
+        let mut document = match objects.claim_documents.get(&key) {
+            Some(document) => document.clone(),
+            None => serde_json::to_value(claim).map_err(|e| Error::Output(e.to_string()))?,
+        };
+        if let Some(allocation) = allocated.get(&(key.0.as_str(), key.1.as_str())) {
+            let version = document["apiVersion"]
+                .as_str()
+                .and_then(ApiVersion::from_api_version)
+                .unwrap_or(ApiVersion::V1);
+            let object = format!("ResourceClaim {}/{}", key.0, key.1);
+            let encoded = encode_allocation(allocation, version, &object)?;
+            let Some(map) = document.as_object_mut() else {
+                return Err(Error::Output(format!("{object}: not an object")));
+            };
+            let status = map
+                .entry("status")
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+            if !status.is_object() {
+                *status = serde_json::Value::Object(serde_json::Map::new());
+            }
+            if let Some(status) = status.as_object_mut() {
+                status.insert("allocation".to_owned(), encoded);
+            }
+        }
+        documents.push(document);
+    }
+    if !documents.is_empty() {
+        out.push_str(&to_kubectl_yaml(&serde_json::Value::Array(documents)));
     }
     Ok(())
 }

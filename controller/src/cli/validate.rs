@@ -9,6 +9,7 @@ use tessera_driver::rules::validation::{
 };
 
 use crate::cli::input::Objects;
+use crate::cli::output::printable;
 use crate::error::{Error, Result};
 
 /// Checks every object and returns the report text, or [`Error::Findings`] after writing the
@@ -85,11 +86,13 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
             lines.push(line);
         }
     }
+    // One line per finding, whatever the names in it hold: control characters (escape
+    // sequences, bells, line breaks) are written as escapes, as `allocate` writes them.
     for line in &lines {
-        let _ = writeln!(report, "error: {line}");
+        let _ = writeln!(report, "error: {}", printable(line, false));
     }
     for warning in &warnings {
-        let _ = writeln!(report, "warning: {warning}");
+        let _ = writeln!(report, "warning: {}", printable(warning, false));
     }
     if !objects.refused.is_empty() {
         let _ = writeln!(

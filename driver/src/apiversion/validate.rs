@@ -124,6 +124,22 @@ impl Problems {
             ),
             (None, None) => self.push("metadata.name", "required"),
         }
+        for (field, message) in meta
+            .labels
+            .as_ref()
+            .map(object_meta::label_problems)
+            .into_iter()
+            .flatten()
+            .chain(
+                meta.annotations
+                    .as_ref()
+                    .map(object_meta::annotation_problems)
+                    .into_iter()
+                    .flatten(),
+            )
+        {
+            self.push(field, message);
+        }
         if let Some(ns) = &meta.namespace {
             if cluster_scoped {
                 self.push(
@@ -811,6 +827,10 @@ impl Problems {
         }
     }
 }
+
+mod object_meta;
+
+pub use object_meta::MAX_ANNOTATIONS_BYTES;
 
 #[cfg(test)]
 mod tests;

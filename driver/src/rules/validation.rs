@@ -269,32 +269,9 @@ pub fn validate_claim_spec(
                     ));
                 }
             }
-            let mut bad_quantity = false;
-            for (qname, q) in capacity
-                .and_then(|c| c.requests.as_ref())
-                .into_iter()
-                .flatten()
-            {
-                match Quantity::from_k8s(q) {
-                    Ok(v) if v.is_negative() => {
-                        bad_quantity = true;
-                        errors.push(Error::invalid(
-                            object,
-                            format!("{field}.capacity.requests.{qname}"),
-                            format!("{} is negative; capacity requests must be at least 0", q.0),
-                        ));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        bad_quantity = true;
-                        errors.push(Error::invalid(
-                            object,
-                            format!("{field}.capacity.requests.{qname}"),
-                            e.to_string(),
-                        ));
-                    }
-                }
-            }
+            let bad_quantities = capacity_quantity_errors(object, &name, &field, capacity);
+            let bad_quantity = !bad_quantities.is_empty();
+            errors.extend(bad_quantities);
             if bad_quantity {
                 // The share rules would only repeat what is wrong with the quantity.
                 return;
@@ -376,7 +353,118 @@ pub fn validate_claim_spec(
             )),
         }
     }
+    // The claim limit, once per claim, unless a request's own count already said it.
+    if !errors
+        .iter()
+        .any(|e| matches!(e, Error::Invalid { field, .. } if field.ends_with(".count")))
+        && let Err((field, message)) = check_claim_device_limit(devices)
+    {
+        errors.push(Error::invalid(object, field, message));
+    }
     errors
+}
+
+/// Capacity requests that do not parse or are negative, one error per value naming the
+/// request (`name`) and its field under `field` (e.g. `spec.devices.requests[0].exactly`).
+/// The API server accepts a negative request; Tessera refuses it (it would "free" capacity).
+fn capacity_quantity_errors(
+    object: &str,
+    name: &str,
+    field: &str,
+    capacity: Option<&res::CapacityRequirements>,
+) -> Vec<Error> {
+    let mut errors = Vec::new();
+    for (qname, q) in capacity
+        .and_then(|c| c.requests.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let message = match Quantity::from_k8s(q) {
+            Ok(v) if v.is_negative() => {
+                format!("{} is negative; capacity requests must be at least 0", q.0)
+            }
+            Ok(_) => continue,
+            Err(e) => e.to_string(),
+        };
+        errors.push(Error::invalid(
+            object,
+            format!("{field}.capacity.requests.{qname}"),
+            format!("{message} (request {name})"),
+        ));
+    }
+    errors
+}
+
+/// The capacity requests of a claim's spec that Tessera refuses as input: quantities that do
+/// not parse or are negative, in every request and `firstAvailable` subrequest. `tessera
+/// allocate` refuses such a claim (exit 2) instead of explaining why it does not fit.
+pub fn capacity_request_errors(object: &str, spec: &res::ResourceClaimSpec) -> Vec<Error> {
+    let mut errors = Vec::new();
+    for (i, request) in spec
+        .devices
+        .iter()
+        .flat_map(|d| d.requests.iter().flatten())
+        .enumerate()
+    {
+        let field = format!("spec.devices.requests[{i}]");
+        if let Some(ex) = &request.exactly {
+            errors.extend(capacity_quantity_errors(
+                object,
+                &request.name,
+                &format!("{field}.exactly"),
+                ex.capacity.as_ref(),
+            ));
+        }
+        for (j, sub) in request.first_available.iter().flatten().enumerate() {
+            errors.extend(capacity_quantity_errors(
+                object,
+                &format!("{}/{}", request.name, sub.name),
+                &format!("{field}.firstAvailable[{j}]"),
+                sub.capacity.as_ref(),
+            ));
+        }
+    }
+    errors
+}
+
+/// kube-scheduler's limit on the devices one claim can be allocated
+/// (`AllocationResultsMaxSize`, 32): each request's count (`All` counts none) and, for
+/// `firstAvailable`, its smallest subrequest, added up. `Err` holds the field and the message
+/// the allocator gives such a claim.
+fn check_claim_device_limit(devices: &res::DeviceClaim) -> Result<(), (String, String)> {
+    let max = crate::apiversion::validate::MAX_REQUESTS;
+    let needed = |mode: Option<&str>, count: Option<i64>| -> u64 {
+        if mode == Some("All") {
+            0
+        } else {
+            count.map_or(1, |c| u64::try_from(c).unwrap_or(0))
+        }
+    };
+    let requests = devices.requests.as_deref().unwrap_or_default();
+    let minimum = requests
+        .iter()
+        .map(|r| match (&r.exactly, &r.first_available) {
+            (Some(ex), _) => needed(ex.allocation_mode.as_deref(), ex.count),
+            (None, Some(subs)) => subs
+                .iter()
+                .map(|s| needed(s.allocation_mode.as_deref(), s.count))
+                .min()
+                .unwrap_or(0),
+            (None, None) => 0,
+        })
+        .fold(0u64, u64::saturating_add);
+    if minimum <= max as u64 {
+        return Ok(());
+    }
+    let field = if requests.len() == 1 {
+        "spec.devices.requests[0]"
+    } else {
+        "spec.devices.requests"
+    };
+    Err((
+        field.to_owned(),
+        format!("{minimum} devices requested exceed the claim limit of {max} devices"),
+    ))
 }
 
 /// Where the request policies of Tessera's shared GPUs change what a claim's native

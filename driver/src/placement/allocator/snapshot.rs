@@ -12,7 +12,9 @@
 //! Use of a device comes from allocation results: a result with `adminAccess` consumes
 //! nothing; a result with a `shareID` (or, on a Tessera `sharing=shared` GPU, one with an
 //! `AllocatedShares` record) is a share and consumes its `consumedCapacity`, else the amounts
-//! of Tessera's record, else the whole device; any other result holds the device whole.
+//! of Tessera's record, else the whole device's capacities (nothing when it has none, so a
+//! device without capacities is shared by any number of claims, as in kube-scheduler); any
+//! other result holds the device whole.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -676,9 +678,11 @@ impl Snapshot {
                     over,
                 }
             } else if entry.capacity.is_empty() {
+                // A share of a device without capacities consumes nothing: kube-scheduler
+                // gives any number of claims their own shareID of it.
                 Contribution {
                     device: idx,
-                    exclusive: true,
+                    exclusive: false,
                     consumed: Amounts::new(),
                     over: Amounts::new(),
                 }
