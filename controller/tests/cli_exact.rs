@@ -3,6 +3,7 @@
 //! fed back (issue 23).
 #![allow(clippy::unwrap_used)]
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -207,9 +208,10 @@ fn an_annotation_over_the_api_servers_256_kib_is_refused() {
 fn five_pods(dir: &Path, broken: usize) {
     let mut devices = String::new();
     for i in 0..4 {
-        devices.push_str(&format!(
-            "  - name: gpu-{i}\n    attributes: {{type: {{string: gpu}}, sharing: {{string: exclusive}}}}\n"
-        ));
+        let _ = writeln!(
+            devices,
+            "  - name: gpu-{i}\n    attributes: {{type: {{string: gpu}}, sharing: {{string: exclusive}}}}"
+        );
     }
     write(
         dir,

@@ -204,8 +204,13 @@ proptest! {
                 let _ = validate::run(&objects, "gpu.tessera.dev", &mut report);
                 for policy in [Policy::FirstFit, Policy::Binpack] {
                     let outcomes = allocate::run(&objects, "gpu.tessera.dev", policy, None);
-                    if let Ok(outcomes) = outcomes {
-                        prop_assert_eq!(outcomes.len(), objects.claims.len());
+                    if let Ok(answer) = outcomes {
+                        // Every claim is answered: a result, or an error when Tessera refuses it.
+                        prop_assert_eq!(
+                            answer.outcomes.len() + answer.refused_claims.len(),
+                            objects.claims.len()
+                        );
+                        prop_assert!(answer.errors.len() >= answer.refused_claims.len());
                     }
                 }
             }

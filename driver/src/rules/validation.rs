@@ -354,10 +354,9 @@ pub fn validate_claim_spec(
         }
     }
     // The claim limit, once per claim, unless a request's own count already said it.
-    if !errors
-        .iter()
-        .any(|e| matches!(e, Error::Invalid { field, .. } if field.ends_with(".count")))
-        && let Err((field, message)) = check_claim_device_limit(devices)
+    if !errors.iter().any(
+        |e| matches!(e, Error::Invalid { field, .. } if field.rsplit('.').next() == Some("count")),
+    ) && let Err((field, message)) = check_claim_device_limit(devices)
     {
         errors.push(Error::invalid(object, field, message));
     }
