@@ -431,7 +431,7 @@ pub fn capacity_request_errors(object: &str, spec: &res::ResourceClaimSpec) -> V
 /// `firstAvailable`, its smallest subrequest, added up. `Err` holds the field and the message
 /// the allocator gives such a claim.
 fn check_claim_device_limit(devices: &res::DeviceClaim) -> Result<(), (String, String)> {
-    let max = crate::apiversion::validate::MAX_REQUESTS;
+    let max = crate::rules::limits::MAX_REQUESTS;
     let needed = |mode: Option<&str>, count: Option<i64>| -> u64 {
         if mode == Some("All") {
             0

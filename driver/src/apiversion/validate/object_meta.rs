@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::slices::limits;
+use crate::rules::limits;
 
 /// `TotalAnnotationSizeLimitB`: bytes of all annotation keys and values of one object.
 pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
