@@ -396,3 +396,40 @@ fn the_claims_output_round_trips_through_allocate() {
     assert_eq!(again[1]["name"], "fits");
     assert_eq!(again[1]["allocated"], true, "{again}");
 }
+
+#[test]
+fn a_pod_whose_claim_is_refused_has_none_of_its_claims_placed() {
+    let dir = folder();
+    let pod = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: two, namespace: default}\nspec:\n  containers: [{name: main, image: cuda}]\n  resourceClaims: [{name: a, resourceClaimName: good}, {name: b, resourceClaimName: neg}]\n";
+    let input = format!(
+        "{}{GPU_SLICE}{}{}{pod}{}",
+        class("shared-gpu.yaml"),
+        share_claim("good", "10Gi"),
+        share_claim("neg", "-1Gi"),
+        share_claim("alone", "10Gi")
+    );
+    let path = write(dir.path(), "input.yaml", &input);
+    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let answer = json(&out);
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("ResourceClaim default/neg"),
+        "{answer}"
+    );
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{answer}");
+    assert_eq!(results[0]["name"], "good");
+    assert_eq!(results[0]["allocated"], false);
+    assert!(
+        results[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("ResourceClaim default/neg of its Pod default/two was refused"),
+        "{answer}"
+    );
+    assert_eq!(results[1]["name"], "alone");
+    assert_eq!(results[1]["allocated"], true);
+}

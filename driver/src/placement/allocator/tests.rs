@@ -1216,3 +1216,35 @@ fn without_an_island_a_multi_gpu_claim_prefers_one_numa_node() {
 }
 
 mod overcommit;
+
+#[test]
+fn a_multi_allocatable_device_without_capacities_takes_every_claim_each_with_its_share() {
+    // As kube-scheduler 1.36: each allocation gets its own shareID and consumes nothing.
+    let device = res::Device {
+        name: "nic-0".into(),
+        allow_multiple_allocations: Some(true),
+        ..Default::default()
+    };
+    // Another driver's device: Tessera's own GPUs record their shares in their config.
+    let mut nics = slice("nics", "a", vec![device]);
+    nics.spec.driver = "nic.example.com".into();
+    let nics = vec![nics];
+    let class = class("nic", r#"device.driver == "nic.example.com""#);
+    let a = alloc(Policy::FirstFit);
+    let mut snap = Snapshot::new(&nics, std::slice::from_ref(&class), &[]).unwrap();
+    let mut shares = std::collections::BTreeSet::new();
+    for name in ["one", "two", "three"] {
+        let c = claim(name, vec![exact("nic", "nic", 1)]);
+        let p = place(&mut snap, &a, &c, &[node("a")]).unwrap();
+        let result = &p.allocations[0]
+            .devices
+            .as_ref()
+            .unwrap()
+            .results
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(result.device, "nic-0");
+        shares.insert(result.share_id.clone().unwrap());
+    }
+    assert_eq!(shares.len(), 3);
+}
