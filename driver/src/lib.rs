@@ -30,6 +30,8 @@ pub mod names;
 pub mod node;
 pub mod placement;
 pub mod rules;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tools;
 
 pub use error::{Error, Result};

@@ -5,12 +5,13 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use proptest::prelude::*;
 use serde_json::json;
 use tessera_driver::Quantity;
 use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Policy, Snapshot};
+use tessera_driver::testing::{
+    self, exact_request, gpu_device, k8s_node, opaque_config, sharing_class,
+};
 
 const D: &str = "gpu.tessera.dev";
 const GIB: u64 = 1 << 30;
@@ -39,99 +40,23 @@ enum Ask {
     },
 }
 
-fn q(s: &str) -> K8sQuantity {
-    K8sQuantity(s.into())
-}
-
-fn attr(v: &str) -> res::DeviceAttribute {
-    res::DeviceAttribute {
-        string: Some(v.into()),
-        ..Default::default()
-    }
-}
-
 fn device(i: usize, g: &Gpu) -> res::Device {
-    let range = |default: &str, min: &str, max: String, step: &str| res::CapacityRequestPolicy {
-        default: Some(q(default)),
-        valid_range: Some(res::CapacityRequestPolicyRange {
-            min: q(min),
-            max: Some(K8sQuantity(max)),
-            step: Some(q(step)),
-        }),
-        valid_values: None,
-    };
-    let policies = g.shared && g.multi;
-    let mem = format!("{}Gi", g.memory_gib);
-    let capacity = [
-        (
-            "memory".to_owned(),
-            res::DeviceCapacity {
-                value: K8sQuantity(mem.clone()),
-                request_policy: policies.then(|| range("1Gi", "1Gi", mem.clone(), "1Gi")),
-            },
-        ),
-        (
-            "compute".to_owned(),
-            res::DeviceCapacity {
-                value: q("100"),
-                request_policy: policies.then(|| range("0", "0", "100".into(), "5")),
-            },
-        ),
-    ];
-    res::Device {
-        name: format!("gpu-{i}"),
-        attributes: Some(
-            [
-                (
-                    "sharing".to_owned(),
-                    attr(if g.shared { "shared" } else { "exclusive" }),
-                ),
-                (
-                    "nvlinkDomain".to_owned(),
-                    attr(&format!("island-{}", g.island)),
-                ),
-            ]
-            .into(),
-        ),
-        capacity: Some(capacity.into()),
-        allow_multiple_allocations: (g.shared && g.multi).then_some(true),
-        ..Default::default()
-    }
-}
-
-fn class(name: &str, sharing: &str) -> res::DeviceClass {
-    res::DeviceClass {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: res::DeviceClassSpec {
-            selectors: Some(vec![res::DeviceSelector {
-                cel: Some(res::CELDeviceSelector {
-                    expression: format!(
-                        r#"device.driver == "{D}" && device.attributes["{D}"].sharing == "{sharing}""#
-                    ),
-                }),
-            }]),
-            ..Default::default()
-        },
-    }
+    gpu_device(
+        &format!("gpu-{i}"),
+        &[
+            ("sharing", if g.shared { "shared" } else { "exclusive" }),
+            ("nvlinkDomain", &format!("island-{}", g.island)),
+        ],
+        &format!("{}Gi", g.memory_gib),
+        g.shared && g.multi,
+    )
 }
 
 fn claim(i: usize, ask: &Ask) -> res::ResourceClaim {
-    let exact = |class: &str, count: i64| res::ExactDeviceRequest {
-        device_class_name: class.into(),
-        count: Some(count),
-        ..Default::default()
-    };
     let mut devices = res::DeviceClaim::default();
     match ask {
         Ask::Whole { count, same_island } => {
-            devices.requests = Some(vec![res::DeviceRequest {
-                name: "gpus".into(),
-                exactly: Some(exact("gpu", *count)),
-                ..Default::default()
-            }]);
+            devices.requests = Some(vec![exact_request("gpus", "gpu", *count)]);
             if *same_island {
                 devices.constraints = Some(vec![res::DeviceConstraint {
                     match_attribute: Some(format!("{D}/nvlinkDomain")),
@@ -144,49 +69,26 @@ fn claim(i: usize, ask: &Ask) -> res::ResourceClaim {
             compute,
             count,
         } => {
-            devices.requests = Some(vec![res::DeviceRequest {
-                name: "share".into(),
-                exactly: Some(exact("shared", *count)),
-                ..Default::default()
-            }]);
+            devices.requests = Some(vec![exact_request("share", "shared", *count)]);
             let mut p = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": format!("{}Gi", memory_gib * u64::try_from(*count).expect("positive count"))});
             if *compute > 0 {
                 p["compute"] = json!(compute * count);
             }
-            devices.config = Some(vec![res::DeviceClaimConfiguration {
-                requests: None,
-                opaque: Some(res::OpaqueDeviceConfiguration {
-                    driver: D.into(),
-                    parameters: RawExtension(p),
-                }),
-            }]);
+            devices.config = Some(vec![opaque_config(p)]);
         }
         Ask::Native { memory_gib } => {
-            let mut x = exact("shared", 1);
-            x.capacity = Some(res::CapacityRequirements {
-                requests: Some(
-                    [("memory".to_owned(), K8sQuantity(format!("{memory_gib}Gi")))].into(),
-                ),
-            });
-            devices.requests = Some(vec![res::DeviceRequest {
-                name: "native".into(),
-                exactly: Some(x),
-                ..Default::default()
-            }]);
+            let mut native = exact_request("native", "shared", 1);
+            if let Some(x) = native.exactly.as_mut() {
+                x.capacity = Some(res::CapacityRequirements {
+                    requests: Some(
+                        [("memory".to_owned(), K8sQuantity(format!("{memory_gib}Gi")))].into(),
+                    ),
+                });
+            }
+            devices.requests = Some(vec![native]);
         }
     }
-    res::ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("c{i}")),
-            namespace: Some("default".into()),
-            uid: Some(format!("uid-{i}")),
-            ..ObjectMeta::default()
-        },
-        spec: res::ResourceClaimSpec {
-            devices: Some(devices),
-        },
-        status: None,
-    }
+    testing::claim("default", &format!("c{i}"), &format!("uid-{i}"), devices)
 }
 
 fn gpu_strategy() -> impl Strategy<Value = Gpu> {
@@ -230,23 +132,16 @@ proptest! {
         asks in prop::collection::vec(ask_strategy(), 1..25),
         policy in prop_oneof![Just(Policy::FirstFit), Just(Policy::Binpack), Just(Policy::Spread)],
     ) {
-        let slices: Vec<res::ResourceSlice> = nodes.iter().enumerate().map(|(n, gpus)| res::ResourceSlice {
-            metadata: ObjectMeta { name: Some(format!("node-{n}-slice")), ..ObjectMeta::default() },
-            spec: res::ResourceSliceSpec {
-                driver: D.into(),
-                node_name: Some(format!("node-{n}")),
-                pool: res::ResourcePool { name: format!("node-{n}"), generation: 1, resource_slice_count: 1 },
-                devices: Some(gpus.iter().enumerate().map(|(i, g)| device(i, g)).collect()),
-                ..Default::default()
-            },
+        let slices: Vec<res::ResourceSlice> = nodes.iter().enumerate().map(|(n, gpus)| {
+            testing::slice(&format!("node-{n}-slice"), &format!("node-{n}"), gpus.iter().enumerate().map(|(i, g)| device(i, g)).collect())
         }).collect();
         let gpu_of = |pool: &str, dev: &str| -> Gpu {
             let n: usize = pool.trim_start_matches("node-").parse().unwrap();
             let i: usize = dev.trim_start_matches("gpu-").parse().unwrap();
             nodes[n][i].clone()
         };
-        let candidates: Vec<Node> = (0..nodes.len()).map(|n| Node { metadata: ObjectMeta { name: Some(format!("node-{n}")), ..ObjectMeta::default() }, ..Node::default() }).collect();
-        let classes = [class("gpu", "exclusive"), class("shared", "shared")];
+        let candidates: Vec<Node> = (0..nodes.len()).map(|n| k8s_node(&format!("node-{n}"))).collect();
+        let classes = [sharing_class("gpu", "exclusive"), sharing_class("shared", "shared")];
         let mut snap = Snapshot::new(&slices, &classes, &[]).unwrap();
         let allocator = Allocator::new(AllocatorOptions { policy, ..AllocatorOptions::default() });
         let mut exclusive: HashMap<(String, String), u32> = HashMap::new();

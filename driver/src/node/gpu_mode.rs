@@ -173,15 +173,11 @@ impl ModeChoice {
 mod tests {
 
     use super::*;
-    use crate::node::inventory::Inventory;
 
     fn node() -> NodeInventory {
-        Inventory::from_yaml(
+        crate::testing::node_inventory(
             "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    count: 3\n  - model: a100-80g\n    mode: mig\n    mig:\n    - profile: 7g.80gb\n",
         )
-        .unwrap()
-        .nodes
-        .remove(0)
     }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -246,12 +246,11 @@ impl HealthBoard {
 mod tests {
 
     use super::*;
-    use crate::node::inventory::Inventory;
 
     const NODE: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    count: 2\n  - model: a100-80g\n    mode: mig\n    mig:\n    - profile: 3g.40gb\n      count: 2\n";
 
     fn node() -> NodeInventory {
-        Inventory::from_yaml(NODE).unwrap().nodes.remove(0)
+        crate::testing::node_inventory(NODE)
     }
 
     #[test]

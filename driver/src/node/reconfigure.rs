@@ -120,19 +120,9 @@ mod tests {
 
     use super::*;
     use crate::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
-    use crate::node::inventory::Inventory;
 
     fn node() -> NodeInventory {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../examples/inventory/demo-cluster.yaml"
-        ))
-        .unwrap();
-        Inventory::from_yaml(&text)
-            .unwrap()
-            .node("a100-node")
-            .cloned()
-            .unwrap()
+        crate::testing::demo_node("a100-node")
     }
 
     fn holding(uid: &str, gpu: &Gpu) -> Checkpoint {

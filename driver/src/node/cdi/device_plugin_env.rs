@@ -87,7 +87,6 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::node::inventory::Inventory;
     use crate::node::prepare::{GpuNode, PreparedDevice};
     use crate::rules::share::PerDeviceShare;
 
@@ -134,11 +133,9 @@ mod tests {
     }
 
     fn node() -> NodeInventory {
-        let inventory = Inventory::from_yaml(
+        crate::testing::node_inventory(
             "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: t4-16g\n    count: 4\n",
         )
-        .unwrap();
-        inventory.nodes[0].clone()
     }
 
     #[test]

@@ -1,16 +1,14 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::node::inventory::Inventory;
 use crate::rules::share::GIB;
 
 const DRIVER: &str = "gpu.tessera.dev";
 
 fn node() -> NodeInventory {
-    Inventory::from_yaml("nodes:\n- name: node-a\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n")
-        .unwrap()
-        .nodes
-        .remove(0)
+    crate::testing::node_inventory(
+        "nodes:\n- name: node-a\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n",
+    )
 }
 
 fn record(memory: &str, compute: i64) -> Value {

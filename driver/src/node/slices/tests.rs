@@ -1,14 +1,6 @@
 use super::*;
-use crate::node::inventory::Inventory;
 
-fn node(yaml: &str) -> NodeInventory {
-    Inventory::from_yaml(yaml)
-        .expect("inventory")
-        .nodes
-        .into_iter()
-        .next()
-        .expect("one node")
-}
+use crate::testing::node_inventory as node;
 
 fn attr<'a>(d: &'a Device, name: &str) -> &'a DeviceAttribute {
     d.attributes

@@ -104,19 +104,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::node::inventory::Inventory;
     use crate::node::slices::{self, RenderOptions};
     use crate::placement::allocator::{AllocatorOptions, Policy};
-
-    const SHARED_CLASS: &str = include_str!("../../../../deviceclasses/shared-gpu.yaml");
-    const BATCH_CLASS: &str = include_str!("../../../../deviceclasses/batch-gpu.yaml");
+    use crate::testing::{
+        self, BATCH_CLASS_YAML as BATCH_CLASS, SHARED_CLASS_YAML as SHARED_CLASS,
+    };
 
     /// One node `n` with `gpus` shared A100s.
     fn snapshot(gpus: usize, batch_patience: Option<&str>) -> Snapshot {
-        let inventory = Inventory::from_yaml(&format!(
+        let inventory = testing::inventory(&format!(
             "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: {gpus}\n"
-        ))
-        .unwrap();
+        ));
         let slices = slices::render(&inventory.nodes[0], &RenderOptions::default()).unwrap();
         let mut batch: serde_json::Value = serde_yaml::from_str(BATCH_CLASS).unwrap();
         if let Some(p) = batch_patience {
@@ -130,23 +128,15 @@ mod tests {
     }
 
     fn share(name: &str, class: &str, memory: &str, patience: Option<&str>) -> res::ResourceClaim {
-        let mut params =
-            json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": memory});
+        let mut params = testing::gpu_share(memory);
         if let Some(p) = patience {
             params["patience"] = json!(p);
         }
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-            "spec": {"devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}],
-                "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.tessera.dev", "parameters": params}}],
-            }},
-        }))
-        .unwrap()
+        testing::gpu_claim(name, class, Some(params))
     }
 
     fn nodes() -> Vec<Node> {
-        vec![serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap()]
+        vec![testing::k8s_node("n")]
     }
 
     fn allocator() -> Allocator {

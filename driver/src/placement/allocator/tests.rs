@@ -1,74 +1,31 @@
 //! Unit tests of the allocator, one per semantic.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 
 use super::*;
+use crate::testing;
 
 const D: &str = "gpu.tessera.dev";
 
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some("default".into()),
-        uid: Some(format!("uid-{name}")),
-        ..ObjectMeta::default()
-    }
-}
-
-fn q(s: &str) -> K8sQuantity {
-    K8sQuantity(s.into())
-}
-
-fn attr_s(v: &str) -> res::DeviceAttribute {
-    res::DeviceAttribute {
-        string: Some(v.into()),
-        ..Default::default()
-    }
-}
+use crate::testing::{
+    cel_class as class, exact_request as exact, k8s_node as node, quantity as q, slice,
+    string_attr as attr_s,
+};
 
 fn gpu(name: &str, sharing: &str, island: &str, multi: bool) -> res::Device {
-    let mut attributes = BTreeMap::new();
-    attributes.insert("sharing".to_owned(), attr_s(sharing));
-    attributes.insert("nvlinkDomain".to_owned(), attr_s(island));
-    attributes.insert("model".to_owned(), attr_s("a100-80g"));
-    let policy = |default: &str, min: &str, max: &str, step: &str| res::CapacityRequestPolicy {
-        default: Some(q(default)),
-        valid_range: Some(res::CapacityRequestPolicyRange {
-            min: q(min),
-            max: Some(q(max)),
-            step: Some(q(step)),
-        }),
-        valid_values: None,
-    };
-    let mut capacity = BTreeMap::new();
-    capacity.insert(
-        "memory".to_owned(),
-        res::DeviceCapacity {
-            value: q("80Gi"),
-            request_policy: multi.then(|| policy("1Gi", "1Gi", "80Gi", "1Gi")),
-        },
-    );
-    capacity.insert(
-        "compute".to_owned(),
-        res::DeviceCapacity {
-            value: q("100"),
-            request_policy: multi.then(|| policy("0", "0", "100", "5")),
-        },
-    );
-    res::Device {
-        name: name.into(),
-        attributes: Some(attributes),
-        capacity: Some(capacity),
-        allow_multiple_allocations: multi.then_some(true),
-        ..Default::default()
-    }
+    testing::gpu_device(
+        name,
+        &[
+            ("sharing", sharing),
+            ("nvlinkDomain", island),
+            ("model", "a100-80g"),
+        ],
+        "80Gi",
+        multi,
+    )
 }
 
 /// Node `a` with two shared GPUs that allow multiple allocations, `gpu-0` and `gpu-1`.
@@ -81,43 +38,6 @@ fn two_shared_gpus() -> Vec<res::ResourceSlice> {
             gpu("gpu-1", "shared", "x", true),
         ],
     )]
-}
-
-fn slice(name: &str, node: &str, devices: Vec<res::Device>) -> res::ResourceSlice {
-    res::ResourceSlice {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: res::ResourceSliceSpec {
-            driver: D.into(),
-            node_name: Some(node.into()),
-            pool: res::ResourcePool {
-                name: node.into(),
-                generation: 1,
-                resource_slice_count: 1,
-            },
-            devices: Some(devices),
-            ..Default::default()
-        },
-    }
-}
-
-fn class(name: &str, expr: &str) -> res::DeviceClass {
-    res::DeviceClass {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: res::DeviceClassSpec {
-            selectors: Some(vec![res::DeviceSelector {
-                cel: Some(res::CELDeviceSelector {
-                    expression: expr.into(),
-                }),
-            }]),
-            ..Default::default()
-        },
-    }
 }
 
 fn classes() -> Vec<res::DeviceClass> {
@@ -137,44 +57,24 @@ fn classes() -> Vec<res::DeviceClass> {
     ]
 }
 
-fn exact(name: &str, class: &str, count: i64) -> res::DeviceRequest {
-    res::DeviceRequest {
-        name: name.into(),
-        exactly: Some(res::ExactDeviceRequest {
-            device_class_name: class.into(),
-            count: Some(count),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 fn claim(name: &str, requests: Vec<res::DeviceRequest>) -> res::ResourceClaim {
-    res::ResourceClaim {
-        metadata: meta(name),
-        spec: res::ResourceClaimSpec {
-            devices: Some(res::DeviceClaim {
-                requests: Some(requests),
-                ..Default::default()
-            }),
+    testing::claim(
+        "default",
+        name,
+        &format!("uid-{name}"),
+        res::DeviceClaim {
+            requests: Some(requests),
+            ..Default::default()
         },
-        status: None,
-    }
+    )
 }
 
 fn share_config(memory: &str, compute: Option<i64>) -> res::DeviceClaimConfiguration {
-    let mut p =
-        json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": memory});
+    let mut p = testing::gpu_share(memory);
     if let Some(c) = compute {
         p["compute"] = json!(c);
     }
-    res::DeviceClaimConfiguration {
-        requests: None,
-        opaque: Some(res::OpaqueDeviceConfiguration {
-            driver: D.into(),
-            parameters: RawExtension(p),
-        }),
-    }
+    testing::opaque_config(p)
 }
 
 fn with_config(
@@ -189,16 +89,6 @@ fn with_config(
         .get_or_insert_with(Vec::new)
         .push(cfg);
     c
-}
-
-fn node(name: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    }
 }
 
 fn exclusive_cluster() -> Vec<res::ResourceSlice> {

@@ -2,14 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
 use serde_json::json;
 
 use super::*;
-use crate::node::inventory::Inventory;
 use crate::node::slices::{self, RenderOptions};
 use crate::placement::allocator::{AllocatorOptions, Policy};
+use crate::testing::{self, k8s_node as node};
 
 const SHARED: &str = "shared.gpu.tessera.dev";
 const BATCH: &str = "batch.gpu.tessera.dev";
@@ -24,30 +24,25 @@ struct Cluster {
     pods: Vec<Pod>,
 }
 
-fn node(name: &str) -> Node {
-    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
-}
-
 impl Cluster {
     fn new(gpus: usize) -> Self {
-        let inventory = Inventory::from_yaml(&format!(
+        let inventory = testing::inventory(&format!(
             "nodes:\n- name: a\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: {gpus}\n\
              - name: b\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: {gpus}\n\
              - name: x\n  mode: exclusive\n  gpus:\n  - model: a100-80g\n    count: 1\n"
-        ))
-        .unwrap();
+        ));
         let slices: Vec<_> = inventory
             .nodes
             .iter()
             .flat_map(|n| slices::render(n, &RenderOptions::default()).unwrap())
             .collect();
         let classes: Vec<res::DeviceClass> = [
-            include_str!("../../../../../deviceclasses/shared-gpu.yaml"),
-            include_str!("../../../../../deviceclasses/batch-gpu.yaml"),
-            include_str!("../../../../../deviceclasses/gpu.yaml"),
+            testing::SHARED_CLASS_YAML,
+            testing::BATCH_CLASS_YAML,
+            testing::WHOLE_CLASS_YAML,
         ]
-        .iter()
-        .map(|t| serde_yaml::from_str(t).unwrap())
+        .into_iter()
+        .map(testing::class_from_yaml)
         .collect();
         Self {
             snapshot: Snapshot::new(&slices, &classes, &[]).unwrap(),
@@ -62,19 +57,11 @@ impl Cluster {
 
     /// A claim of `class` for `memory` GiB (a share) or a whole GPU (`memory` 0).
     fn claim(name: &str, class: &str, memory: u32) -> res::ResourceClaim {
-        let mut spec = json!({"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}});
-        if memory > 0 {
-            spec["devices"]["config"] = json!([{"requests": ["gpu"], "opaque": {
-                "driver": "gpu.tessera.dev",
-                "parameters": {"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare",
-                               "memory": format!("{memory}Gi")}}}]);
-        }
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
-            "spec": spec,
-        }))
-        .unwrap()
+        testing::gpu_claim(
+            name,
+            class,
+            (memory > 0).then(|| testing::gpu_share(&format!("{memory}Gi"))),
+        )
     }
 
     fn pod(name: &str, priority: i32) -> Pod {
