@@ -61,59 +61,11 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Read { .. } | Self::Output(_) | Self::Api { .. })
     }
-
-    /// Builds an [`Error::Api`] from a kube client error.
-    pub fn api(action: impl Into<String>, source: &kube::Error) -> Self {
-        tessera_kubeapi::Error::api(action, source).into()
-    }
-
-    /// The HTTP status code of an [`Error::Api`] the server answered.
-    pub fn api_code(&self) -> Option<u16> {
-        match self {
-            Self::Api { code, .. } => *code,
-            _ => None,
-        }
-    }
-
-    /// Whether the server answered 409 Conflict (a stale `resourceVersion`, or the object exists).
-    pub fn is_conflict(&self) -> bool {
-        self.api_code() == Some(409)
-    }
-
-    /// Whether the server answered 404 Not Found.
-    pub fn is_not_found(&self) -> bool {
-        self.api_code() == Some(404)
-    }
-
-    /// Whether the server refused the write as invalid (422): retrying the same write cannot help.
-    pub fn is_invalid(&self) -> bool {
-        self.api_code() == Some(422)
-    }
 }
 
-/// The shared API client's errors keep their meaning here: a configuration error stays one,
-/// an API error keeps its action and status code.
-impl From<tessera_kubeapi::Error> for Error {
-    fn from(error: tessera_kubeapi::Error) -> Self {
-        match error {
-            tessera_kubeapi::Error::Config(message) => Self::Config(message),
-            tessera_kubeapi::Error::Api {
-                action,
-                code,
-                message,
-            } => Self::Api {
-                action,
-                code,
-                message,
-            },
-            other => Self::Api {
-                action: "reaching the API server".to_owned(),
-                code: other.api_code(),
-                message: other.to_string(),
-            },
-        }
-    }
-}
+// The shared API client's errors keep their meaning here (see `tessera_kubeapi::Cause`), and
+// `api`, `api_code`, `is_conflict`, `is_not_found` and `is_invalid` are the client's.
+tessera_kubeapi::api_error_conversions!(Error);
 
 /// The controller crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -2,6 +2,8 @@
 //! it.
 
 use kube::core::{ApiResource, GroupVersionKind};
+use serde::Serialize;
+use serde_json::Value;
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::names::ResourceKind;
 
@@ -50,6 +52,28 @@ pub fn resource(version: ApiVersion, kind: ResourceKind) -> ApiResource {
         &GroupVersionKind::gvk(RESOURCE_GROUP, short, kind.kind),
         kind.plural,
     )
+}
+
+/// `object`'s JSON, ready to decode as a `kind` of `version`: an answer without type
+/// information (list items, and some gets, come without it) is the kind and version asked for.
+/// `action` names the call for the error.
+pub fn typed_json(
+    object: &impl Serialize,
+    version: ApiVersion,
+    kind: ResourceKind,
+    action: &str,
+) -> Result<Value> {
+    let mut value = serde_json::to_value(object).map_err(|e| Error::Api {
+        action: action.to_owned(),
+        code: None,
+        message: format!("cannot re-encode the answer: {e}"),
+    })?;
+    if let Some(map) = value.as_object_mut() {
+        map.entry("apiVersion")
+            .or_insert_with(|| version.as_str().into());
+        map.entry("kind").or_insert_with(|| kind.kind.into());
+    }
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -42,5 +42,98 @@ impl Error {
     }
 }
 
+/// What an [`Error`] comes to for a binary's own error type, which keeps its meaning: a
+/// configuration error stays one, an API error keeps its action and status code.
+#[derive(Debug)]
+pub enum Cause {
+    /// The client's configuration is unusable.
+    Config(String),
+    /// A call failed.
+    Api {
+        /// What was being done.
+        action: String,
+        /// The HTTP status code, when the server answered.
+        code: Option<u16>,
+        /// The server's message or the transport error.
+        message: String,
+    },
+}
+
+impl From<Error> for Cause {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Config(message) => Self::Config(message),
+            Error::Api {
+                action,
+                code,
+                message,
+            } => Self::Api {
+                action,
+                code,
+                message,
+            },
+        }
+    }
+}
+
 /// The kubeapi crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Gives a binary's error type, which has the variants `Config(String)` and
+/// `Api { action, code, message }` of its own, the API client's conversions and status checks:
+/// `From<tessera_kubeapi::Error>` (see [`Cause`]), `api` (from a kube client error),
+/// `api_code`, `is_conflict`, `is_not_found` and `is_invalid`. One definition for the
+/// controller and the kubelet plugin.
+#[macro_export]
+macro_rules! api_error_conversions {
+    ($error:ty) => {
+        impl From<$crate::Error> for $error {
+            fn from(error: $crate::Error) -> Self {
+                match $crate::Cause::from(error) {
+                    $crate::Cause::Config(message) => Self::Config(message),
+                    $crate::Cause::Api {
+                        action,
+                        code,
+                        message,
+                    } => Self::Api {
+                        action,
+                        code,
+                        message,
+                    },
+                }
+            }
+        }
+
+        impl $error {
+            /// Builds an `Api` error from a kube client error.
+            pub fn api(action: impl Into<String>, source: &::kube::Error) -> Self {
+                $crate::Error::api(action, source).into()
+            }
+
+            /// The HTTP status code of an `Api` error the server answered.
+            pub fn api_code(&self) -> Option<u16> {
+                match self {
+                    Self::Api { code, .. } => *code,
+                    _ => None,
+                }
+            }
+
+            /// Whether the server answered 409 Conflict (a stale `resourceVersion`, or the
+            /// object exists).
+            pub fn is_conflict(&self) -> bool {
+                self.api_code() == Some(409)
+            }
+
+            /// Whether the server answered 404 Not Found.
+            pub fn is_not_found(&self) -> bool {
+                self.api_code() == Some(404)
+            }
+
+            /// Whether the server refused the write as invalid (422): retrying the same write
+            /// cannot help.
+            pub fn is_invalid(&self) -> bool {
+                self.api_code() == Some(422)
+            }
+        }
+    };
+}

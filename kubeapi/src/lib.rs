@@ -41,8 +41,8 @@ mod json_object;
 mod watch;
 
 pub use client::client;
-pub use discovery::{RESOURCE_GROUP, resource, served_resource_version};
-pub use error::{Error, Result};
+pub use discovery::{RESOURCE_GROUP, resource, served_resource_version, typed_json};
+pub use error::{Cause, Error, Result};
 pub use json_object::JsonObject;
 pub use watch::{Change, WatchOptions, backoff, changes};
 

@@ -88,18 +88,12 @@ impl ApiClaimSource {
             Err(e) => return Err(Error::api(format!("getting claim {claim}"), &e)),
         };
         let context = format!("ResourceClaim {}/{}", claim.namespace, claim.name);
-        let mut value = serde_json::to_value(&object).map_err(|e| Error::Api {
-            action: format!("getting claim {claim}"),
-            code: None,
-            message: format!("cannot re-encode the answer: {e}"),
-        })?;
-        if let Some(map) = value.as_object_mut() {
-            // An answer without type information is the kind and version asked for.
-            map.entry("apiVersion")
-                .or_insert_with(|| version.as_str().into());
-            map.entry("kind")
-                .or_insert_with(|| names::RESOURCE_CLAIM.kind.into());
-        }
+        let value = tessera_kubeapi::typed_json(
+            &object,
+            version,
+            names::RESOURCE_CLAIM,
+            &format!("getting claim {claim}"),
+        )?;
         let Object::ResourceClaim(found) = apiversion::decode_document(value, &context)? else {
             return Err(Error::Api {
                 action: format!("getting claim {claim}"),
@@ -107,15 +101,7 @@ impl ApiClaimSource {
                 message: "the answer is not a ResourceClaim".to_owned(),
             });
         };
-        let actual = found.metadata.uid.clone().unwrap_or_default();
-        if actual != claim.uid {
-            return Err(Error::ClaimUidMismatch {
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                expected: claim.uid.clone(),
-                actual,
-            });
-        }
+        claim.check_uid(&found)?;
         Ok(found)
     }
 }

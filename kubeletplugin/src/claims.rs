@@ -49,6 +49,21 @@ impl ClaimRef {
         }
         Ok(())
     }
+
+    /// Refuses `found` when it has another UID than this reference: the claim was deleted and
+    /// re-created under the same name.
+    pub fn check_uid(&self, found: &ResourceClaim) -> Result<()> {
+        let actual = found.metadata.uid.clone().unwrap_or_default();
+        if actual != self.uid {
+            return Err(Error::ClaimUidMismatch {
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                expected: self.uid.clone(),
+                actual,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Display for ClaimRef {
@@ -124,15 +139,7 @@ impl FakeClaimSource {
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
             })?;
-        let actual = found.metadata.uid.clone().unwrap_or_default();
-        if actual != claim.uid {
-            return Err(Error::ClaimUidMismatch {
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                expected: claim.uid.clone(),
-                actual,
-            });
-        }
+        claim.check_uid(found)?;
         Ok(found.clone())
     }
 }

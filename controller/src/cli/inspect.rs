@@ -132,17 +132,7 @@ async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result
             .await
             .map_err(|e| Error::api(action.clone(), &e))?;
         for item in listed.items {
-            let mut value = serde_json::to_value(&item).map_err(|e| Error::Api {
-                action: action.clone(),
-                code: None,
-                message: format!("cannot re-encode: {e}"),
-            })?;
-            if let Some(map) = value.as_object_mut() {
-                // List items may come without type information: they are what was listed.
-                map.entry("apiVersion")
-                    .or_insert_with(|| version.as_str().into());
-                map.entry("kind").or_insert_with(|| kind.kind.into());
-            }
+            let value = tessera_kubeapi::typed_json(&item, version, kind, &action)?;
             objects.push(&action, apiversion::decode_document(value, &action)?)?;
         }
     }

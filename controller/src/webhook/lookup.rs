@@ -113,17 +113,7 @@ impl ApiAdmissionLookup {
             self.set_version(None);
             return Ok(None);
         };
-        let mut value = serde_json::to_value(&found).map_err(|e| Error::Api {
-            action: action.clone(),
-            code: None,
-            message: format!("cannot re-encode the answer: {e}"),
-        })?;
-        if let Some(map) = value.as_object_mut() {
-            // An answer without type information is the kind and version asked for.
-            map.entry("apiVersion")
-                .or_insert_with(|| version.as_str().into());
-            map.entry("kind").or_insert_with(|| kind.kind.into());
-        }
+        let value = tessera_kubeapi::typed_json(&found, version, kind, &action)?;
         Ok(Some(apiversion::decode_document(value, &described)?))
     }
 }
