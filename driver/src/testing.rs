@@ -256,3 +256,26 @@ pub fn gpu_claim(name: &str, class: &str, parameters: Option<Value>) -> res::Res
     }))
     .expect("a valid fixture ResourceClaim")
 }
+
+/// `claim`'s allocation; panics when it has none.
+pub fn allocation(claim: &res::ResourceClaim) -> &res::AllocationResult {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .expect("an allocated claim")
+}
+
+/// The device results of `allocation`; panics when it has none.
+pub fn results(allocation: &res::AllocationResult) -> &[res::DeviceRequestAllocationResult] {
+    allocation
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_deref())
+        .expect("an allocation with device results")
+}
+
+/// The device of the first result of `claim`'s allocation.
+pub fn first_device(claim: &res::ResourceClaim) -> String {
+    results(allocation(claim))[0].device.clone()
+}

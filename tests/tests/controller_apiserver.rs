@@ -14,7 +14,7 @@ use std::time::Duration;
 use scenarios::*;
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::placement::allocator::Policy;
-use tessera_driver::{names, placement::gate};
+use tessera_driver::{names, placement::gate, testing};
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
 
 async fn start(versions: &[&str]) -> (FakeApiServer, kube::Client, tempfile::TempDir) {
@@ -533,23 +533,7 @@ async fn claims_of_ungated_pods_are_left_to_kube_scheduler_and_counted_as_used()
     })
     .await;
     let claims = claims(&client, ApiVersion::V1).await;
-    let device = |n: &str| {
-        claims[n]
-            .status
-            .as_ref()
-            .unwrap()
-            .allocation
-            .as_ref()
-            .unwrap()
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap()[0]
-            .device
-            .clone()
-    };
+    let device = |n: &str| testing::first_device(&claims[n]);
     assert_eq!(device("mine"), "gpu-1");
     assert!(!gate::is_allocated(&claims["pending-of-ungated"]));
     assert!(!gate::is_ours(&claims["schedulers"]));

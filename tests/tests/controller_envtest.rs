@@ -75,16 +75,13 @@ async fn the_gate_protocol_against_a_real_api_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_plugin_templates_against_a_real_api_server() {
-    let Some(envtest::Connected {
-        cluster: _cluster,
-        client,
-        version,
-        ..
-    }) = envtest::connect("device_plugin_templates_against_a_real_api_server").await
-    else {
-        return;
-    };
-    device_plugin_pods_get_their_templates(&client, version).await;
+    envtest::run(
+        "device_plugin_templates_against_a_real_api_server",
+        |client, version| async move {
+            device_plugin_pods_get_their_templates(&client, version).await;
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,29 +537,23 @@ async fn bind(client: &kube::Client, pod: &Pod, node: &str) -> kube::Result<serd
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preemption_against_a_real_api_server() {
-    let Some(envtest::Connected {
-        cluster: _cluster,
-        client,
-        version,
-        ..
-    }) = envtest::connect("preemption_against_a_real_api_server").await
-    else {
-        return;
-    };
-    // The real server's own eviction handler and PodDisruptionBudget checks decide here.
-    tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
+    envtest::run(
+        "preemption_against_a_real_api_server",
+        |client, version| async move {
+            // The real server's own eviction handler and PodDisruptionBudget checks decide here.
+            tiers::preemption_evicts_batch_pods_through_the_eviction_api(&client, version).await;
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delay_tolerance_against_a_real_api_server() {
-    let Some(envtest::Connected {
-        cluster: _cluster,
-        client,
-        version,
-        ..
-    }) = envtest::connect("delay_tolerance_against_a_real_api_server").await
-    else {
-        return;
-    };
-    tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, version).await;
+    envtest::run(
+        "delay_tolerance_against_a_real_api_server",
+        |client, version| async move {
+            tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, version).await;
+        },
+    )
+    .await;
 }

@@ -15,18 +15,15 @@ mod scenarios;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_and_prepare_against_a_real_api_server() {
-    let Some(envtest::Connected {
-        cluster: _cluster,
-        client,
-        version,
-        ..
-    }) = envtest::connect("publish_and_prepare_against_a_real_api_server").await
-    else {
-        return;
-    };
-    scenarios::publish_and_check_shape(&client, version).await;
-    scenarios::republish_after_inventory_change(&client, version).await;
-    scenarios::slices_come_back(&client, version).await;
-    let work = tempfile::tempdir().unwrap();
-    scenarios::prepare_through_kubelet(&client, version, work.path()).await;
+    envtest::run(
+        "publish_and_prepare_against_a_real_api_server",
+        |client, version| async move {
+            scenarios::publish_and_check_shape(&client, version).await;
+            scenarios::republish_after_inventory_change(&client, version).await;
+            scenarios::slices_come_back(&client, version).await;
+            let work = tempfile::tempdir().unwrap();
+            scenarios::prepare_through_kubelet(&client, version, work.path()).await;
+        },
+    )
+    .await;
 }

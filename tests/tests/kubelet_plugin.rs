@@ -14,12 +14,12 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1 as res;
 use serde::Deserialize as _;
 use tessera_driver::apiversion::{Object, decode_document};
-use tessera_driver::names;
 use tessera_driver::node::cdi::{self, Enforcement};
 use tessera_driver::node::checkpoint::PrepareState;
 use tessera_driver::node::inventory::Inventory;
 use tessera_driver::node::slices::{self, RenderOptions};
 use tessera_driver::tools::batch::{BatchInput, BatchOptions, allocate_batch};
+use tessera_driver::{names, testing};
 use tessera_kubelet_plugin::claims::FakeClaimSource;
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::server::{self, PluginConfig, RunningPlugin};
@@ -311,19 +311,7 @@ async fn kubelet_registers_the_plugin_then_prepares_and_unprepares_through_v1() 
         let got = &answer[uid];
         assert_eq!(got.error, "", "{name}");
         let (claim, _) = &h.claims[name];
-        let results = claim
-            .status
-            .as_ref()
-            .unwrap()
-            .allocation
-            .as_ref()
-            .unwrap()
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap();
+        let results = testing::results(testing::allocation(claim));
         assert_eq!(got.devices.len(), results.len(), "{name}");
         for (device, result) in got.devices.iter().zip(results) {
             assert_eq!(device.pool_name, NODE);

@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tessera_driver::placement::allocator::Policy;
-use tessera_driver::{names, placement::gate};
+use tessera_driver::{names, placement::gate, testing};
 use tokio::sync::watch;
 
 use super::*;
@@ -425,23 +425,7 @@ async fn two_pods_never_get_the_same_gpu_and_the_third_waits_with_a_reason() {
     let report = r.pass(&mut view).await;
     assert_eq!((report.placed, report.pending), (2, 1));
     let s = fake.state();
-    let device = |k: &str| {
-        s.claims[k]
-            .status
-            .as_ref()
-            .unwrap()
-            .allocation
-            .as_ref()
-            .unwrap()
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap()[0]
-            .device
-            .clone()
-    };
+    let device = |k: &str| testing::first_device(&s.claims[k]);
     assert_ne!(device("ns/a"), device("ns/b"));
     assert!(
         s.calls.contains(&format!("event ns/r {REASON_FAILED}")),

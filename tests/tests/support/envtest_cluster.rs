@@ -96,6 +96,26 @@ pub(crate) async fn connect(test: &str) -> Option<Connected> {
     Some(start_connected(assets).await)
 }
 
+/// Runs `scenario` with a client of a real cluster started for `test` and the resource.k8s.io
+/// version it serves (the cluster stays up until the scenario ends), or says why `test` is
+/// skipped.
+pub(crate) async fn run<F, Fut>(test: &str, scenario: F)
+where
+    F: FnOnce(kube::Client, tessera_driver::apiversion::ApiVersion) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(Connected {
+        cluster: _cluster,
+        client,
+        version,
+        ..
+    }) = connect(test).await
+    else {
+        return;
+    };
+    scenario(client, version).await;
+}
+
 /// Starts a real cluster from the binaries in `assets` and connects to it.
 pub(crate) async fn start_connected(assets: PathBuf) -> Connected {
     let cluster = start_cluster(&assets).await;

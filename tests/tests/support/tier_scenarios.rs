@@ -161,22 +161,7 @@ fn allocated_device(
     claims: &std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::ResourceClaim>,
     name: &str,
 ) -> String {
-    let allocation = claims[name]
-        .status
-        .as_ref()
-        .unwrap()
-        .allocation
-        .as_ref()
-        .unwrap();
-    allocation
-        .devices
-        .as_ref()
-        .unwrap()
-        .results
-        .as_ref()
-        .unwrap()[0]
-        .device
-        .clone()
+    tessera_driver::testing::first_device(&claims[name])
 }
 
 /// The Events in `NS` with `reason`, as (involved pod, message).

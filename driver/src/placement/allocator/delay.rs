@@ -147,15 +147,7 @@ mod tests {
     }
 
     fn device(p: &super::super::Placement) -> String {
-        p.allocations[0]
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap()[0]
-            .device
-            .clone()
+        testing::results(&p.allocations[0])[0].device.clone()
     }
 
     fn place(

@@ -251,17 +251,7 @@ fn tainted_devices_need_a_toleration() {
     let p = a
         .allocate(&snap, &[&claim("c", vec![tolerant])], &[node("a")])
         .unwrap();
-    assert!(
-        p.allocations[0]
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap()[0]
-            .tolerations
-            .is_some()
-    );
+    assert!(testing::results(&p.allocations[0])[0].tolerations.is_some());
 }
 
 #[test]
@@ -325,13 +315,7 @@ fn first_available_falls_back_and_names_the_subrequest() {
     let p = alloc(Policy::FirstFit)
         .allocate(&snap, &[&claim("c", vec![req])], &[node("a")])
         .unwrap();
-    let results = p.allocations[0]
-        .devices
-        .as_ref()
-        .unwrap()
-        .results
-        .clone()
-        .unwrap();
+    let results = testing::results(&p.allocations[0]).to_vec();
     assert_eq!(results.len(), 2);
     assert!(results.iter().all(|r| r.request == "gpus/two"));
 }
@@ -441,14 +425,7 @@ fn admin_access_consumes_nothing() {
     admin.exactly.as_mut().unwrap().admin_access = Some(true);
     let p = place(&mut snap, &a, &claim("admin", vec![admin]), &[node("b")]).unwrap();
     assert_eq!(
-        p.allocations[0]
-            .devices
-            .as_ref()
-            .unwrap()
-            .results
-            .as_ref()
-            .unwrap()[0]
-            .admin_access,
+        testing::results(&p.allocations[0])[0].admin_access,
         Some(true)
     );
     let p = place(
@@ -563,13 +540,7 @@ fn native_capacity_shares_record_consumed_capacity_and_share_id() {
         ),
     });
     let p = place(&mut snap, &a, &claim("s1", vec![req.clone()]), &[node("a")]).unwrap();
-    let r = &p.allocations[0]
-        .devices
-        .as_ref()
-        .unwrap()
-        .results
-        .as_ref()
-        .unwrap()[0];
+    let r = &testing::results(&p.allocations[0])[0];
     assert!(r.share_id.is_some());
     let cc = r.consumed_capacity.as_ref().unwrap();
     assert_eq!(

@@ -70,7 +70,7 @@ fn place(snap: &mut Snapshot, c: &res::ResourceClaim) -> Option<res::AllocationR
 }
 
 fn consumed(a: &res::AllocationResult, name: &str) -> Option<String> {
-    a.devices.as_ref().unwrap().results.as_ref().unwrap()[0]
+    testing::results(a)[0]
         .consumed_capacity
         .as_ref()
         .and_then(|c| c.get(name))
