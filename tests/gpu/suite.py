@@ -37,6 +37,18 @@ class StepError(Exception):
     """A step that cannot go on; its row says why."""
 
 
+def cgroup_base():
+    """Where a pod cgroup can be made: the cgroup v2 root, or a v1 hierarchy (kubelet's cgroupfs
+    driver makes `kubepods/<qos>/pod<uid>` in each)."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").exists():
+        return root
+    for hierarchy in ("pids", "memory", "cpu,cpuacct", "systemd"):
+        if (root / hierarchy / "cgroup.procs").exists():
+            return root / hierarchy
+    raise StepError("no cgroup hierarchy under /sys/fs/cgroup to put a pod's processes in")
+
+
 class Suite:
     def __init__(self, args):
         self.args = args
@@ -127,10 +139,17 @@ class Suite:
 
     def plugin_argv(self, enforcement):
         mps_root = pathlib.Path(self.args.mps_root)
+        if self.args.plumbing:
+            inventory = self.work / "inventory.yaml"
+            inventory.write_text(f"nodes:\n- name: {NODE}\n  mode: shared\n  gpus:\n"
+                                 "  - model: h200-141g\n    count: 1\n")
+            backend = ["--gpu-backend", "fake", "--fake-inventory", str(inventory)]
+            enforcement = "none"
+        else:
+            backend = ["--gpu-backend", "nvml"]
         argv = [
             self.tool("tessera-kubelet-plugin"),
-            "--node-name", NODE, "--driver-name", DRIVER,
-            "--gpu-backend", "nvml", "--gpu-mode", "shared",
+            "--node-name", NODE, "--driver-name", DRIVER, *backend, "--gpu-mode", "shared",
             "--kubeconfig", str(self.kubeconfig),
             "--registration-dir", str(self.work / "registry"),
             "--plugin-dir", str(self.work / "plugin"),
@@ -295,9 +314,14 @@ class Suite:
             mounts += [(m["hostPath"], m["containerPath"]) for m in e.get("mounts", [])]
         script = ["set -e"]
         if pod_cgroup:
-            cg = pathlib.Path("/sys/fs/cgroup/kubepods/besteffort") / f"pod{rec['pod_uid']}" / "tessera-acceptance"
-            self.cgroups.append(cg)
-            script.append(f"mkdir -p {shlex.quote(str(cg))}")
+            base = cgroup_base()
+            cg = base / "kubepods" / "besteffort" / f"pod{rec['pod_uid']}" / "tessera-acceptance"
+            for d in (base / "kubepods", base / "kubepods" / "besteffort", cg.parent, cg):
+                if not d.exists():
+                    d.mkdir()
+                    self.cgroups.append(d)
+                if not (d / "cgroup.procs").exists():
+                    raise StepError(f"{d} is not a cgroup (no cgroup.procs)")
             script.append(f"echo $$ > {shlex.quote(str(cg / 'cgroup.procs'))}")
         for host, inside in mounts:
             q_host, q_inside = shlex.quote(host), shlex.quote(inside)
@@ -359,6 +383,22 @@ class Suite:
                   f"sharing={attrs.get('sharing')}")
         ok = attrs.get("sharing") == "shared" and caps.get("memory")
         return ("PASS" if ok else "FAIL"), detail
+
+    def s_plumbing_container(self):
+        recs = self.allocate_and_prepare([
+            self.claim("share-a", "shared.gpu.tessera.dev", "10Gi", 50),
+            self.claim("share-b", "shared.gpu.tessera.dev", "20Gi", 30),
+        ])
+        self.phase1 = recs
+        pod = shlex.quote("pod" + recs["share-a"]["pod_uid"])
+        show = (f"if grep -q {pod} /proc/self/cgroup; then c=true; else c=false; fi; "
+                'printf \'{"visible": "%s", "in_pod_cgroup": %s}\\n\' "$NVIDIA_VISIBLE_DEVICES" "$c"')
+        rc, seen, err = self.in_container(recs["share-a"], ["/bin/sh", "-c", show], 30, pod_cgroup=True)
+        ok = rc == 0 and seen.get("visible", "").startswith("GPU-") and seen.get("in_pod_cgroup")
+        return ("PASS" if ok else "FAIL"), (
+            f"claims {sorted(recs)} prepared with {recs['share-a']['cdi_ids']}; in the container "
+            f"NVIDIA_VISIBLE_DEVICES={seen.get('visible')}, in the pod's cgroup: "
+            f"{seen.get('in_pod_cgroup')} (exit {rc}) {err.strip()[-200:]}")
 
     def s_isolation_probe(self):
         values = set()
@@ -517,12 +557,12 @@ class Suite:
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        for cg in reversed(self.cgroups):
-            for d in (cg, cg.parent):
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+        # The cgroup directories this run made, deepest first (a cgroup goes once it is empty).
+        for d in reversed(self.cgroups):
+            try:
+                d.rmdir()
+            except OSError as e:
+                print(f"cleanup: {d}: {e}", file=sys.stderr)
 
     def table(self, facts):
         lines = [f"Tessera GPU acceptance suite — {facts}", "",
@@ -548,6 +588,10 @@ class Suite:
             ("two processes over one booking (item 3)", 50, self.s_accounting),
             ("HAMi-core memory limit", 60, self.s_hami),
         ]
+        if self.args.plumbing:
+            steps = [steps[1],
+                     ("allocate + prepare + CDI env in a container (no GPU)", 30, self.s_plumbing_container),
+                     steps[6]]
         try:
             for name, need, fn in steps:
                 self.step(name, need, fn)
@@ -576,6 +620,9 @@ def main():
     parser.add_argument("--nvml-library", default="")
     parser.add_argument("--mps-control-binary", default="")
     parser.add_argument("--hami-library", default="")
+    parser.add_argument("--plumbing", action="store_true",
+                        help="no GPU: the plugin on a fake inventory without enforcement; checks "
+                        "the API server, allocate, kubelet gRPC and CDI steps only")
     parser.add_argument("--plugin-arg", action="append", default=[],
                         help="extra plugin flag (repeat)")
     suite = Suite(parser.parse_args())
