@@ -8,7 +8,7 @@
 # Where there is no GPU it prints "SKIP: no NVIDIA GPU ..." and exits 0.
 #
 # Environment:
-#   TESSERA_BIN_DIR      release binaries: tessera, tessera-kubelet-plugin,
+#   TESSERA_BIN_DIR      release binaries: tessera, tessera-kubelet-plugin, tessera-mps,
 #                        tessera-fake-apiserver, tessera-fake-kubelet [default: <repo>/.gpu-bin]
 #   TESSERA_GPU_RESULTS  where results.md, results.json and logs/ go
 #                        [default: tests/gpu/results/<UTC time>]
@@ -42,7 +42,7 @@ python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 
 command -v unshare >/dev/null 2>&1 || fail "unshare (util-linux) is missing"
 
 bin_dir=${TESSERA_BIN_DIR:-$repo/.gpu-bin}
-for tool in tessera tessera-kubelet-plugin tessera-fake-apiserver tessera-fake-kubelet; do
+for tool in tessera tessera-kubelet-plugin tessera-mps tessera-fake-apiserver tessera-fake-kubelet; do
     [ -x "$bin_dir/$tool" ] || fail "$bin_dir/$tool is missing; build with: cargo build --release --workspace --bins, then copy (stripped) into $bin_dir"
 done
 
