@@ -35,9 +35,8 @@ mod preempt;
 mod protocol;
 #[cfg(test)]
 mod tests;
-mod writes;
 
-pub use writes::Writes;
+pub use crate::writer::Writes;
 
 use protocol::{Done, Job, Protocol, ViewUpdate};
 

@@ -4,6 +4,8 @@
 //! Claims are written as JSON merge patches in the served resource.k8s.io version: the
 //! allocation's JSON is the same in v1, v1beta2 and v1beta1, so one patch fits all three.
 
+use std::future::Future;
+
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, PodCondition};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -26,6 +28,83 @@ pub enum Eviction {
     Blocked(String),
     /// The pod is gone, or is another pod by now (a UID precondition failed).
     Gone,
+}
+
+/// What the reconcile loop asks of the API server; every write carries the object's
+/// resourceVersion as a precondition and answers the object as stored after it. [`Writer`] is
+/// the real one; the reconcile tests' `FakeWrites` keeps objects in memory and records every
+/// call, so the loop is tested without an HTTP server.
+pub trait Writes: Send + Sync {
+    /// The claim as stored now, or `None` when it is gone.
+    fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<res::ResourceClaim>>> + Send;
+
+    /// Adds the delete-protection finalizer and the allocated-by annotation naming `pod`.
+    fn mark_claim(
+        &self,
+        claim: &res::ResourceClaim,
+        pod: &str,
+    ) -> impl Future<Output = Result<res::ResourceClaim>> + Send;
+
+    /// Writes `allocation` into the claim's status; with `reserve_for` (the fast path), also
+    /// `reservedFor` naming that pod, in the same write.
+    fn write_allocation(
+        &self,
+        claim: &res::ResourceClaim,
+        allocation: &res::AllocationResult,
+        reserve_for: Option<&Pod>,
+    ) -> impl Future<Output = Result<res::ResourceClaim>> + Send;
+
+    /// Clears the claim's allocation, and `reservedFor` with it when the claim in hand has
+    /// one (only ever the controller's own reservation: the caller checks).
+    fn clear_allocation(
+        &self,
+        claim: &res::ResourceClaim,
+    ) -> impl Future<Output = Result<res::ResourceClaim>> + Send;
+
+    /// Removes the allocated-by annotation, and the finalizer when nothing is allocated or
+    /// reserved any more.
+    fn unmark_claim(
+        &self,
+        claim: &res::ResourceClaim,
+    ) -> impl Future<Output = Result<res::ResourceClaim>> + Send;
+
+    /// The pod as stored now, or `None` when it is gone.
+    fn get_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Pod>>> + Send;
+
+    /// Removes Tessera's scheduling gate (other gates stay).
+    fn ungate(&self, pod: &Pod) -> impl Future<Output = Result<Pod>> + Send;
+
+    /// Sets the controller's condition on the pod.
+    fn set_condition(
+        &self,
+        pod: &Pod,
+        allocated: bool,
+        reason: &str,
+        message: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Pod>> + Send;
+
+    /// Asks the API server to evict the pod (policy/v1 Eviction, so `PodDisruptionBudgets` are
+    /// respected), or with `dry_run` only whether it would.
+    fn evict(&self, pod: &Pod, dry_run: bool) -> impl Future<Output = Result<Eviction>> + Send;
+
+    /// Records an Event about the pod.
+    fn event(
+        &self,
+        pod: &Pod,
+        warning: bool,
+        reason: &str,
+        message: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// The `reservedFor` entry naming `pod`.
@@ -104,13 +183,11 @@ impl Writer {
             .map_err(|e| Error::api(format!("{action} ResourceClaim {namespace}/{name}"), &e))?;
         self.decode_claim(object)
     }
+}
 
+impl Writes for Writer {
     /// The claim as stored now, or `None` when it is gone.
-    pub async fn get_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<res::ResourceClaim>> {
+    async fn get_claim(&self, namespace: &str, name: &str) -> Result<Option<res::ResourceClaim>> {
         match self.claim_api(namespace).get_opt(name).await {
             Ok(Some(o)) => self.decode_claim(o).map(Some),
             Ok(None) => Ok(None),
@@ -124,7 +201,7 @@ impl Writer {
     /// Adds the delete-protection finalizer and the allocated-by annotation, before the
     /// allocation is written (as kube-scheduler adds the finalizer first).
     /// The annotation names `pod`, the pod the claim is allocated for.
-    pub async fn mark_claim(
+    async fn mark_claim(
         &self,
         claim: &res::ResourceClaim,
         pod: &str,
@@ -144,7 +221,7 @@ impl Writer {
     /// Writes `allocation` into the claim's status (the caller sets `allocationTimestamp`);
     /// with `reserve_for`, `reservedFor` naming that pod too, in the same write (the fast
     /// path: the API server accepts both at once, as kube-scheduler writes them).
-    pub async fn write_allocation(
+    async fn write_allocation(
         &self,
         claim: &res::ResourceClaim,
         allocation: &res::AllocationResult,
@@ -163,7 +240,7 @@ impl Writer {
 
     /// Clears the claim's allocation, and its `reservedFor` when the claim in hand has one
     /// (the resourceVersion precondition makes it the reservation the caller checked).
-    pub async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+    async fn clear_allocation(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
         let mut status = json!({"allocation": null});
         if gate::is_reserved(claim) {
             status["reservedFor"] = Value::Null;
@@ -177,7 +254,7 @@ impl Writer {
 
     /// Removes the allocated-by annotation, and the finalizer when nothing is allocated or
     /// reserved any more.
-    pub async fn unmark_claim(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
+    async fn unmark_claim(&self, claim: &res::ResourceClaim) -> Result<res::ResourceClaim> {
         let mut meta = json!({
             "resourceVersion": claim.metadata.resource_version,
             "annotations": {names::ANNOTATION_ALLOCATED_BY: null},
@@ -197,7 +274,7 @@ impl Writer {
     }
 
     /// The pod as stored now, or `None` when it is gone.
-    pub async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
         self.pod_api(namespace)
             .get_opt(name)
             .await
@@ -205,7 +282,7 @@ impl Writer {
     }
 
     /// Removes Tessera's scheduling gate from the pod (other gates stay).
-    pub async fn ungate(&self, pod: &Pod) -> Result<Pod> {
+    async fn ungate(&self, pod: &Pod) -> Result<Pod> {
         let (namespace, name) = name_of(&pod.metadata);
         let gates: Vec<Value> = gate::gates_without_ours(pod)
             .into_iter()
@@ -232,7 +309,7 @@ impl Writer {
     }
 
     /// Sets the controller's condition on the pod (replacing an older one of the same type).
-    pub async fn set_condition(
+    async fn set_condition(
         &self,
         pod: &Pod,
         allocated: bool,
@@ -273,7 +350,7 @@ impl Writer {
     }
 
     /// Records a core v1 Event about the pod.
-    pub async fn event(
+    async fn event(
         &self,
         pod: &Pod,
         warning: bool,
@@ -320,7 +397,7 @@ impl Writer {
     /// precondition; `dry_run` asks only whether the server would. A 429 (a
     /// `PodDisruptionBudget` does not allow it now) and a 404 or 409 (gone, or another pod by
     /// that name) are answers, not errors.
-    pub async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
+    async fn evict(&self, pod: &Pod, dry_run: bool) -> Result<Eviction> {
         let (namespace, name) = name_of(&pod.metadata);
         let body = json!({
             "apiVersion": names::POLICY_API_V1,

@@ -18,6 +18,7 @@ use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use scenarios::*;
 use serde_json::json;
+use tessera_controller::writer::Writes as _;
 use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::placement::allocator::Policy;
 use tessera_driver::{names, placement::gate};
