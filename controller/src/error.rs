@@ -63,7 +63,8 @@ impl Error {
     }
 }
 
-// The shared API client's errors keep their meaning here (see `tessera_kubeapi::Cause`), and
+// The shared API client's errors keep their meaning here (a configuration error stays one, an
+// API error keeps its action and status code), and
 // `api`, `api_code`, `is_conflict`, `is_not_found` and `is_invalid` are the client's.
 tessera_kubeapi::api_error_conversions!(Error);
 

@@ -33,6 +33,19 @@ impl Error {
         }
     }
 
+    /// What a binary's own error type keeps of this error: `Ok((action, code, message))` of
+    /// a failed call, or `Err(message)` of a configuration error.
+    pub fn into_parts(self) -> std::result::Result<(String, Option<u16>, String), String> {
+        match self {
+            Self::Api {
+                action,
+                code,
+                message,
+            } => Ok((action, code, message)),
+            Self::Config(message) => Err(message),
+        }
+    }
+
     /// The HTTP status code of an [`Error::Api`] the server answered.
     pub fn api_code(&self) -> Option<u16> {
         match self {
@@ -42,46 +55,12 @@ impl Error {
     }
 }
 
-/// What an [`Error`] comes to for a binary's own error type, which keeps its meaning: a
-/// configuration error stays one, an API error keeps its action and status code.
-#[derive(Debug)]
-pub enum Cause {
-    /// The client's configuration is unusable.
-    Config(String),
-    /// A call failed.
-    Api {
-        /// What was being done.
-        action: String,
-        /// The HTTP status code, when the server answered.
-        code: Option<u16>,
-        /// The server's message or the transport error.
-        message: String,
-    },
-}
-
-impl From<Error> for Cause {
-    fn from(error: Error) -> Self {
-        match error {
-            Error::Config(message) => Self::Config(message),
-            Error::Api {
-                action,
-                code,
-                message,
-            } => Self::Api {
-                action,
-                code,
-                message,
-            },
-        }
-    }
-}
-
 /// The kubeapi crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Gives a binary's error type, which has the variants `Config(String)` and
 /// `Api { action, code, message }` of its own, the API client's conversions and status checks:
-/// `From<tessera_kubeapi::Error>` (see [`Cause`]), `api` (from a kube client error),
+/// `From<tessera_kubeapi::Error>` (see [`Error::into_parts`]), `api` (from a kube client error),
 /// `api_code`, `is_conflict`, `is_not_found` and `is_invalid`. One definition for the
 /// controller and the kubelet plugin.
 #[macro_export]
@@ -89,17 +68,13 @@ macro_rules! api_error_conversions {
     ($error:ty) => {
         impl From<$crate::Error> for $error {
             fn from(error: $crate::Error) -> Self {
-                match $crate::Cause::from(error) {
-                    $crate::Cause::Config(message) => Self::Config(message),
-                    $crate::Cause::Api {
-                        action,
-                        code,
-                        message,
-                    } => Self::Api {
+                match error.into_parts() {
+                    Ok((action, code, message)) => Self::Api {
                         action,
                         code,
                         message,
                     },
+                    Err(message) => Self::Config(message),
                 }
             }
         }

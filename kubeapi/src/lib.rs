@@ -42,7 +42,7 @@ mod watch;
 
 pub use client::client;
 pub use discovery::{RESOURCE_GROUP, resource, served_resource_version, typed_json};
-pub use error::{Cause, Error, Result};
+pub use error::{Error, Result};
 pub use json_object::JsonObject;
 pub use watch::{Change, WatchOptions, backoff, changes};
 
