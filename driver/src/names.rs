@@ -136,41 +136,27 @@ pub struct ResourceKind {
     pub plural: &'static str,
 }
 
+impl ResourceKind {
+    const fn new(kind: &'static str, plural: &'static str) -> Self {
+        Self { kind, plural }
+    }
+}
+
 /// resource.k8s.io DeviceClasses (cluster-scoped).
-pub const DEVICE_CLASS: ResourceKind = ResourceKind {
-    kind: "DeviceClass",
-    plural: "deviceclasses",
-};
+pub const DEVICE_CLASS: ResourceKind = ResourceKind::new("DeviceClass", "deviceclasses");
 /// resource.k8s.io ResourceSlices (cluster-scoped).
-pub const RESOURCE_SLICE: ResourceKind = ResourceKind {
-    kind: "ResourceSlice",
-    plural: "resourceslices",
-};
+pub const RESOURCE_SLICE: ResourceKind = ResourceKind::new("ResourceSlice", "resourceslices");
 /// resource.k8s.io ResourceClaims.
-pub const RESOURCE_CLAIM: ResourceKind = ResourceKind {
-    kind: "ResourceClaim",
-    plural: "resourceclaims",
-};
+pub const RESOURCE_CLAIM: ResourceKind = ResourceKind::new("ResourceClaim", "resourceclaims");
 /// resource.k8s.io ResourceClaimTemplates.
-pub const RESOURCE_CLAIM_TEMPLATE: ResourceKind = ResourceKind {
-    kind: "ResourceClaimTemplate",
-    plural: "resourceclaimtemplates",
-};
+pub const RESOURCE_CLAIM_TEMPLATE: ResourceKind =
+    ResourceKind::new("ResourceClaimTemplate", "resourceclaimtemplates");
 /// Core v1 Pods.
-pub const POD: ResourceKind = ResourceKind {
-    kind: "Pod",
-    plural: "pods",
-};
+pub const POD: ResourceKind = ResourceKind::new("Pod", "pods");
 /// Core v1 Nodes (cluster-scoped).
-pub const NODE: ResourceKind = ResourceKind {
-    kind: "Node",
-    plural: "nodes",
-};
+pub const NODE: ResourceKind = ResourceKind::new("Node", "nodes");
 /// policy/v1 Evictions, posted to a pod's `eviction` subresource.
-pub const EVICTION: ResourceKind = ResourceKind {
-    kind: "Eviction",
-    plural: "eviction",
-};
+pub const EVICTION: ResourceKind = ResourceKind::new("Eviction", "eviction");
 
 /// Plugin type a DRA driver reports to kubelet's plugin registration.
 pub const PLUGIN_TYPE_DRA: &str = "DRAPlugin";

@@ -273,15 +273,7 @@ impl std::fmt::Debug for CompiledExpression {
 ///
 /// [`Error::CelCompile`] naming the rule the expression breaks.
 pub fn compile(expression: &str) -> Result<CompiledExpression> {
-    if expression.len() > MAX_EXPRESSION_LENGTH {
-        return Err(compile_error(
-            expression,
-            format!(
-                "expression is {} bytes long, more than the limit of {MAX_EXPRESSION_LENGTH}",
-                expression.len()
-            ),
-        ));
-    }
+    check_length(expression)?;
     // The parser recurses once per nesting level and per operator of a chain such as
     // `1 + 1 + ...`; within the length limit that fits in a dedicated thread's stack, and a
     // tree that deep is then refused (and dropped) there, never on the caller's stack.
@@ -296,7 +288,8 @@ pub fn compile(expression: &str) -> Result<CompiledExpression> {
     })
 }
 
-fn compile_on_this_thread(expression: &str) -> Result<CompiledExpression> {
+/// Refuses an expression longer than [`MAX_EXPRESSION_LENGTH`].
+fn check_length(expression: &str) -> Result<()> {
     if expression.len() > MAX_EXPRESSION_LENGTH {
         return Err(compile_error(
             expression,
@@ -306,6 +299,11 @@ fn compile_on_this_thread(expression: &str) -> Result<CompiledExpression> {
             ),
         ));
     }
+    Ok(())
+}
+
+fn compile_on_this_thread(expression: &str) -> Result<CompiledExpression> {
+    check_length(expression)?;
     let env = environment().map_err(|e| compile_error(expression, e))?;
     let program = env
         .compile(expression)
