@@ -53,7 +53,6 @@ pub fn mps_control(root: &Path) -> Result<Found> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

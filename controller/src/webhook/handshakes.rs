@@ -67,7 +67,6 @@ impl HandshakeStage {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

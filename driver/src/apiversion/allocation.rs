@@ -39,7 +39,6 @@ pub fn encode_allocation(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn allocation() -> v1::AllocationResult {

@@ -370,7 +370,6 @@ pub fn owning_pod(claim: &res::ResourceClaim) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     #![allow(
-        clippy::unwrap_used,
         clippy::needless_pass_by_value,
         reason = "test fixtures built from json! literals"
     )]

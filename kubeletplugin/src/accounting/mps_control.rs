@@ -386,7 +386,6 @@ impl Drop for FakeMpsDaemon {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

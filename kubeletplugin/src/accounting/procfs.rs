@@ -185,7 +185,6 @@ impl HostProcesses for FakeHostProcesses {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::process::Command;
 

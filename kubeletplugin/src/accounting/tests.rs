@@ -1,5 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
 

@@ -85,7 +85,6 @@ pub fn receive_message(fd: &OwnedFd, path: &Path) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 
