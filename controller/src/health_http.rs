@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tessera_kubeapi::probes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -22,7 +23,6 @@ use crate::metrics::{self, Metrics};
 
 /// How long a client may take to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
-const TEXT: &str = "text/plain; charset=utf-8";
 
 /// The running endpoint; stops when dropped.
 #[derive(Debug)]
@@ -90,33 +90,17 @@ fn respond(
     metrics: &Metrics,
     synced: &watch::Receiver<bool>,
 ) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = if req.method() == Method::GET {
-        match req.uri().path() {
-            "/metrics" => match metrics.encode() {
-                Ok(text) => (StatusCode::OK, metrics::CONTENT_TYPE, text),
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("{e}\n")),
-            },
-            "/healthz" => (StatusCode::OK, TEXT, "ok\n".to_owned()),
-            "/readyz" if *synced.borrow() => (StatusCode::OK, TEXT, "ok\n".to_owned()),
-            "/readyz" => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                "the cluster view is not synced yet\n".to_owned(),
-            ),
-            _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
-        }
-    } else {
-        (
-            StatusCode::METHOD_NOT_ALLOWED,
-            TEXT,
-            "only GET is served\n".to_owned(),
-        )
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    response
+    probes::respond(
+        req.method(),
+        req.uri().path(),
+        metrics::CONTENT_TYPE,
+        || metrics.encode().map_err(|e| e.to_string()),
+        || {
+            if *synced.borrow() {
+                Ok(())
+            } else {
+                Err("the cluster view is not synced yet".to_owned())
+            }
+        },
+    )
 }

@@ -38,6 +38,7 @@ mod client;
 mod discovery;
 mod error;
 mod json_object;
+pub mod probes;
 mod watch;
 
 pub use client::client;

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::{Method, Response, StatusCode};
+use hyper::{Method, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tessera_kubeapi::probes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -25,7 +26,6 @@ use crate::registration::KubeletVerdict;
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
-const TEXT: &str = "text/plain; charset=utf-8";
 
 /// What `/readyz` answers from: the plugin serves its sockets once this exists, and is ready
 /// when kubelet's last verdict registered it.
@@ -128,37 +128,20 @@ fn respond(
     metrics: &Metrics,
     readiness: &Readiness,
 ) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = if method == Method::GET {
-        match path {
-            "/metrics" => match metrics.encode() {
-                Ok(text) => (StatusCode::OK, metrics::CONTENT_TYPE, text),
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("{e}\n")),
-            },
-            "/healthz" => (StatusCode::OK, TEXT, "ok\n".to_owned()),
-            "/readyz" => match readiness.check() {
-                Ok(()) => (StatusCode::OK, TEXT, "ok\n".to_owned()),
-                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
-            },
-            _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
-        }
-    } else {
-        (
-            StatusCode::METHOD_NOT_ALLOWED,
-            TEXT,
-            "Method Not Allowed\n".to_owned(),
-        )
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    response
+    probes::respond(
+        method,
+        path,
+        metrics::CONTENT_TYPE,
+        || metrics.encode().map_err(|e| e.to_string()),
+        || readiness.check(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use hyper::StatusCode;
+    use tessera_kubeapi::probes::TEXT;
+
     use super::*;
 
     fn status_and_type(method: &Method, path: &str, readiness: &Readiness) -> (StatusCode, String) {
