@@ -20,7 +20,6 @@
 #![allow(
     missing_docs,
     clippy::unwrap_used,
-    clippy::expect_used,
     clippy::print_stdout,
     clippy::cast_precision_loss,
     clippy::too_many_lines,

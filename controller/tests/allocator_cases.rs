@@ -14,7 +14,7 @@
 //!   `devices.config` and the order of claims always compare exactly.
 //!
 //! All cases run; the test fails once at the end with every mismatch, so one run shows them all.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 use std::fmt::Write as _;
 use std::fs;

@@ -1,6 +1,6 @@
 //! The admission webhook over real HTTPS on 127.0.0.1: `AdmissionReview` v1 requests in, the
 //! answers the API server expects out, with a certificate made by the test.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::Path;
 use std::sync::Arc;

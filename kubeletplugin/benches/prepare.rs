@@ -1,6 +1,6 @@
 //! Latency of preparing one claim on a real file system, fsyncs included: two checkpoint
 //! writes and one CDI spec, each a temp file, fsync, rename and directory fsync.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+#![allow(missing_docs, clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! with a raw HTTP/2 client that writes its header blocks the way grpc-go does when kubelet's
 //! plugin watcher dials a socket by its path: the percent-encoded path as `:authority`, added
 //! to the connection's HPACK table and named by index on the next call.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -1,7 +1,7 @@
 //! The `tessera-kubelet-plugin` binary as kubelet meets it: started with a fake inventory and a
 //! claims file, registered, loaded with prepare/unprepare rounds, measured (resident memory)
 //! and stopped with SIGTERM.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::Path;
 use std::process::{Command, Stdio};

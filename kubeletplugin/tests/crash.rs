@@ -4,7 +4,7 @@
 //! clean run writes it) or cleanly absent (no spec, no entry), no temp file may be left, and
 //! kubelet's repeated call must finish the job. A second test SIGKILLs the binary at random
 //! moments while it prepares and unprepares claims, with the same checks.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! the plugin runs the daemons itself (`--mps-daemons local`) or the node's `tessera-mps host`
 //! does (`--mps-daemons host`, the chart's way, where the daemon is not even the plugin's
 //! child). The daemon stops only once its last claim is unprepared.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

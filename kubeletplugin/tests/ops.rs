@@ -1,7 +1,7 @@
 //! The binary's operations side over real loopback HTTP: `/healthz`, `/readyz` following
 //! kubelet's registration verdict, `/metrics` after prepare calls, JSON logs, and the inventory
 //! file watched, with a mode change of a held GPU refused until its claim is unprepared.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};

@@ -26,7 +26,6 @@
 #![allow(
     missing_docs,
     clippy::unwrap_used,
-    clippy::expect_used,
     clippy::print_stdout,
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,

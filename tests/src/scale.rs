@@ -30,10 +30,7 @@ pub fn inventory(nodes: usize) -> Inventory {
             "- name: node-{i:04}\n  mode: shared\n  numaNodes: 2\n  gpus:\n  - model: a100-80g\n    count: {GPUS}\n    nvlinkIslandSize: 4\n"
         );
     }
-    #[allow(
-        clippy::expect_used,
-        reason = "the text above is valid by construction"
-    )]
+    // The text above is valid by construction.
     Inventory::from_yaml(&text).expect("the scale inventory parses")
 }
 

@@ -1,6 +1,6 @@
 //! `tessera allocate -o claims` writes what the kubelet plugin's `--fake-claims` reads: the
 //! claims the CLI allocated, found by the plugin with their allocation (issue 23).
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use clap::Parser as _;
 use tessera_controller::cli::Cli;

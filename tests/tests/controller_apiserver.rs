@@ -2,7 +2,7 @@
 //! and nodes, conflicts on status writes, a leader killed mid-allocation, pods deleted
 //! mid-allocation, template claims appearing late. Each scenario ends with the invariants: no
 //! device double-booked, no claim left allocated for a pod that is gone.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/controller_scenarios.rs"]
 mod scenarios;

@@ -2,7 +2,7 @@
 //! the binaries in `KUBEBUILDER_ASSETS`. When a `kube-scheduler` binary sits beside them, it
 //! runs too and the test checks that gated pods end up bound to the node of their allocation.
 //! Without the binaries the test says why it skips and passes; nothing is ever downloaded.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/envtest_cluster.rs"]
 mod envtest;

@@ -3,7 +3,7 @@
 //! 410 Gone after compaction, sending bookmarks, failing, and listing a page at a time. Each
 //! test feeds a cluster view and checks it converges, and counts the requests and backoff
 //! pauses that took.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The fake API server itself, through a real kube client: what the controller's tests will
 //! rely on.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent,

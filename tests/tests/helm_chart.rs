@@ -4,7 +4,7 @@
 //! line, the webhook registration matches the hooks the controller serves, and the admission
 //! policy that keeps each node's plugin to its own ResourceSlices decides example requests as
 //! the API server would (its CEL evaluated with the `cel` crate).
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

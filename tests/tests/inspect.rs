@@ -1,6 +1,6 @@
 //! `tessera inspect` against the in-process fake API server: the per-GPU table and the
 //! explanation of a gated pod, read through a kubeconfig as an operator would.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! limit but together go over the booking. One accounting pass ends the newest two through the
 //! MPS control socket (a `SOCK_SEQPACKET` fake daemon) and posts a Warning Event on the pod
 //! through the plugin's API client.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/plugin_run.rs"]
 mod plugin_run;

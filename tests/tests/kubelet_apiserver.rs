@@ -1,7 +1,7 @@
 //! The kubelet plugin against the in-process fake API server: publishing ResourceSlices in
 //! each served resource.k8s.io version, republishing, retries of injected errors, and
 //! prepare with claims fetched from the API server.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/plugin_run.rs"]
 mod plugin_run;

@@ -4,7 +4,7 @@
 //! skips and passes; nothing is ever downloaded.
 //!
 //! Needs `openssl` on the PATH for the service-account key kube-apiserver insists on.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/envtest_cluster.rs"]
 mod envtest;

@@ -1,7 +1,7 @@
 //! A GPU's mode chosen by the admin: plugin flags, and node labels read from the API server
 //! (at start and when they change), seen in the ResourceSlices the plugin publishes; a GPU
 //! whose mode change waits for its claims drains (tainted, shown by `tessera inspect`).
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/plugin_run.rs"]
 mod plugin_run;

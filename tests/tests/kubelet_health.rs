@@ -1,7 +1,7 @@
 //! Device health end to end: the plugin's whole wiring on a fake inventory file, publishing to
 //! the in-process fake API server, watched by a test kubelet over the real DRA socket's
 //! `v1alpha1.DRAResourceHealth` stream.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/plugin_run.rs"]
 mod plugin_run;

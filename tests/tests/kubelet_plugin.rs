@@ -1,7 +1,7 @@
 //! A test kubelet: drives the kubelet plugin over its real unix sockets in a temp dir, with the
 //! real registration and DRA protocols, on claims the batch allocator placed on the demo
 //! cluster.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 #[path = "support/plugin_run.rs"]
 mod plugin_run;

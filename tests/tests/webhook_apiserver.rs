@@ -1,7 +1,7 @@
 //! The webhook's hooks reading the cluster through `ApiAdmissionLookup` on the in-process fake
 //! API server (in each served resource.k8s.io version), and mutated reviews of the example
 //! claims, none of which may panic.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::Path;
 use std::sync::Arc;
