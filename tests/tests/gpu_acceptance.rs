@@ -2,7 +2,7 @@
 //! message, its scripts parse (and pass shellcheck where it is installed), and — as root, with
 //! the workspace's binaries built — its plumbing (fake API server, plugin, `tessera allocate`,
 //! kubelet gRPC, a CDI spec applied in a private mount namespace) runs on a fake inventory.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
