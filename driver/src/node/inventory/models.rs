@@ -85,23 +85,53 @@ const fn mig(
     }
 }
 
-const A100_40G_MIG: &[MigProfile] = &[
-    mig("1g.5gb", 4864, 1, 1, 14, &[0, 1, 2, 3, 4, 5, 6]),
-    mig("1g.10gb", 9856, 1, 2, 14, &[0, 2, 4, 6]),
-    mig("2g.10gb", 9856, 2, 2, 28, &[0, 2, 4]),
-    mig("3g.20gb", 19968, 3, 4, 42, &[0, 4]),
-    mig("4g.20gb", 19968, 4, 4, 56, &[0]),
-    mig("7g.40gb", 40192, 7, 8, 98, &[0]),
-];
+/// The six profiles of a GPU cut into seven compute and eight memory slices (A100, H100,
+/// H200), from each profile's name, memory (MiB) and multiprocessors: the slices and the
+/// placements are the layout's, the same on each of these models.
+const fn seven_slices(profiles: [(&'static str, u64, u32); 6]) -> [MigProfile; 6] {
+    const LAYOUT: [(u32, u32, &[u32]); 6] = [
+        (1, 1, &[0, 1, 2, 3, 4, 5, 6]),
+        (1, 2, &[0, 2, 4, 6]),
+        (2, 2, &[0, 2, 4]),
+        (3, 4, &[0, 4]),
+        (4, 4, &[0]),
+        (7, 8, &[0]),
+    ];
+    let mut out = [mig("", 0, 0, 0, 0, &[]); 6];
+    let mut i = 0;
+    while i < 6 {
+        let (name, memory_mib, multiprocessors) = profiles[i];
+        let (compute_slices, memory_slices, placements) = LAYOUT[i];
+        out[i] = mig(
+            name,
+            memory_mib,
+            compute_slices,
+            memory_slices,
+            multiprocessors,
+            placements,
+        );
+        i += 1;
+    }
+    out
+}
 
-const A100_80G_MIG: &[MigProfile] = &[
-    mig("1g.10gb", 9728, 1, 1, 14, &[0, 1, 2, 3, 4, 5, 6]),
-    mig("1g.20gb", 19968, 1, 2, 14, &[0, 2, 4, 6]),
-    mig("2g.20gb", 19968, 2, 2, 28, &[0, 2, 4]),
-    mig("3g.40gb", 40192, 3, 4, 42, &[0, 4]),
-    mig("4g.40gb", 40192, 4, 4, 56, &[0]),
-    mig("7g.80gb", 80384, 7, 8, 98, &[0]),
-];
+const A100_40G_MIG: &[MigProfile] = &seven_slices([
+    ("1g.5gb", 4864, 14),
+    ("1g.10gb", 9856, 14),
+    ("2g.10gb", 9856, 28),
+    ("3g.20gb", 19968, 42),
+    ("4g.20gb", 19968, 56),
+    ("7g.40gb", 40192, 98),
+]);
+
+const A100_80G_MIG: &[MigProfile] = &seven_slices([
+    ("1g.10gb", 9728, 14),
+    ("1g.20gb", 19968, 14),
+    ("2g.20gb", 19968, 28),
+    ("3g.40gb", 40192, 42),
+    ("4g.40gb", 40192, 56),
+    ("7g.80gb", 80384, 98),
+]);
 
 const A30_MIG: &[MigProfile] = &[
     mig("1g.6gb", 5836, 1, 1, 14, &[0, 1, 2, 3]),
@@ -109,23 +139,23 @@ const A30_MIG: &[MigProfile] = &[
     mig("4g.24gb", 23692, 4, 4, 56, &[0]),
 ];
 
-const H100_80G_MIG: &[MigProfile] = &[
-    mig("1g.10gb", 9984, 1, 1, 16, &[0, 1, 2, 3, 4, 5, 6]),
-    mig("1g.20gb", 19968, 1, 2, 26, &[0, 2, 4, 6]),
-    mig("2g.20gb", 19968, 2, 2, 32, &[0, 2, 4]),
-    mig("3g.40gb", 40448, 3, 4, 60, &[0, 4]),
-    mig("4g.40gb", 40448, 4, 4, 64, &[0]),
-    mig("7g.80gb", 80896, 7, 8, 132, &[0]),
-];
+const H100_80G_MIG: &[MigProfile] = &seven_slices([
+    ("1g.10gb", 9984, 16),
+    ("1g.20gb", 19968, 26),
+    ("2g.20gb", 19968, 32),
+    ("3g.40gb", 40448, 60),
+    ("4g.40gb", 40448, 64),
+    ("7g.80gb", 80896, 132),
+]);
 
-const H200_141G_MIG: &[MigProfile] = &[
-    mig("1g.18gb", 16384, 1, 1, 16, &[0, 1, 2, 3, 4, 5, 6]),
-    mig("1g.35gb", 32768, 1, 2, 26, &[0, 2, 4, 6]),
-    mig("2g.35gb", 32768, 2, 2, 32, &[0, 2, 4]),
-    mig("3g.71gb", 69632, 3, 4, 60, &[0, 4]),
-    mig("4g.71gb", 69632, 4, 4, 64, &[0]),
-    mig("7g.141gb", 140_288, 7, 8, 132, &[0]),
-];
+const H200_141G_MIG: &[MigProfile] = &seven_slices([
+    ("1g.18gb", 16384, 16),
+    ("1g.35gb", 32768, 26),
+    ("2g.35gb", 32768, 32),
+    ("3g.71gb", 69632, 60),
+    ("4g.71gb", 69632, 64),
+    ("7g.141gb", 140_288, 132),
+]);
 
 #[allow(
     clippy::too_many_arguments,
