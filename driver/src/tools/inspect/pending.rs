@@ -412,22 +412,35 @@ mod tests {
         assert!(e.message.contains("controller"));
     }
 
-    #[test]
-    fn a_pod_the_controller_refused_says_so_and_why() {
-        let pod: core::Pod = serde_json::from_value(json!({
+    /// Gated pod `ns/p` with claim `c`, and the controller's condition with `reason` and
+    /// `message`.
+    fn gated_pod_with_condition(reason: &str, message: &str) -> core::Pod {
+        serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ns"},
             "spec": {"containers": [], "schedulingGates": [{"name": names::SCHEDULING_GATE}],
                      "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
             "status": {"conditions": [{"type": names::CONDITION_ALLOCATED, "status": "False",
-                "reason": names::REASON_ALLOCATION_REFUSED,
-                "message": "API server: marking ResourceClaim ns/c: field is immutable"}]},
+                "reason": reason, "message": message}]},
         }))
-        .unwrap();
-        let claim: res::ResourceClaim = serde_json::from_value(json!({
+        .unwrap()
+    }
+
+    /// Claim `ns/c`, one request of class `x`, not allocated.
+    fn claim_c() -> res::ResourceClaim {
+        serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": "ns"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
         }))
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_the_controller_refused_says_so_and_why() {
+        let pod = gated_pod_with_condition(
+            names::REASON_ALLOCATION_REFUSED,
+            "API server: marking ResourceClaim ns/c: field is immutable",
+        );
+        let claim = claim_c();
         let cluster = ClusterObjects {
             classes: &[],
             slices: &[],
@@ -446,20 +459,11 @@ mod tests {
     #[test]
     fn a_pod_waiting_for_a_fragment_says_until_when() {
         let until = "2026-11-25T01:40:00Z";
-        let pod: core::Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"containers": [], "schedulingGates": [{"name": names::SCHEDULING_GATE}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
-            "status": {"conditions": [{"type": names::CONDITION_ALLOCATED, "status": "False",
-                "reason": names::REASON_WAITING_FOR_FRAGMENT,
-                "message": format!("waits for a fragment until {until}: the pod is delay-tolerant")}]},
-        }))
-        .unwrap();
-        let claim: res::ResourceClaim = serde_json::from_value(json!({
-            "metadata": {"name": "c", "namespace": "ns"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
-        }))
-        .unwrap();
+        let pod = gated_pod_with_condition(
+            names::REASON_WAITING_FOR_FRAGMENT,
+            &format!("waits for a fragment until {until}: the pod is delay-tolerant"),
+        );
+        let claim = claim_c();
         let cluster = ClusterObjects {
             classes: &[],
             slices: &[],
