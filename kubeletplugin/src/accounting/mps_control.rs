@@ -8,7 +8,8 @@
 //! one a line) and `terminate_client <server> <client>` (ends that client's GPU work, frees its
 //! memory, and leaves the server's other clients running; seen on an H200, driver 580).
 //!
-//! [`FakeMpsDaemon`] serves a real `SOCK_SEQPACKET` socket at `<pipe>/control` and answers those
+//! [`FakeMpsDaemon`] serves a real `SOCK_SEQPACKET` socket at `<pipe>/control` (through
+//! `crate::mps::socket`, as the MPS fakes of the daemons' tests do) and answers those
 //! commands from its records, one message per command and one per answer; [`FakeMpsControl`]
 //! is the control binary's side of it.
 
@@ -22,15 +23,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::io::Errno;
-use rustix::net::{
-    AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketType, sockopt::Timeout,
-};
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeVal;
 use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::mps;
 
 use super::gpu_processes::FakeGpu;
 use crate::error::{Error, Result};
+use crate::mps::socket;
 
 /// The longest answer read from the control binary or the fake daemon.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -159,27 +159,23 @@ impl MpsControl for BinaryMpsControl {
     }
 }
 
-fn io_err(action: &'static str, path: &Path, e: Errno) -> Error {
-    Error::io(action, path, e.into())
-}
-
-fn seqpacket() -> std::io::Result<OwnedFd> {
-    rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).map_err(Into::into)
+/// Sets how long a receive (and, on a listening socket, an accept) on `fd` may wait.
+fn receive_timeout(fd: &OwnedFd, timeout: Duration, path: &Path) -> Result<()> {
+    let micros = i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX);
+    setsockopt(
+        fd,
+        sockopt::ReceiveTimeout,
+        &TimeVal::new(micros / 1_000_000, micros % 1_000_000),
+    )
+    .map_err(|e| Error::io("setting a timeout on", path, e.into()))
 }
 
 /// Sends one message and reads the one answer (the fake protocol's round trip).
 fn round_trip(path: &Path, message: &str, timeout: Duration) -> Result<String> {
-    let fd = seqpacket().map_err(|e| Error::io("opening a socket for", path, e))?;
-    let addr = SocketAddrUnix::new(path).map_err(|e| io_err("addressing", path, e))?;
-    rustix::net::connect(&fd, &addr).map_err(|e| io_err("connecting to", path, e))?;
-    rustix::net::sockopt::set_socket_timeout(&fd, Timeout::Recv, Some(timeout))
-        .map_err(|e| io_err("setting a timeout on", path, e))?;
-    rustix::net::send(&fd, message.as_bytes(), SendFlags::empty())
-        .map_err(|e| io_err("writing to", path, e))?;
-    let mut buf = vec![0u8; MAX_ANSWER];
-    let (n, _) = rustix::net::recv(&fd, &mut buf[..], RecvFlags::empty())
-        .map_err(|e| io_err("reading from", path, e))?;
-    let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let fd = socket::connect_to(path)?;
+    receive_timeout(&fd, timeout, path)?;
+    socket::send_message(&fd, message.as_bytes(), path)?;
+    let answer = String::from_utf8_lossy(&socket::receive_message(&fd, path)?).into_owned();
     Ok(answer.strip_suffix('\n').unwrap_or(&answer).to_owned())
 }
 
@@ -288,28 +284,29 @@ fn answer(state: &Mutex<FakeMps>, gpu: &FakeGpu, command: &str) -> String {
     }
 }
 
-fn serve(listener: &OwnedFd, state: &Mutex<FakeMps>, gpu: &FakeGpu, stop: &AtomicBool) {
-    let mut buf = vec![0u8; 4096];
+fn serve(
+    listener: &OwnedFd,
+    path: &Path,
+    state: &Mutex<FakeMps>,
+    gpu: &FakeGpu,
+    stop: &AtomicBool,
+) {
     while !stop.load(Ordering::Relaxed) {
-        let Ok(conn) = rustix::net::accept(listener) else {
+        let Ok(conn) = socket::accept_on(listener, path) else {
             // The accept timeout: look at the stop flag again.
             continue;
         };
-        let _ = rustix::net::sockopt::set_socket_timeout(
-            &conn,
-            Timeout::Recv,
-            Some(Duration::from_secs(1)),
-        );
+        let _ = receive_timeout(&conn, Duration::from_secs(1), path);
         loop {
-            let n = match rustix::net::recv(&conn, &mut buf[..], RecvFlags::empty()) {
-                Ok((n, _)) if n > 0 => n,
+            let message = match socket::receive_message(&conn, path) {
+                Ok(m) if !m.is_empty() => m,
                 _ => break,
             };
-            let command = String::from_utf8_lossy(&buf[..n]).trim().to_owned();
+            let command = String::from_utf8_lossy(&message).trim().to_owned();
             // Every answer ends with a newline, so that none is an empty message (which reads
             // as the peer's close).
             let text = format!("{}\n", answer(state, gpu, &command));
-            if rustix::net::send(&conn, text.as_bytes(), SendFlags::empty()).is_err() {
+            if socket::send_message(&conn, text.as_bytes(), path).is_err() {
                 break;
             }
         }
@@ -321,24 +318,16 @@ impl FakeMpsDaemon {
     pub fn start(pipe_dir: &Path, gpu: FakeGpu) -> Result<Self> {
         std::fs::create_dir_all(pipe_dir).map_err(|e| Error::io("creating", pipe_dir, e))?;
         let path = pipe_dir.join(mps::CONTROL_SOCKET);
-        let listener = seqpacket().map_err(|e| Error::io("opening a socket for", &path, e))?;
-        let addr = SocketAddrUnix::new(&path).map_err(|e| io_err("addressing", &path, e))?;
-        rustix::net::bind(&listener, &addr).map_err(|e| io_err("binding", &path, e))?;
-        rustix::net::listen(&listener, 16).map_err(|e| io_err("listening on", &path, e))?;
+        let listener = socket::listen_at(&path)?;
         // accept(2) honours SO_RCVTIMEO: the thread looks at its stop flag every 50 ms.
-        rustix::net::sockopt::set_socket_timeout(
-            &listener,
-            Timeout::Recv,
-            Some(Duration::from_millis(50)),
-        )
-        .map_err(|e| io_err("setting a timeout on", &path, e))?;
+        receive_timeout(&listener, Duration::from_millis(50), &path)?;
         let state = Arc::new(Mutex::new(FakeMps::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (state, stop) = (Arc::clone(&state), Arc::clone(&stop));
+            let (state, stop, at) = (Arc::clone(&state), Arc::clone(&stop), path.clone());
             std::thread::Builder::new()
                 .name("fake-mps-daemon".to_owned())
-                .spawn(move || serve(&listener, &state, &gpu, &stop))
+                .spawn(move || serve(&listener, &at, &state, &gpu, &stop))
                 .map_err(|e| Error::Task(format!("starting the fake MPS daemon: {e}")))?
         };
         Ok(Self {
@@ -404,7 +393,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fake = FakeMpsDaemon::start(dir.path(), FakeGpu::new()).unwrap();
         let err = std::os::unix::net::UnixStream::connect(fake.path()).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(Errno::PROTOTYPE.raw_os_error()));
+        assert_eq!(
+            err.raw_os_error(),
+            Some(nix::errno::Errno::EPROTOTYPE as i32)
+        );
     }
 
     #[test]
