@@ -12,8 +12,11 @@
 //!   exits, as MPS waits for its clients;
 //! * `client` is a CUDA process of the fake: it connects to the daemon and stays its client
 //!   until it is killed or the daemon goes. While it has clients the daemon lists one server
-//!   (its own pid) in `get_server_list`.
+//!   (its own pid) in `get_server_list`, and the clients' pids in `get_client_list <server>`;
+//!   `terminate_client <server> <pid>` ends that client alone, which exits with code
+//!   [`TERMINATED_EXIT`] as a CUDA process exits on `cudaErrorMpsClientTerminated`.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead as _, Write as _};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -26,8 +29,12 @@ use tessera_driver::node::mps::{CONTROL_SOCKET, ControlSocket};
 use super::socket;
 use crate::error::{Error, Result};
 
-/// The line a client sends first.
+/// The line a client sends first (followed by its pid).
 pub const CLIENT_HELLO: &str = "client";
+/// What the daemon sends a client it terminates, before it closes the connection.
+const TERMINATED: &[u8] = b"terminated";
+/// The exit code of a fake client terminated through `terminate_client`.
+pub const TERMINATED_EXIT: i32 = 3;
 
 fn env_dir(name: &str) -> Result<PathBuf> {
     std::env::var_os(name)
@@ -55,6 +62,8 @@ struct Daemon {
     path: PathBuf,
     log: Mutex<Option<std::fs::File>>,
     clients: AtomicUsize,
+    /// The clients that said their pid, with a handle on their connection.
+    pids: Mutex<BTreeMap<u32, OwnedFd>>,
 }
 
 impl Daemon {
@@ -99,6 +108,7 @@ fn daemon() -> Result<i32> {
         path,
         log: Mutex::new(log),
         clients: AtomicUsize::new(0),
+        pids: Mutex::new(BTreeMap::new()),
     });
     daemon.log(&format!(
         "start pid={} visible={}",
@@ -117,12 +127,21 @@ fn serve(daemon: &Daemon, conn: &OwnedFd) {
         return;
     };
     let command = String::from_utf8_lossy(&message).trim().to_owned();
-    if command == CLIENT_HELLO {
+    if let Some(rest) = command.strip_prefix(CLIENT_HELLO)
+        && (rest.is_empty() || rest.starts_with(' '))
+    {
+        let pid = rest.trim().parse::<u32>().ok();
         daemon.clients.fetch_add(1, Ordering::SeqCst);
+        if let (Some(pid), Ok(handle)) = (pid, conn.try_clone()) {
+            lock(&daemon.pids).insert(pid, handle);
+        }
         daemon.log("client connected");
         let _ = socket::send_message(conn, b"ok", &daemon.path);
         // A client stays until its connection closes.
         while matches!(socket::receive_message(conn, &daemon.path), Ok(m) if !m.is_empty()) {}
+        if let Some(pid) = pid {
+            lock(&daemon.pids).remove(&pid);
+        }
         daemon.clients.fetch_sub(1, Ordering::SeqCst);
         daemon.log("client disconnected");
         return;
@@ -145,9 +164,46 @@ fn serve(daemon: &Daemon, conn: &OwnedFd) {
             let _ = socket::send_message(conn, b"", &daemon.path);
             std::process::exit(0);
         }
-        other => format!("unknown command {other}"),
+        other => client_command(daemon, other),
     };
     let _ = socket::send_message(conn, reply.as_bytes(), &daemon.path);
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `get_client_list <server>` and `terminate_client <server> <pid>`; anything else is unknown.
+fn client_command(daemon: &Daemon, command: &str) -> String {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let me = std::process::id().to_string();
+    match words.as_slice() {
+        ["get_client_list", server] if *server == me => lock(&daemon.pids)
+            .keys()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        ["terminate_client", server, pid] if *server == me => {
+            let handle = pid
+                .parse::<u32>()
+                .ok()
+                .and_then(|p| lock(&daemon.pids).remove(&p));
+            match handle {
+                Some(fd) => {
+                    daemon.log(&format!("terminate_client {pid}"));
+                    let _ = socket::send_message(&fd, TERMINATED, &daemon.path);
+                    let _ = nix::sys::socket::shutdown(
+                        std::os::fd::AsRawFd::as_raw_fd(&fd),
+                        nix::sys::socket::Shutdown::Both,
+                    );
+                    String::new()
+                }
+                None => format!("{pid} is not a client of server {server}"),
+            }
+        }
+        ["get_client_list" | "terminate_client", server, ..] => format!("no server {server}"),
+        _ => format!("unknown command {command}"),
+    }
 }
 
 fn control_client() -> Result<i32> {
@@ -174,9 +230,17 @@ fn control_client() -> Result<i32> {
 fn client() -> Result<i32> {
     let path = control_path()?;
     let conn = socket::connect_to(&path)?;
-    socket::send_message(&conn, CLIENT_HELLO.as_bytes(), &path)?;
+    let hello = format!("{CLIENT_HELLO} {}", std::process::id());
+    socket::send_message(&conn, hello.as_bytes(), &path)?;
     let _ = socket::receive_message(&conn, &path)?;
-    // Stay a client until the daemon goes (or this process is killed).
-    while matches!(socket::receive_message(&conn, &path), Ok(m) if !m.is_empty()) {}
+    // Stay a client until the daemon goes, terminates this client, or this process is killed.
+    while let Ok(m) = socket::receive_message(&conn, &path) {
+        if m == TERMINATED {
+            return Ok(TERMINATED_EXIT);
+        }
+        if m.is_empty() {
+            break;
+        }
+    }
     Ok(0)
 }
