@@ -29,9 +29,18 @@ pub struct ExecRequest {
 }
 
 fn failed(step: &Step, errno: nix::errno::Errno) -> Error {
+    let hint = match (step, errno) {
+        (Step::MakePrivate, nix::errno::Errno::EINVAL) => {
+            "`/` is not a mount point (a container's root is; a plain chroot's is not)"
+        }
+        (_, nix::errno::Errno::ENOENT) => "a directory is missing",
+        _ => {
+            "the daemon's mount namespace needs CAP_SYS_ADMIN, and a driver root needs \
+             CAP_SYS_CHROOT"
+        }
+    };
     Error::Mps(format!(
-        "tessera-mps exec: {step:?} failed: {errno} (the daemon's mount namespace needs \
-         CAP_SYS_ADMIN, and a driver root needs CAP_SYS_CHROOT)"
+        "tessera-mps exec: {step:?} failed: {errno} ({hint})"
     ))
 }
 

@@ -123,9 +123,13 @@ fn daemon() -> Result<i32> {
 }
 
 fn serve(daemon: &Daemon, conn: &OwnedFd) {
+    // A connection closed without a command (a liveness probe) is no command.
     let Ok(message) = socket::receive_message(conn, &daemon.path) else {
         return;
     };
+    if message.is_empty() {
+        return;
+    }
     let command = String::from_utf8_lossy(&message).trim().to_owned();
     if let Some(rest) = command.strip_prefix(CLIENT_HELLO)
         && (rest.is_empty() || rest.starts_with(' '))

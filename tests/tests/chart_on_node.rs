@@ -1,0 +1,509 @@
+//! The shipped chart on a node, with nothing but what the image and the chart's mounts give:
+//! the plugin and the MPS host each run in a container made of the image's binaries (with the
+//! libraries they load, as the distroless image has them), the runtime's `/proc`, `/sys` and
+//! `/dev`, and the rendered `DaemonSets`' hostPath mounts, changed root into. The node has the
+//! NVIDIA driver (the fake backend's control binary) at one of the usual driver roots. A share
+//! is prepared, a CUDA client of the fake attaches, the plugin's container is killed and a new
+//! one started (a rollout), and the new plugin adopts the daemon: one start, no `quit`, the
+//! client still attached, the same CDI ids; the daemon quits once the claim is unprepared.
+//!
+//! It needs `CAP_SYS_ADMIN` and `CAP_SYS_CHROOT` (mount namespaces, binds, chroot) and the
+//! workspace's binaries (`cargo build -p tessera-kubelet-plugin --bins`, which `cargo test
+//! --workspace` does); without them it says so and passes.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use nix::mount::{MsFlags, mount};
+use serde_yaml::Value;
+use tessera_driver::node::mps::ControlSocket;
+use tessera_kubelet_plugin::mps::socket;
+use tessera_proto::dra::v1;
+use tonic::transport::{Channel, Endpoint};
+
+#[path = "support/chart.rs"]
+mod chart;
+
+const NODE: &str = "t4-node";
+const UID: &str = "uid-share";
+
+/// A child killed and reaped when the test lets go of it.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn may_mount_and_chroot() -> bool {
+    const CAP_SYS_CHROOT: u32 = 18;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    effective & (1 << CAP_SYS_ADMIN) != 0 && effective & (1 << CAP_SYS_CHROOT) != 0
+}
+
+/// The directory of the workspace's binaries, when the three this test runs are built.
+fn binaries() -> Option<PathBuf> {
+    let dir = std::env::current_exe().ok()?.parent()?.parent()?.to_owned();
+    [
+        "tessera-kubelet-plugin",
+        "tessera-mps",
+        "tessera-fake-mps-control",
+    ]
+    .iter()
+    .all(|b| dir.join(b).is_file())
+    .then_some(dir)
+}
+
+/// The shared libraries `binary` loads, as the dynamic loader lists them (what `ldd` does).
+fn libraries(binary: &Path) -> Option<Vec<PathBuf>> {
+    let out = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
+        .iter()
+        .filter(|l| Path::new(l).exists())
+        .find_map(|loader| {
+            Command::new(loader)
+                .arg("--list")
+                .arg(binary)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        })?;
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+            .map(PathBuf::from)
+            .collect(),
+    )
+}
+
+fn under(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
+/// Copies `binary` to `at` under `root`, with the libraries it loads at their own paths.
+fn install(root: &Path, binary: &Path, at: &str) {
+    for lib in libraries(binary).expect("the dynamic loader lists the libraries") {
+        let to = under(root, &lib.display().to_string());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&lib, &to).unwrap();
+    }
+    let to = under(root, at);
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::copy(binary, &to).unwrap();
+}
+
+fn bind(source: &Path, target: &Path) {
+    std::fs::create_dir_all(target).unwrap();
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .unwrap_or_else(|e| panic!("binding {} on {}: {e}", source.display(), target.display()));
+}
+
+/// Builds container `name`'s root from the image's binaries, the runtime's mounts and
+/// `container`'s hostPath mounts (from `node`), plus the test's own inputs at `/test`.
+fn container(work: &Path, name: &str, pod: &Value, container: &Value, bins: &Path) -> PathBuf {
+    let root = work.join("containers").join(name);
+    // A container's root is a mount point (the runtime pivots into its root file system).
+    bind(&root, &root);
+    for binary in ["tessera-kubelet-plugin", "tessera-mps"] {
+        install(
+            &root,
+            &bins.join(binary),
+            &format!("/usr/local/bin/{binary}"),
+        );
+    }
+    for runtime in ["/proc", "/sys", "/dev"] {
+        bind(Path::new(runtime), &under(&root, runtime));
+    }
+    let node = work.join("node");
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    for m in container["volumeMounts"].as_sequence().unwrap() {
+        let volume = volumes.iter().find(|v| v["name"] == m["name"]).unwrap();
+        let host = volume["hostPath"]["path"].as_str().unwrap();
+        let source = under(&node, host);
+        match volume["hostPath"]["type"].as_str() {
+            Some("Directory") => assert!(source.is_dir(), "{host} must exist on the node"),
+            _ => std::fs::create_dir_all(&source).unwrap(),
+        }
+        bind(&source, &under(&root, m["mountPath"].as_str().unwrap()));
+    }
+    bind(&work.join("test"), &root.join("test"));
+    root
+}
+
+/// Runs `program` (inside the container) with `args` in the container `root`, through
+/// `tessera-mps exec` (a change of root; no shell).
+fn run_in(bins: &Path, root: &Path, program: &str, args: &[String]) -> Reaped {
+    let child = Command::new(bins.join("tessera-mps"))
+        .arg("exec")
+        .arg("--root")
+        .arg(root)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env("NODE_NAME", NODE)
+        .env("NVIDIA_VISIBLE_DEVICES", "void")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    Reaped(child)
+}
+
+fn share_claim() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "default", "name": "share", "uid": UID},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "gpu",
+            "driver": "gpu.tessera.dev",
+            "pool": NODE,
+            "device": "gpu-0",
+            "shareID": "7f3a1c52-0d1e-4b7a-9c44-1b2f3e4d5a6b",
+            "consumedCapacity": {"memory": "4Gi", "compute": "50"}
+        }]}}}
+    })
+}
+
+fn claim_ref() -> v1::Claim {
+    v1::Claim {
+        namespace: "default".to_owned(),
+        uid: UID.to_owned(),
+        name: "share".to_owned(),
+    }
+}
+
+async fn dial(
+    socket: &Path,
+    plugin: &mut Reaped,
+) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        assert!(plugin.0.try_wait().unwrap().is_none(), "the plugin exited");
+        let path = socket.to_owned();
+        let channel = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        if let Ok(channel) = channel {
+            return v1::dra_plugin_client::DraPluginClient::new(channel);
+        }
+        assert!(Instant::now() < deadline, "the plugin did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn prepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) -> Vec<String> {
+    let answer = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![claim_ref()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let one = &answer.claims[UID];
+    assert!(one.error.is_empty(), "{}", one.error);
+    one.devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .collect()
+}
+
+/// A free TCP port for the plugin's metrics (other suites may run beside this one).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The node: the driver (the fake control binary and its libraries) at `driver_root`, and the
+/// test's inputs (inventory and claims) at `<work>/test`.
+fn prepare_node(work: &Path, bins: &Path, driver_root: &str) {
+    let node = work.join("node");
+    install(
+        &under(&node, driver_root),
+        &bins.join("tessera-fake-mps-control"),
+        "/usr/bin/nvidia-cuda-mps-control",
+    );
+    let test = work.join("test");
+    std::fs::create_dir_all(&test).unwrap();
+    std::fs::copy(
+        chart::repo().join("examples/inventory/demo-cluster.yaml"),
+        test.join("inventory.yaml"),
+    )
+    .unwrap();
+    std::fs::write(
+        test.join("claims.yaml"),
+        format!("---\n{}\n", serde_json::to_string(&share_claim()).unwrap()),
+    )
+    .unwrap();
+}
+
+/// The chart for `driver_root` and the fake GPU backend.
+fn rendered(driver_root: &str) -> Vec<(String, Value)> {
+    let mut values = chart::with_driver_root(driver_root);
+    for (path, value) in [
+        ("kubeletPlugin.gpuBackend", Value::from("fake")),
+        (
+            "kubeletPlugin.fakeInventory",
+            Value::from("/test/inventory.yaml"),
+        ),
+        ("kubeletPlugin.logFormat", Value::from("plain")),
+        (
+            "kubeletPlugin.metricsPort",
+            Value::from(u64::from(free_port())),
+        ),
+    ] {
+        values = chart::with_value(&values, path, value);
+    }
+    chart::documents_with(&values)
+}
+
+/// The node's one MPS daemon: its pipe directory, its control log and its pid.
+fn the_daemon(node: &Path) -> (PathBuf, PathBuf, i32) {
+    let ids_dir: Vec<_> = std::fs::read_dir(node.join("run/tessera/mps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(ids_dir.len(), 1, "{ids_dir:?}");
+    let id = &ids_dir[0];
+    let pipe = node.join("run/tessera/mps").join(id).join("pipe");
+    let log = node
+        .join("var/log/tessera/mps")
+        .join(id)
+        .join("control.log");
+    let control_log = lines(&log);
+    let daemon_pid: i32 = control_log
+        .first()
+        .and_then(|l| l.strip_prefix("start pid="))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no daemon start in {control_log:?}"));
+    assert_eq!(control_log.len(), 1, "{control_log:?}");
+    (pipe, log, daemon_pid)
+}
+
+/// A CUDA client of the fake, attached to the daemon on `pipe` until it is dropped.
+async fn attach(bins: &Path, pipe: &Path, log: &Path) -> Reaped {
+    let client = Reaped(
+        Command::new(bins.join("tessera-fake-mps-control"))
+            .arg("client")
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the client attaches", || {
+        lines(log).iter().any(|l| l == "client connected")
+    })
+    .await;
+    client
+}
+
+/// The whole run for driver root `driver_root`, on this thread (its own mount namespace).
+async fn on_node(work: &Path, bins: &Path, driver_root: &str) {
+    prepare_node(work, bins, driver_root);
+    let node = work.join("node");
+
+    let docs = rendered(driver_root);
+    let plugin_ds = chart::find(&docs, "DaemonSet", "tessera-kubelet-plugin");
+    let host_ds = chart::find(&docs, "DaemonSet", "tessera-mps");
+    let plugin_pod = &plugin_ds["spec"]["template"]["spec"];
+    let host_pod = &host_ds["spec"]["template"]["spec"];
+    let plugin_container = &plugin_pod["containers"][0];
+    let host_container = &host_pod["containers"][0];
+
+    let host_root = container(work, "mps-host", host_pod, host_container, bins);
+    let host_command = chart::strings(&host_container["command"]);
+    let _host = run_in(
+        bins,
+        &host_root,
+        &format!("/usr/local/bin/{}", host_command[0]),
+        &chart::strings(&host_container["args"]),
+    );
+
+    let mut plugin_args = chart::strings(&plugin_container["args"]);
+    plugin_args.push("--fake-claims=/test/claims.yaml".to_owned());
+    let plugin_command = format!(
+        "/usr/local/bin/{}",
+        chart::strings(&plugin_container["command"])[0]
+    );
+    let start_plugin = |generation: u32| {
+        let root = container(
+            work,
+            &format!("plugin-{generation}"),
+            plugin_pod,
+            plugin_container,
+            bins,
+        );
+        run_in(bins, &root, &plugin_command, &plugin_args)
+    };
+    let dra_socket = node.join("var/lib/kubelet/plugins/gpu.tessera.dev/dra.sock");
+
+    let mut plugin = start_plugin(1);
+    let mut dra = dial(&dra_socket, &mut plugin).await;
+    let ids = prepare(&mut dra).await;
+
+    // The daemon runs from the driver root, with the node's directories.
+    let (pipe, log, daemon_pid) = the_daemon(&node);
+    let _daemon = KillOnDrop(daemon_pid);
+    // The daemon's root is the host container's /driver-root, the node's driver root.
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{daemon_pid}/root")).unwrap(),
+        host_root.join("driver-root"),
+        "the daemon runs with the driver root as its root"
+    );
+    assert!(
+        Path::new(&format!(
+            "/proc/{daemon_pid}/root/usr/bin/nvidia-cuda-mps-control"
+        ))
+        .is_file()
+    );
+
+    // A CUDA client attaches from outside, through the node's pipe directory.
+    let client = attach(bins, &pipe, &log).await;
+
+    // A rollout: the plugin's container goes, a new one comes.
+    drop(dra);
+    drop(plugin);
+    let mut plugin = start_plugin(2);
+    let mut dra = dial(&dra_socket, &mut plugin).await;
+    assert_eq!(prepare(&mut dra).await, ids, "the same CDI ids");
+    let after = lines(&log);
+    assert_eq!(
+        after.iter().filter(|l| l.starts_with("start ")).count(),
+        1,
+        "no second daemon: {after:?}"
+    );
+    assert!(
+        !after.iter().any(|l| l == "command quit"),
+        "no quit: {after:?}"
+    );
+    assert!(
+        !after.iter().any(|l| l == "client disconnected"),
+        "the client stayed attached: {after:?}"
+    );
+
+    drop(client);
+    let answer = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![claim_ref()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.claims[UID].error.is_empty(),
+        "{}",
+        answer.claims[UID].error
+    );
+    let control = pipe.join("control");
+    wait_until("the host stops the daemon", || {
+        socket::probe(&control) == ControlSocket::Missing
+    })
+    .await;
+    assert!(lines(&log).iter().any(|l| l == "command quit"));
+}
+
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Runs [`on_node`] on a thread of its own in a private mount namespace (mount namespaces are
+/// per thread: the test's other threads and the host are untouched).
+fn run(driver_root: &'static str) {
+    if !may_mount_and_chroot() {
+        eprintln!("skipped: needs CAP_SYS_ADMIN and CAP_SYS_CHROOT (containers from mounts)");
+        return;
+    }
+    let Some(bins) = binaries() else {
+        eprintln!(
+            "skipped: build the binaries first (cargo build -p tessera-kubelet-plugin --bins)"
+        );
+        return;
+    };
+    if libraries(&bins.join("tessera-mps")).is_none() {
+        eprintln!("skipped: no dynamic loader to list the binaries' libraries");
+        return;
+    }
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(on_node(work.path(), &bins, driver_root));
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn with_the_driver_on_the_host_a_rollout_of_the_plugin_leaves_the_daemon_and_its_client() {
+    run("/");
+}
+
+#[test]
+fn with_the_operators_driver_root_a_rollout_of_the_plugin_leaves_the_daemon_and_its_client() {
+    run("/run/nvidia/driver");
+}
