@@ -10,7 +10,7 @@
 //! It needs `CAP_SYS_ADMIN` and `CAP_SYS_CHROOT` (mount namespaces, binds, chroot) and the
 //! workspace's binaries (`cargo build -p tessera-kubelet-plugin --bins`, which `cargo test
 //! --workspace` does); without them it says so and passes.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
