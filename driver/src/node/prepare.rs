@@ -13,7 +13,10 @@
 //! * a request that asks for a `GpuShare` whose device has no record: kube-scheduler placed it
 //!   with the request policy's defaults because Tessera's admission did not gate the pod;
 //! * a record that says `online` for a request whose class's `TierPolicy` (copied into the
-//!   allocation as `FromClass`) says `allowOnline: false`.
+//!   allocation as `FromClass`) says `allowOnline: false`;
+//! * a share, or a `consumedCapacity`, on a device this node publishes as an exclusive GPU or a
+//!   MIG instance, and shares of one GPU that add up past the card (memory past its bytes,
+//!   compute past 100) (`card`).
 //!
 //! A share's tier comes from the record alone; where kube-scheduler booked a share without a
 //! record, the class's `TierPolicy` (from the allocation's `FromClass` configs) decides, and
@@ -35,6 +38,8 @@ use crate::node::inventory::{Gpu, Inventory, NodeInventory};
 use crate::rules::config::{self, TesseraConfig, Tier};
 use crate::rules::quantity::Quantity;
 use crate::rules::share::PerDeviceShare;
+
+mod card;
 
 /// nvidia-caps minors: 1 and 2 are config and monitor; then each GPU has 15 GPU instances,
 /// each with an access minor followed by the minors of its 8 compute instances.
@@ -164,6 +169,12 @@ pub fn prepare_on_node(
                 result.device, result.request
             ))
         };
+        let booked = record.is_some()
+            || result
+                .consumed_capacity
+                .as_ref()
+                .is_some_and(|c| !c.is_empty());
+        card::check_shareable(gpu, mig.is_some(), booked).map_err(device_err)?;
         let share = resolve_share(result, record, trusted.asks_gpu_share(&result.request))
             .map_err(device_err)?;
         let tier = match share {
@@ -196,6 +207,7 @@ pub fn prepare_on_node(
             node.name
         )));
     }
+    card::check_within_cards(&devices, &node.gpus).map_err(&err)?;
     if let Some(stray) = trusted.stray(allocation, driver) {
         return Err(err(format!(
             "the AllocatedShares record names {stray}, which is not a result of the allocation; \

@@ -386,3 +386,159 @@ fn an_online_record_that_claims_over_commit_or_a_guarantee_above_its_share_is_re
     );
     assert!(refused(&c).contains("guaranteedCompute"), "{}", refused(&c));
 }
+
+/// A claim allocated `results` (request, device, consumedCapacity) on node-a, with the
+/// allocator's record of `shares` (request, device, memory, compute).
+fn claim_with(
+    results: &[(&str, &str, Option<Value>)],
+    shares: &[(&str, &str, &str, i64)],
+) -> res::ResourceClaim {
+    let results: Vec<Value> = results
+        .iter()
+        .enumerate()
+        .map(|(i, (request, device, consumed))| {
+            let mut r = json!({
+                "request": request, "driver": DRIVER, "pool": "node-a", "device": device,
+                "shareID": format!("7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f7{i}")
+            });
+            if let Some(c) = consumed {
+                r["consumedCapacity"] = c.clone();
+            }
+            r
+        })
+        .collect();
+    let devices: Vec<Value> = shares
+        .iter()
+        .map(|(request, device, memory, compute)| {
+            json!({"request": request, "pool": "node-a", "device": device, "memory": memory, "compute": compute})
+        })
+        .collect();
+    let config = if devices.is_empty() {
+        json!([])
+    } else {
+        json!([{
+            "source": "FromClaim",
+            "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "AllocatedShares", "devices": devices
+            }}
+        }])
+    };
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
+        "spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}},
+            {"name": "b", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}}
+        ]}},
+        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_share_larger_than_the_card_is_refused_naming_the_card() {
+    // Issue 23: a 200Gi share on an 80 GiB card was prepared with a 204800m limit.
+    let booked = Some(json!({"memory": "200Gi", "compute": "50"}));
+    let c = claim_with(&[("a", "gpu-0", booked)], &[("a", "gpu-0", "200Gi", 50)]);
+    let msg = refused(&c);
+    assert!(msg.contains("device gpu-0"), "{msg}");
+    assert!(msg.contains("memory 200Gi"), "{msg}");
+    assert!(msg.contains("the card's 80Gi"), "{msg}");
+    // kube-scheduler's own booking, without a record, is checked the same way.
+    let c = claim_with(
+        &[(
+            "a",
+            "gpu-0",
+            Some(json!({"memory": "81Gi", "compute": "5"})),
+        )],
+        &[],
+    );
+    assert!(refused(&c).contains("the card's 80Gi"));
+    // The whole card is fine.
+    let c = claim_with(
+        &[(
+            "a",
+            "gpu-0",
+            Some(json!({"memory": "80Gi", "compute": "100"})),
+        )],
+        &[("a", "gpu-0", "80Gi", 100)],
+    );
+    assert_eq!(
+        prepare(&c).unwrap().devices[0].share.unwrap().memory_bytes,
+        80 * GIB
+    );
+}
+
+#[test]
+fn two_shares_of_one_claim_on_one_card_must_fit_the_card_together() {
+    // Issue 23: two 50Gi shares of one claim on one 80 GiB card got a 102400m limit.
+    let booked = || Some(json!({"memory": "50Gi", "compute": "20"}));
+    let c = claim_with(
+        &[("a", "gpu-0", booked()), ("b", "gpu-0", booked())],
+        &[("a", "gpu-0", "50Gi", 20), ("b", "gpu-0", "50Gi", 20)],
+    );
+    let msg = refused(&c);
+    assert!(msg.contains("requests a, b together"), "{msg}");
+    assert!(msg.contains("memory 100Gi"), "{msg}");
+    let booked = || Some(json!({"memory": "10Gi", "compute": "60"}));
+    let c = claim_with(
+        &[("a", "gpu-0", booked()), ("b", "gpu-0", booked())],
+        &[("a", "gpu-0", "10Gi", 60), ("b", "gpu-0", "10Gi", 60)],
+    );
+    assert!(refused(&c).contains("compute 120 is more than 100"));
+    let booked = || Some(json!({"memory": "40Gi", "compute": "50"}));
+    let c = claim_with(
+        &[("a", "gpu-0", booked()), ("b", "gpu-0", booked())],
+        &[("a", "gpu-0", "40Gi", 50), ("b", "gpu-0", "40Gi", 50)],
+    );
+    assert_eq!(prepare(&c).unwrap().devices.len(), 2);
+}
+
+#[test]
+fn an_over_committed_share_is_checked_at_what_it_may_use() {
+    // Guaranteed 40Gi (booked), may use 90Gi: the limit the container gets passes the card.
+    let mut c = claim_with(
+        &[(
+            "a",
+            "gpu-0",
+            Some(json!({"memory": "40Gi", "compute": "10"})),
+        )],
+        &[("a", "gpu-0", "90Gi", 10)],
+    );
+    let record = &mut c.status.as_mut().unwrap().allocation.as_mut().unwrap();
+    let config = &mut record.devices.as_mut().unwrap().config.as_mut().unwrap()[0];
+    let params = &mut config.opaque.as_mut().unwrap().parameters.0;
+    params["devices"][0]["guaranteedMemory"] = json!("40Gi");
+    params["devices"][0]["tier"] = json!("batch");
+    assert!(refused(&c).contains("memory 90Gi"), "{}", refused(&c));
+}
+
+#[test]
+fn a_share_on_an_exclusive_gpu_or_a_mig_instance_is_refused() {
+    // Issue 23: two share claims on a GPU published as exclusive were both prepared.
+    let booked = || Some(json!({"memory": "10Gi", "compute": "50"}));
+    let c = claim_with(&[("a", "gpu-1", booked())], &[("a", "gpu-1", "10Gi", 50)]);
+    let msg = refused(&c);
+    assert!(msg.contains("device gpu-1"), "{msg}");
+    assert!(msg.contains("an exclusive GPU"), "{msg}");
+    // consumedCapacity alone (kube-scheduler), or a record alone, is a share too.
+    let c = claim_with(&[("a", "gpu-1", booked())], &[]);
+    assert!(refused(&c).contains("an exclusive GPU"));
+    let c = claim_with(&[("a", "gpu-1", None)], &[("a", "gpu-1", "10Gi", 50)]);
+    assert!(refused(&c).contains("an exclusive GPU"));
+    // The exclusive GPU whole is fine.
+    let c = claim_with(&[("a", "gpu-1", None)], &[]);
+    assert_eq!(prepare(&c).unwrap().devices[0].share, None);
+
+    let mig = Inventory::from_yaml(
+        "nodes:\n- name: node-a\n  gpus:\n  - model: a100-80g\n    mig:\n    - profile: 1g.10gb\n      count: 1\n",
+    )
+    .unwrap()
+    .nodes
+    .remove(0);
+    let device = mig.gpus[0].mig_instances[0].device_name(0);
+    let c = claim_with(&[("a", &device, booked())], &[]);
+    let msg = prepare_on_node(&c, DRIVER, &mig).unwrap_err().to_string();
+    assert!(msg.contains("a MIG instance"), "{msg}");
+    let c = claim_with(&[("a", &device, None)], &[]);
+    assert!(prepare_on_node(&c, DRIVER, &mig).is_ok());
+}
