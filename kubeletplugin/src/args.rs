@@ -338,8 +338,7 @@ impl Args {
         inventory: tokio::sync::watch::Receiver<NodeInventory>,
     ) -> anyhow::Result<(Arc<dyn ClaimSource>, Option<Task>)> {
         if let Some(path) = &self.fake_claims {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text = crate::input_file::read_text(path, "--fake-claims")?;
             let source = FakeClaimSource::from_yaml(&text, &path.display().to_string())?;
             return Ok((Arc::new(source), None));
         }
@@ -366,8 +365,7 @@ impl Args {
         source: Arc<dyn ClaimSource>,
         plugin_dir: &Path,
     ) -> anyhow::Result<(Arc<CdiPreparer>, Option<Task>)> {
-        let boot_id = std::fs::read_to_string(&self.boot_id_file)
-            .with_context(|| format!("reading the boot id from {}", self.boot_id_file.display()))?
+        let boot_id = crate::input_file::read_text(&self.boot_id_file, "the boot id file")?
             .trim()
             .to_owned();
         let mut preparer = CdiPreparer::new(

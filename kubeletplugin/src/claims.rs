@@ -68,7 +68,15 @@ impl ClaimRef {
 
 impl std::fmt::Display for ClaimRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+        // Escaped: kubelet's fields reach log lines and errors, and a newline must not forge
+        // a line.
+        write!(
+            f,
+            "{}/{} ({})",
+            self.namespace.escape_debug(),
+            self.name.escape_debug(),
+            self.uid.escape_debug()
+        )
     }
 }
 

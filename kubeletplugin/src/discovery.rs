@@ -41,8 +41,7 @@ impl FakeDiscovery {
 
 impl GpuDiscovery for FakeDiscovery {
     fn discover(&self) -> Result<NodeInventory> {
-        let text =
-            std::fs::read_to_string(&self.path).map_err(|e| Error::io("reading", &self.path, e))?;
+        let text = crate::input_file::read_text(&self.path, "the inventory file")?;
         let inventory = Inventory::from_yaml(&text)?;
         inventory.node(&self.node_name).cloned().ok_or_else(|| {
             Error::Config(format!(

@@ -1,18 +1,33 @@
 //! The DRA node service, v1 and v1beta1: a thin translation onto [`ClaimPreparer`].
 //!
-//! Kubelet sends a batch of claims; each is prepared in its own task, concurrently (the
-//! preparer fetches on the runtime and writes on a blocking worker), and its outcome goes into
-//! the answer's map under its UID. A claim's failure is that claim's
-//! `error`, never a failed call (which would make kubelet discard the whole batch).
+//! Kubelet sends a batch of claims; the preparer takes them together (one checkpoint write per
+//! step for the whole call) and each claim's outcome goes into the answer's map under its UID.
+//! A claim's failure is that claim's `error`, never a failed call (which would make kubelet
+//! discard the whole batch). A UID sent twice is prepared once (the answer has one entry per
+//! UID). When kubelet gives up on the call, the work stops at the next claim
+//! ([`crate::cancel`]). An answer must fit the 4 MiB a gRPC message may hold (kubelet reads no
+//! more): past it, each claim's error is cut (to [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`]),
+//! and an answer still too large fails the call with `RESOURCE_EXHAUSTED`, naming the size,
+//! rather than reaching kubelet unreadable.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use tokio::task::JoinSet;
 use tracing::warn;
 
+use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
-use crate::error::Error;
 use crate::preparer::{ClaimPreparer, KubeletDevice};
+
+/// The largest gRPC message kubelet reads (grpc-go's default receive limit), and tonic's
+/// default limit on a request the plugin reads.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// What a claim's error is cut to when the whole answer would not fit [`MAX_MESSAGE_BYTES`].
+pub const ERROR_BYTES: usize = 512;
+
+/// What it is cut to when that is not enough either.
+pub const SHORT_ERROR_BYTES: usize = 64;
 
 /// The DRA service over a preparer; one value serves both API versions.
 #[derive(Clone)]
@@ -22,50 +37,101 @@ pub struct DraService {
 
 type Outcome<T> = Vec<(String, Result<T, String>)>;
 
+/// The claims with each UID once, first sending first.
+fn distinct(claims: Vec<ClaimRef>) -> Vec<ClaimRef> {
+    let mut seen = BTreeSet::new();
+    claims
+        .into_iter()
+        .filter(|c| seen.insert(c.uid.clone()))
+        .collect()
+}
+
+fn outcome<T>(claims: Vec<ClaimRef>, results: Vec<crate::Result<T>>) -> Outcome<T> {
+    claims
+        .into_iter()
+        .zip(results)
+        .map(|(claim, result)| {
+            let result = result.map_err(|e| {
+                warn!(%claim, error = %e, retryable = e.is_retryable(), "claim failed");
+                e.to_string()
+            });
+            (claim.uid, result)
+        })
+        .collect()
+}
+
+/// `error` cut to `limit` bytes (on a character boundary), saying so.
+pub fn cut_error(error: &mut String, limit: usize) {
+    if error.len() <= limit {
+        return;
+    }
+    let mut end = limit;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    error.truncate(end);
+    error.push_str(" … (cut to fit the answer; the plugin's log has it all)");
+}
+
+/// The answer, if it fits one gRPC message; `cut` shortens its errors to a limit, first
+/// [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`], while it does not.
+fn fit<M: prost::Message>(
+    mut answer: M,
+    claims: usize,
+    cut: impl Fn(&mut M, usize),
+) -> Result<tonic::Response<M>, tonic::Status> {
+    for limit in [ERROR_BYTES, SHORT_ERROR_BYTES] {
+        if answer.encoded_len() <= MAX_MESSAGE_BYTES {
+            break;
+        }
+        cut(&mut answer, limit);
+    }
+    let size = answer.encoded_len();
+    if size > MAX_MESSAGE_BYTES {
+        warn!(
+            claims,
+            bytes = size,
+            "answer too large for one gRPC message"
+        );
+        return Err(tonic::Status::resource_exhausted(format!(
+            "the answer for {claims} claims would be {size} bytes, more than the {} MiB one gRPC \
+             message may hold; send fewer claims per call",
+            MAX_MESSAGE_BYTES >> 20
+        )));
+    }
+    Ok(tonic::Response::new(answer))
+}
+
 impl DraService {
     /// The service over `preparer`.
     pub fn new(preparer: Arc<dyn ClaimPreparer>) -> Self {
         Self { preparer }
     }
 
-    async fn each<T, F, Fut>(&self, claims: Vec<ClaimRef>, call: F) -> Outcome<T>
-    where
-        T: Send + 'static,
-        F: Fn(Arc<dyn ClaimPreparer>, ClaimRef) -> Fut,
-        Fut: std::future::Future<Output = crate::Result<T>> + Send + 'static,
-    {
-        let mut set = JoinSet::new();
-        for (i, claim) in claims.into_iter().enumerate() {
-            let uid = claim.uid.clone();
-            let label = claim.to_string();
-            let work = call(Arc::clone(&self.preparer), claim);
-            set.spawn(async move {
-                let result = work.await.map_err(|e| {
-                    warn!(claim = %label, error = %e, retryable = e.is_retryable(), "claim failed");
-                    e.to_string()
-                });
-                (i, uid, result)
-            });
-        }
-        let mut out = Vec::new();
-        while let Some(joined) = set.join_next().await {
-            match joined {
-                Ok(item) => out.push(item),
-                Err(e) => warn!(error = %Error::Task(e.to_string()), "claim worker failed"),
-            }
-        }
-        out.sort_by_key(|(i, _, _)| *i);
-        out.into_iter().map(|(_, uid, r)| (uid, r)).collect()
-    }
-
-    /// Prepares every claim; one outcome per claim, in request order.
+    /// Prepares every claim; one outcome per distinct UID, in request order. Dropping the
+    /// future cancels the claims not done yet.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Outcome<Vec<KubeletDevice>> {
-        self.each(claims, ClaimPreparer::prepare).await
+        let claims = distinct(claims);
+        let cancel = Cancel::new();
+        let guard = cancel.on_drop();
+        let results = Arc::clone(&self.preparer)
+            .prepare_all(claims.clone(), cancel)
+            .await;
+        guard.finish();
+        outcome(claims, results)
     }
 
-    /// Unprepares every claim; one outcome per claim, in request order.
+    /// Unprepares every claim; one outcome per distinct UID, in request order. Dropping the
+    /// future cancels the claims not done yet.
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Outcome<()> {
-        self.each(claims, ClaimPreparer::unprepare).await
+        let claims = distinct(claims);
+        let cancel = Cancel::new();
+        let guard = cancel.on_drop();
+        let results = Arc::clone(&self.preparer)
+            .unprepare_all(claims.clone(), cancel)
+            .await;
+        guard.finish();
+        outcome(claims, results)
     }
 }
 
@@ -86,9 +152,9 @@ macro_rules! dra_version {
                     .into_iter()
                     .map(|c| ClaimRef::new(c.namespace, c.name, c.uid))
                     .collect();
-                let claims = self
-                    .prepare(claims)
-                    .await
+                let outcomes = self.prepare(claims).await;
+                let count = outcomes.len();
+                let claims = outcomes
                     .into_iter()
                     .map(|(uid, result)| {
                         let answer = match result {
@@ -104,9 +170,15 @@ macro_rules! dra_version {
                         (uid, answer)
                     })
                     .collect();
-                Ok(tonic::Response::new(pb::NodePrepareResourcesResponse {
-                    claims,
-                }))
+                fit(
+                    pb::NodePrepareResourcesResponse { claims },
+                    count,
+                    |answer, limit| {
+                        for claim in answer.claims.values_mut() {
+                            super::cut_error(&mut claim.error, limit);
+                        }
+                    },
+                )
             }
 
             async fn node_unprepare_resources(
@@ -119,25 +191,31 @@ macro_rules! dra_version {
                     .into_iter()
                     .map(|c| ClaimRef::new(c.namespace, c.name, c.uid))
                     .collect();
-                let claims = self
-                    .unprepare(claims)
-                    .await
+                let outcomes = self.unprepare(claims).await;
+                let count = outcomes.len();
+                let claims = outcomes
                     .into_iter()
                     .map(|(uid, result)| {
                         let error = result.err().unwrap_or_default();
                         (uid, pb::NodeUnprepareResourceResponse { error })
                     })
                     .collect();
-                Ok(tonic::Response::new(pb::NodeUnprepareResourcesResponse {
-                    claims,
-                }))
+                fit(
+                    pb::NodeUnprepareResourcesResponse { claims },
+                    count,
+                    |answer, limit| {
+                        for claim in answer.claims.values_mut() {
+                            super::cut_error(&mut claim.error, limit);
+                        }
+                    },
+                )
             }
         }
     };
 }
 
 mod v1 {
-    use super::{ClaimRef, DraService, KubeletDevice};
+    use super::{ClaimRef, DraService, KubeletDevice, fit};
 
     /// v1 answers carry the device's `shareID` (Kubernetes 1.34+).
     fn device(d: KubeletDevice) -> pb::Device {
@@ -154,7 +232,7 @@ mod v1 {
 }
 
 mod v1beta1 {
-    use super::{ClaimRef, DraService, KubeletDevice};
+    use super::{ClaimRef, DraService, KubeletDevice, fit};
 
     /// v1beta1 has no `shareID`.
     fn device(d: KubeletDevice) -> pb::Device {

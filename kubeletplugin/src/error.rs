@@ -21,6 +21,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An input file is not one the plugin reads (not a regular file, too large, not text).
+    #[error("{}: {message}", path.display())]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// Which rule it breaks.
+        message: String,
+    },
+
     /// The claim kubelet names does not exist.
     #[error("claim {namespace}/{name} not found")]
     ClaimNotFound {
@@ -58,6 +67,14 @@ pub enum Error {
     /// Serving gRPC failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+
+    /// A step every claim of a call shared failed (the checkpoint write they wait on).
+    #[error("{0}")]
+    Shared(String),
+
+    /// Kubelet gave up on the call before this claim was done (nothing of it is kept).
+    #[error("the call was cancelled before this claim was done")]
+    Cancelled,
 
     /// A worker task panicked or was cancelled.
     #[error("worker task: {0}")]
@@ -129,6 +146,8 @@ impl Error {
                 | Self::ClaimNotFound { .. }
                 | Self::Transport(_)
                 | Self::Task(_)
+                | Self::Cancelled
+                | Self::Shared(_)
                 | Self::Api { .. }
                 | Self::Mps(_)
                 | Self::Nvml { .. }

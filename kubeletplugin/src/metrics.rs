@@ -18,6 +18,7 @@ use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
 use tessera_driver::node::inventory::{GpuMode, NodeInventory};
 use tracing::warn;
 
+use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
 use crate::error::{Error, Result};
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
@@ -344,30 +345,63 @@ impl MeteredPreparer {
         }
     }
 
-    async fn measure<T>(
-        &self,
-        operation: &str,
-        call: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
+    /// Counts each claim of a call with the call's latency, then refreshes the gauges once.
+    async fn measure_all<T>(
+        self: Arc<Self>,
+        operation: &'static str,
+        call: impl std::future::Future<Output = Vec<Result<T>>>,
+    ) -> Vec<Result<T>> {
         let start = Instant::now();
-        let result = call.await;
-        self.metrics
-            .observe_call(operation, start.elapsed(), result.as_ref().err());
-        self.refresh();
-        result
+        let results = call.await;
+        let took = start.elapsed();
+        for result in &results {
+            self.metrics
+                .observe_call(operation, took, result.as_ref().err());
+        }
+        // The checkpoint's lock is held while the record is written: never wait for it on an
+        // async worker.
+        let me = Arc::clone(&self);
+        if let Err(e) = tokio::task::spawn_blocking(move || me.refresh()).await {
+            warn!(error = %e, "cannot refresh the metrics");
+        }
+        results
     }
 }
 
 #[tonic::async_trait]
 impl ClaimPreparer for MeteredPreparer {
     async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        let inner = Arc::clone(&self.inner);
-        self.measure("prepare", inner.prepare(claim)).await
+        self.prepare_all(vec![claim], Cancel::new())
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(crate::Error::Task("no answer for the claim".to_owned())))
     }
 
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
+        self.unprepare_all(vec![claim], Cancel::new())
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(crate::Error::Task("no answer for the claim".to_owned())))
+    }
+
+    async fn prepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
         let inner = Arc::clone(&self.inner);
-        self.measure("unprepare", inner.unprepare(claim)).await
+        self.measure_all("prepare", inner.prepare_all(claims, cancel))
+            .await
+    }
+
+    async fn unprepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<()>> {
+        let inner = Arc::clone(&self.inner);
+        self.measure_all("unprepare", inner.unprepare_all(claims, cancel))
+            .await
     }
 }
 

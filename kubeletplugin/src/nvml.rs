@@ -104,7 +104,8 @@ pub fn pcie_root_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<String> {
 
 /// The NUMA node of a PCI device from sysfs (`numa_node`; -1, meaning none, gives `None`).
 pub fn numa_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<u32> {
-    std::fs::read_to_string(sysfs.join("bus/pci/devices").join(bus_id).join("numa_node"))
+    let path = sysfs.join("bus/pci/devices").join(bus_id).join("numa_node");
+    crate::input_file::read_text(&path, "numa_node")
         .ok()?
         .trim()
         .parse()

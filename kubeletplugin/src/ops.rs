@@ -37,9 +37,37 @@ pub fn init_logs(format: LogFormat) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Plain => builder.init(),
+        LogFormat::Plain => builder.fmt_fields(escaped_fields()).init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// The plain format's fields, with every control character escaped (`\n`, `\u{0}`, `\u{1b}`)
+/// in the message and in each value: claim names and UIDs come from kubelet's calls, errors
+/// quote what the API server sent, and none of them may end a line or forge one. (The JSON
+/// format escapes them already.)
+pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let text = format!("{value:?}");
+        let name = field.name();
+        if name != "message" {
+            write!(writer, "{name}=")?;
+        }
+        write_escaped(writer, &text)
+    })
+    .delimited(" ")
+}
+
+fn write_escaped(writer: &mut impl std::fmt::Write, text: &str) -> std::fmt::Result {
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            write!(writer, "{}", c.escape_default())?;
+        } else {
+            writer.write_char(c)?;
+        }
+    }
+    Ok(())
 }
 
 /// What [`Ops::start`] runs.
@@ -111,5 +139,47 @@ impl Ops {
             http.shutdown().await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_plain_log_line_cannot_be_forged_by_a_claim_name() {
+        let buffer = Buffer::default();
+        let out = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .fmt_fields(escaped_fields())
+            .finish();
+        let name = "c\n2026-01-01T00:00:00Z  INFO forged: prepared\u{0}\u{1b}[31m";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(claim = %name, uid = ?name, "claim {name} failed");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(!text.contains('\0') && !text.contains('\u{1b}'), "{text:?}");
+        assert!(text.contains("claim=c\\n2026"), "{text}");
+        assert!(text.contains("claim c\\n2026"), "{text}");
     }
 }

@@ -1,39 +1,60 @@
 //! Preparing claims: the `ClaimPreparer` seam the gRPC layer calls, and `CdiPreparer`, which
 //! prepares a claim by writing its CDI spec under a crash-safe checkpoint.
 //!
-//! A prepare call answers from the checkpoint when the claim is already prepared; otherwise it
-//! fetches the claim on the async runtime, then does everything else on one blocking worker:
-//! `tessera_driver::node::prepare::prepare_and_render` maps the allocation onto the node and decides the spec,
-//! host directories and MPS daemon at once, and the writes below follow.
+//! A call's claims are prepared together: those the checkpoint records as prepared are
+//! answered from it; the others are fetched on the async runtime (a few at a time), then
+//! everything else runs on one blocking worker: `tessera_driver::node::prepare::prepare_and_render`
+//! maps each allocation onto the node and decides its spec, host directories and MPS daemon,
+//! and the writes below follow, each step once for the whole call rather than once per claim.
 //!
-//! Order of writes for prepare: checkpoint "prepare started" (with the devices it will hold),
-//! then the CDI spec, then checkpoint "prepare completed". For unprepare: checkpoint
-//! "unprepare started", the enforcement directories and the CDI spec, then the checkpoint
-//! entry. A crash between any two steps leaves a claim recorded as half done; the next start
-//! rolls every such claim back to absent (kubelet never saw it prepared, or asked to remove
-//! it) and removes the temp files of interrupted writes, so after a restart each claim is
-//! either fully prepared or cleanly absent, and kubelet's retry finishes the job.
+//! Order of writes for prepare: checkpoint "prepare started" (with the devices each claim will
+//! hold), then the host directories and the CDI specs, then checkpoint "prepare completed" for
+//! the claims that got that far; a claim that failed on the way has its files removed and its
+//! entry dropped in that same write. For unprepare: checkpoint "unprepare started", the host
+//! directories (moved aside, see [`crate::reaper`]) and the CDI specs, then the entries go. A
+//! crash between any two steps leaves a claim recorded as half done; the next start rolls every
+//! such claim back to absent (kubelet never saw it prepared, or asked to remove it), removes
+//! the temp files of interrupted writes and every spec no entry records, so after a restart
+//! each claim is either fully prepared or cleanly absent, and kubelet's retry finishes the job.
+//!
+//! The checkpoint's lock is only ever taken on blocking workers: it is held while the record is
+//! written, and an async worker waiting on it would stall every call, `GetInfo` included.
 
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_driver::names;
-use tessera_driver::node::cdi::{self, Enforcement};
+use tessera_driver::node::cdi::{self, Enforcement, MpsDaemon};
 use tessera_driver::node::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::node::inventory::NodeInventory;
 use tessera_driver::node::prepare::prepare_and_render;
 use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
+use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::atomic_file;
+use crate::cancel::Cancel;
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::crash;
 use crate::error::{Error, Result};
+use crate::input_file;
 use crate::mps::DaemonKeeper;
+use crate::reaper::Reaper;
 
 /// File name of the checkpoint in the state directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+
+/// Claims of one call fetched from the API server at a time.
+const FETCHES_AT_ONCE: usize = 16;
+
+/// Mode of a claim's host directories (HAMi-core's accounting and lock directories): they are
+/// mounted into the claim's containers, which may run as any user, and HAMi-core in each of
+/// their processes creates and locks files there. World-writable with the sticky bit, like the
+/// `/tmp` HAMi-core uses by default; only the claim's own containers see them.
+pub const HOST_DIR_MODE: u32 = 0o1777;
 
 /// One device of a prepared claim, as kubelet gets it back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,11 +75,46 @@ pub struct KubeletDevice {
 /// Prepares and unprepares claims on this node. Both calls are idempotent per claim UID and
 /// safe to call concurrently for different claims; blocking work runs off the async runtime.
 #[tonic::async_trait]
-pub trait ClaimPreparer: Send + Sync {
+pub trait ClaimPreparer: Send + Sync + 'static {
     /// Makes the claim's devices ready for containers; returns them with their CDI ids.
     async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>>;
     /// Undoes [`ClaimPreparer::prepare`]; a claim that is not prepared is fine.
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()>;
+
+    /// Prepares the claims of one call: one outcome per claim, in order. Once `cancel` is set
+    /// the claims not done yet are answered [`Error::Cancelled`]. By default one after another.
+    async fn prepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
+        let mut out = Vec::with_capacity(claims.len());
+        for claim in claims {
+            if cancel.is_cancelled() {
+                out.push(Err(Error::Cancelled));
+            } else {
+                out.push(Arc::clone(&self).prepare(claim).await);
+            }
+        }
+        out
+    }
+
+    /// Unprepares the claims of one call, as [`ClaimPreparer::prepare_all`] prepares them.
+    async fn unprepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<()>> {
+        let mut out = Vec::with_capacity(claims.len());
+        for claim in claims {
+            if cancel.is_cancelled() {
+                out.push(Err(Error::Cancelled));
+            } else {
+                out.push(Arc::clone(&self).unprepare(claim).await);
+            }
+        }
+        out
+    }
 }
 
 /// Where and how [`CdiPreparer`] works.
@@ -83,6 +139,46 @@ pub struct CdiPreparer {
     source: Arc<dyn ClaimSource>,
     record: Mutex<Checkpoint>,
     mps: Option<Arc<dyn DaemonKeeper>>,
+    reaper: Reaper,
+}
+
+/// A claim recorded as "prepare started" in this call, with what is still to write for it.
+struct Started {
+    index: usize,
+    claim: ClaimRef,
+    uid: String,
+    spec: String,
+    host_dirs: Vec<String>,
+    daemon: Option<MpsDaemon>,
+}
+
+/// What each claim of a call came to; `None` while undecided.
+type Outcomes<T> = Vec<Option<Result<T>>>;
+
+fn finish<T>(outcomes: Outcomes<T>) -> Vec<Result<T>> {
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(Error::Task("a claim was left without an answer".into()))))
+        .collect()
+}
+
+/// One failure (of a write shared by many claims) as each claim's error.
+fn shared(error: &Error) -> Error {
+    match error {
+        Error::Cancelled => Error::Cancelled,
+        other => Error::Shared(other.to_string()),
+    }
+}
+
+/// The host directories of `dirs` not inside another of them: removing these removes all.
+fn top_dirs(dirs: &[String]) -> Vec<&String> {
+    dirs.iter()
+        .filter(|d| {
+            !dirs
+                .iter()
+                .any(|o| o != *d && Path::new(d.as_str()).starts_with(o))
+        })
+        .collect()
 }
 
 impl CdiPreparer {
@@ -98,12 +194,10 @@ impl CdiPreparer {
             std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
         }
         let path = config.state_dir.join(CHECKPOINT_FILE);
-        let record = match std::fs::read(&path) {
+        let record = match input_file::read(&path, "the checkpoint") {
             Ok(bytes) => Checkpoint::decode(&bytes, &config.boot_id)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Checkpoint::new(config.boot_id.clone())
-            }
-            Err(e) => return Err(Error::io("reading", path, e)),
+            Err(e) if input_file::is_missing(&e) => Checkpoint::new(config.boot_id.clone()),
+            Err(e) => return Err(e),
         };
         let preparer = Self {
             config,
@@ -111,6 +205,7 @@ impl CdiPreparer {
             source,
             record: Mutex::new(record),
             mps: None,
+            reaper: Reaper::start()?,
         };
         preparer.recover()?;
         info!(
@@ -132,8 +227,16 @@ impl CdiPreparer {
         Ok(self)
     }
 
-    /// Finishes what a crash interrupted: temp files of interrupted writes go, and every claim
-    /// recorded as half prepared or half unprepared is rolled back to absent.
+    /// The reaper removing the host directories of unprepared claims.
+    pub fn reaper(&self) -> &Reaper {
+        &self.reaper
+    }
+
+    /// Finishes what a crash interrupted: temp files of interrupted writes go, every claim
+    /// recorded as half prepared or half unprepared is rolled back to absent, every CDI spec
+    /// of ours that no entry records goes (a record of another boot, or a leak), and the trees
+    /// an earlier run set aside are removed in the background. A host directory that cannot be
+    /// removed is a warning, never a failed start.
     fn recover(&self) -> Result<()> {
         let temps = atomic_file::remove_temp_files(&self.config.state_dir, CHECKPOINT_FILE)?
             + atomic_file::remove_temp_files(&self.config.cdi_dir, &cdi_spec_prefix())?;
@@ -141,33 +244,81 @@ impl CdiPreparer {
             info!(files = temps, "removed temp files of interrupted writes");
         }
         let mut record = self.lock()?;
-        let unfinished = record.unfinished();
-        if unfinished.is_empty() {
-            return Ok(());
+        let mut parents = BTreeSet::new();
+        if let Enforcement::HamiCore { cache_dir, .. } = &self.config.enforcement {
+            parents.insert(PathBuf::from(cache_dir));
         }
-        let mut next = record.clone();
-        for uid in &unfinished {
-            if let Some(entry) = next.get(uid) {
-                self.remove_files(uid, entry)?;
+        for entry in record.claims.values() {
+            for dir in &entry.host_dirs {
+                if let Some(parent) = Path::new(dir).parent() {
+                    parents.insert(parent.to_owned());
+                }
             }
-            next.remove(uid);
-            info!(claim = %uid, "rolled back a claim a crash left half done");
         }
-        self.commit(&mut record, next)
+        for parent in &parents {
+            self.reaper.resume(parent);
+        }
+        let unfinished = record.unfinished();
+        if !unfinished.is_empty() {
+            let mut next = record.clone();
+            for uid in &unfinished {
+                if let Some(entry) = next.get(uid) {
+                    if let Err(e) = self.discard_dirs(entry) {
+                        warn!(claim = %uid, error = %e, "a host directory of a claim a crash left half done could not be removed");
+                    }
+                    crash::point(crash::UNPREPARE_AFTER_HOST_DIRS_REMOVED);
+                    atomic_file::remove(&self.config.cdi_dir, &cdi::spec_file_name(uid))?;
+                    crash::point(crash::UNPREPARE_AFTER_CDI_REMOVED);
+                }
+                next.remove(uid);
+                info!(claim = %uid, "rolled back a claim a crash left half done");
+            }
+            self.commit(&mut record, next)?;
+        }
+        self.remove_orphan_specs(&record)
     }
 
-    /// Removes what preparing `uid` made on disk: its host directories and its CDI spec.
-    fn remove_files(&self, uid: &str, entry: &ClaimEntry) -> Result<()> {
-        for dir in &entry.host_dirs {
-            match std::fs::remove_dir_all(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("removing", dir, e)),
+    /// Removes every spec file of ours whose claim `record` does not hold.
+    fn remove_orphan_specs(&self, record: &Checkpoint) -> Result<()> {
+        let dir = &self.config.cdi_dir;
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?;
+        let prefix = cdi_spec_prefix();
+        let mut orphans = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(uid) = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            if !record.claims.keys().any(|k| cdi::spec_file_name(k) == name) {
+                debug!(claim = %uid.escape_debug(), "a CDI spec no entry records");
+                orphans.push(name.to_owned());
             }
         }
-        crash::point(crash::UNPREPARE_AFTER_HOST_DIRS_REMOVED);
-        atomic_file::remove(&self.config.cdi_dir, &cdi::spec_file_name(uid))?;
-        crash::point(crash::UNPREPARE_AFTER_CDI_REMOVED);
+        if orphans.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = orphans.iter().map(String::as_str).collect();
+        for result in atomic_file::remove_all(dir, &names) {
+            result?;
+        }
+        info!(
+            specs = orphans.len(),
+            "removed CDI specs of claims the checkpoint does not record (another boot's, or left by a failure)"
+        );
+        Ok(())
+    }
+
+    /// Moves the claim's host directories aside for the reaper (each one rename, whatever a
+    /// container left in them).
+    fn discard_dirs(&self, entry: &ClaimEntry) -> Result<()> {
+        for dir in top_dirs(&entry.host_dirs) {
+            self.reaper.discard(Path::new(dir))?;
+        }
         Ok(())
     }
 
@@ -185,7 +336,8 @@ impl CdiPreparer {
         self.record.lock().map_err(|_| poisoned("checkpoint"))
     }
 
-    /// A copy of the checkpoint as it is now (for metrics and inventory changes).
+    /// A copy of the checkpoint as it is now (for metrics and inventory changes). Blocking: it
+    /// waits while the checkpoint is written.
     pub fn record(&self) -> Result<Checkpoint> {
         Ok(self.lock()?.clone())
     }
@@ -197,7 +349,7 @@ impl CdiPreparer {
 
     /// Prepares later claims against a re-discovered inventory, except that a GPU held by a
     /// recorded claim keeps its mode and MIG layout (`tessera_driver::node::reconfigure`); returns
-    /// the refused changes. Claims already prepared keep their CDI specs.
+    /// the refused changes. Claims already prepared keep their CDI specs. Blocking.
     pub fn reconfigure(&self, discovered: &NodeInventory) -> Result<Vec<Refusal>> {
         let mut node = self.node.write().map_err(|_| poisoned("inventory"))?;
         let record = self.lock()?;
@@ -217,123 +369,432 @@ impl CdiPreparer {
     }
 
     /// The devices of a claim the checkpoint records as prepared (`None`: not prepared).
+    /// Blocking.
     pub fn prepared(&self, claim: &ClaimRef) -> Result<Option<Vec<KubeletDevice>>> {
-        let record = self.lock()?;
-        match record.get(&claim.uid) {
-            Some(entry) if entry.state == PrepareState::PrepareCompleted => {
-                if entry.namespace != claim.namespace || entry.name != claim.name {
-                    return Err(Error::BadRequest(format!(
-                        "claim UID {} is prepared for {}/{}, not {}/{}",
-                        claim.uid, entry.namespace, entry.name, claim.namespace, claim.name
-                    )));
-                }
-                Ok(Some(answer(&entry.devices)))
-            }
-            _ => Ok(None),
-        }
+        prepared_in(&*self.lock()?, claim)
     }
 
-    /// Prepares a claim from its fetched object (what [`ClaimPreparer::prepare`] does once the
-    /// claim is fetched). Blocking.
+    /// Prepares a claim from its fetched object (one claim of
+    /// [`CdiPreparer::prepare_fetched_all`]). Blocking.
     pub fn prepare_fetched(
         &self,
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Vec<KubeletDevice>> {
-        claim.validate()?;
-        if let Some(devices) = self.prepared(claim)? {
-            debug!(%claim, "already prepared");
-            return Ok(devices);
-        }
-        // The inventory stays read-locked until the claim is recorded, so an inventory change
-        // (`reconfigure`) sees every claim prepared against the old one.
-        let node = self.node.read().map_err(|_| poisoned("inventory"))?;
-        let (
-            prepared,
-            cdi::Rendered {
-                spec,
-                host_dirs,
-                mps_daemon: daemon,
-            },
-        ) = prepare_and_render(
-            object,
-            &self.config.driver_name,
-            &node,
-            &self.config.enforcement,
-        )?;
-        let spec = spec.to_json()?;
-        {
-            let mut record = self.lock()?;
-            let mut next = record.clone();
-            if let Begin::AlreadyPrepared(devices) =
-                next.begin_prepare(&prepared, host_dirs.clone())?
-            {
-                return Ok(answer(&devices));
-            }
-            next.set_mps_daemon(&prepared.uid, daemon.clone());
-            self.commit(&mut record, next)?;
-        }
-        drop(node);
-        crash::point(crash::PREPARE_AFTER_CHECKPOINT_STARTED);
-        for dir in &host_dirs {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
-        }
-        crash::point(crash::PREPARE_AFTER_HOST_DIRS);
-        atomic_file::write(
-            &self.config.cdi_dir,
-            &cdi::spec_file_name(&prepared.uid),
-            spec.as_bytes(),
-        )?;
-        crash::point(crash::PREPARE_AFTER_CDI_WRITTEN);
-        if let (Some(supervisor), Some(daemon)) = (&self.mps, &daemon) {
-            // Before "completed": kubelet starts the containers as soon as we answer, and
-            // their CUDA clients need the daemon's pipe.
-            supervisor.ensure(&prepared.uid, daemon)?;
-        }
-        let mut record = self.lock()?;
-        let mut next = record.clone();
-        let devices = next.complete_prepare(&prepared.uid)?;
-        self.commit(&mut record, next)?;
-        drop(record);
-        crash::point(crash::PREPARE_AFTER_CHECKPOINT_COMPLETED);
-        info!(%claim, devices = devices.len(), "prepared");
-        Ok(answer(&devices))
+        self.prepare_fetched_all(&[(claim.clone(), object.clone())], &Cancel::new())
+            .pop()
+            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
     }
 
-    /// Unprepares a claim (what [`ClaimPreparer::unprepare`] runs). Blocking.
-    pub fn unprepare_blocking(&self, claim: &ClaimRef) -> Result<()> {
-        claim.validate()?;
-        let mut record = self.lock()?;
-        let Some(entry) = record.get(&claim.uid).cloned() else {
-            debug!(%claim, "not prepared; nothing to undo");
-            return Ok(());
+    /// Prepares the fetched claims of one call: one checkpoint write to record them started,
+    /// their host directories and specs (the specs with one sync for all), their MPS daemons,
+    /// and one write to record them completed. A claim that fails on the way is that claim's
+    /// error and leaves nothing behind; once `cancel` is set, the claims not written yet are
+    /// rolled back too. Blocking.
+    pub fn prepare_fetched_all(
+        &self,
+        claims: &[(ClaimRef, ResourceClaim)],
+        cancel: &Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
+        let mut out: Outcomes<Vec<KubeletDevice>> = claims.iter().map(|_| None).collect();
+        let started = match self.begin_all(claims, cancel, &mut out) {
+            Ok(started) => started,
+            Err(e) => {
+                for o in out.iter_mut().filter(|o| o.is_none()) {
+                    *o = Some(Err(shared(&e)));
+                }
+                return finish(out);
+            }
         };
-        if entry.state != PrepareState::UnprepareStarted {
-            let mut next = record.clone();
-            next.begin_unprepare(&claim.uid);
-            self.commit(&mut record, next)?;
+        if started.is_empty() {
+            return finish(out);
         }
-        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_STARTED);
-        self.remove_files(&claim.uid, &entry)?;
-        let mut next = record.clone();
-        next.remove(&claim.uid);
-        self.commit(&mut record, next)?;
-        drop(record);
-        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_REMOVED);
-        if let Some(supervisor) = &self.mps {
-            // The claim is gone from the record either way; a daemon that does not stop
-            // cleanly is killed and forgotten by the supervisor.
-            if let Err(e) = supervisor.release(&claim.uid) {
-                warn!(%claim, error = %e, "stopping the claim's MPS daemon failed");
+        crash::point(crash::PREPARE_AFTER_CHECKPOINT_STARTED);
+        let mut failed: Vec<(Started, Error)> = Vec::new();
+        let mut writing: Vec<Started> = Vec::new();
+        for s in started {
+            if cancel.is_cancelled() {
+                failed.push((s, Error::Cancelled));
+                continue;
+            }
+            match create_host_dirs(&s.host_dirs) {
+                Ok(()) => writing.push(s),
+                Err(e) => failed.push((s, e)),
             }
         }
-        info!(%claim, "unprepared");
-        Ok(())
+        crash::point(crash::PREPARE_AFTER_HOST_DIRS);
+        let names: Vec<String> = writing
+            .iter()
+            .map(|s| cdi::spec_file_name(&s.uid))
+            .collect();
+        let files: Vec<(&str, &[u8])> = names
+            .iter()
+            .zip(&writing)
+            .map(|(n, s)| (n.as_str(), s.spec.as_bytes()))
+            .collect();
+        let written = if cancel.is_cancelled() {
+            files.iter().map(|_| Err(Error::Cancelled)).collect()
+        } else {
+            atomic_file::write_all(&self.config.cdi_dir, &files)
+        };
+        crash::point(crash::PREPARE_AFTER_CDI_WRITTEN);
+        let mut done: Vec<Started> = Vec::new();
+        for (s, result) in writing.into_iter().zip(written) {
+            let result = result.and_then(|()| {
+                if cancel.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                match (&self.mps, &s.daemon) {
+                    // Before "completed": kubelet starts the containers as soon as we answer,
+                    // and their CUDA clients need the daemon's pipe.
+                    (Some(supervisor), Some(daemon)) => supervisor.ensure(&s.uid, daemon),
+                    _ => Ok(()),
+                }
+            });
+            match result {
+                Ok(()) => done.push(s),
+                Err(e) => failed.push((s, e)),
+            }
+        }
+        self.complete_all(done, failed, &mut out);
+        finish(out)
+    }
+
+    /// Decides every claim against the inventory and records those to prepare as "prepare
+    /// started" in one write; the others get their outcome in `out`. The inventory stays
+    /// read-locked until the claims are recorded, so an inventory change (`reconfigure`) sees
+    /// every claim prepared against the old one; the checkpoint is locked only to record.
+    fn begin_all(
+        &self,
+        claims: &[(ClaimRef, ResourceClaim)],
+        cancel: &Cancel,
+        out: &mut Outcomes<Vec<KubeletDevice>>,
+    ) -> Result<Vec<Started>> {
+        let node = self.node.read().map_err(|_| poisoned("inventory"))?;
+        let mut rendered = Vec::new();
+        for (index, (claim, object)) in claims.iter().enumerate() {
+            if cancel.is_cancelled() {
+                out[index] = Some(Err(Error::Cancelled));
+                continue;
+            }
+            let decided = claim.validate().and_then(|()| {
+                let (prepared, r) = prepare_and_render(
+                    object,
+                    &self.config.driver_name,
+                    &node,
+                    &self.config.enforcement,
+                )?;
+                let spec = r.spec.to_json()?;
+                Ok((prepared, spec, r.host_dirs, r.mps_daemon))
+            });
+            match decided {
+                Ok(d) => rendered.push((index, d)),
+                Err(e) => out[index] = Some(Err(e)),
+            }
+        }
+        let mut record = self.lock()?;
+        let mut next = record.clone();
+        let mut started = Vec::new();
+        {
+            let mut batch = next.batch();
+            for (index, (prepared, spec, host_dirs, daemon)) in rendered {
+                let claim = claims[index].0.clone();
+                match prepared_in(batch.record(), &claim) {
+                    Ok(None) => {}
+                    Ok(Some(devices)) => {
+                        out[index] = Some(Ok(devices));
+                        continue;
+                    }
+                    Err(e) => {
+                        out[index] = Some(Err(e));
+                        continue;
+                    }
+                }
+                match batch.begin_prepare(&prepared, host_dirs.clone()) {
+                    Ok(Begin::AlreadyPrepared(devices)) => {
+                        out[index] = Some(Ok(answer(&devices)));
+                    }
+                    Ok(Begin::Started) => {
+                        batch.record().set_mps_daemon(&prepared.uid, daemon.clone());
+                        started.push(Started {
+                            index,
+                            claim,
+                            uid: prepared.uid.clone(),
+                            spec,
+                            host_dirs,
+                            daemon,
+                        });
+                    }
+                    Err(e) => out[index] = Some(Err(e.into())),
+                }
+            }
+        }
+        if !started.is_empty() {
+            self.commit(&mut record, next)?;
+        }
+        Ok(started)
+    }
+
+    /// Records `done` as prepared and drops `failed` (their files removed first), in one write.
+    fn complete_all(
+        &self,
+        done: Vec<Started>,
+        failed: Vec<(Started, Error)>,
+        out: &mut Outcomes<Vec<KubeletDevice>>,
+    ) {
+        let mut removing = Vec::new();
+        for (s, _) in &failed {
+            for dir in top_dirs(&s.host_dirs) {
+                if let Err(e) = self.reaper.discard(Path::new(dir)) {
+                    warn!(claim = %s.claim, error = %e, "removing a failed claim's host directory failed");
+                }
+            }
+            removing.push(cdi::spec_file_name(&s.uid));
+        }
+        let names: Vec<&str> = removing.iter().map(String::as_str).collect();
+        for (result, (s, _)) in atomic_file::remove_all(&self.config.cdi_dir, &names)
+            .into_iter()
+            .zip(&failed)
+        {
+            if let Err(e) = result {
+                warn!(claim = %s.claim, error = %e, "removing a failed claim's CDI spec failed; the next start removes it");
+            }
+        }
+        let completed = (|| {
+            let mut record = self.lock()?;
+            let mut next = record.clone();
+            let mut answers = Vec::new();
+            for s in &done {
+                answers.push(next.complete_prepare(&s.uid).map_err(Error::from));
+            }
+            for (s, _) in &failed {
+                if next
+                    .get(&s.uid)
+                    .is_some_and(|e| e.state == PrepareState::PrepareStarted)
+                {
+                    next.remove(&s.uid);
+                }
+            }
+            self.commit(&mut record, next)?;
+            Ok::<_, Error>(answers)
+        })();
+        match completed {
+            Ok(answers) => {
+                crash::point(crash::PREPARE_AFTER_CHECKPOINT_COMPLETED);
+                for (s, devices) in done.into_iter().zip(answers) {
+                    out[s.index] = Some(devices.map(|d| {
+                        info!(claim = %s.claim, devices = d.len(), "prepared");
+                        answer(&d)
+                    }));
+                }
+            }
+            Err(e) => {
+                for s in done {
+                    out[s.index] = Some(Err(shared(&e)));
+                }
+            }
+        }
+        for (s, e) in failed {
+            out[s.index] = Some(Err(e));
+        }
+    }
+
+    /// Unprepares a claim (one claim of [`CdiPreparer::unprepare_all_blocking`]). Blocking.
+    pub fn unprepare_blocking(&self, claim: &ClaimRef) -> Result<()> {
+        self.unprepare_all_blocking(std::slice::from_ref(claim), &Cancel::new())
+            .pop()
+            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+    }
+
+    /// Unprepares the claims of one call: one write to record them started, their host
+    /// directories moved aside and their specs removed (one sync for all), one write to drop
+    /// their entries. A claim whose entry names another namespace or name than kubelet's is
+    /// refused. Blocking.
+    pub fn unprepare_all_blocking(&self, claims: &[ClaimRef], cancel: &Cancel) -> Vec<Result<()>> {
+        let mut out: Outcomes<()> = claims.iter().map(|_| None).collect();
+        let begun = self.begin_unprepare_all(claims, cancel, &mut out);
+        let removing = match begun {
+            Ok(removing) => removing,
+            Err(e) => {
+                for o in out.iter_mut().filter(|o| o.is_none()) {
+                    *o = Some(Err(shared(&e)));
+                }
+                return finish(out);
+            }
+        };
+        if removing.is_empty() {
+            return finish(out);
+        }
+        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_STARTED);
+        let mut specs = Vec::new();
+        for (index, entry) in removing {
+            if cancel.is_cancelled() {
+                out[index] = Some(Err(Error::Cancelled));
+                continue;
+            }
+            match self.discard_dirs(&entry) {
+                Ok(()) => specs.push(index),
+                Err(e) => out[index] = Some(Err(e)),
+            }
+        }
+        crash::point(crash::UNPREPARE_AFTER_HOST_DIRS_REMOVED);
+        let names: Vec<String> = specs
+            .iter()
+            .map(|&i| cdi::spec_file_name(&claims[i].uid))
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut gone = Vec::new();
+        for (index, result) in specs
+            .into_iter()
+            .zip(atomic_file::remove_all(&self.config.cdi_dir, &refs))
+        {
+            match result {
+                Ok(()) => gone.push(index),
+                Err(e) => out[index] = Some(Err(e)),
+            }
+        }
+        crash::point(crash::UNPREPARE_AFTER_CDI_REMOVED);
+        let removed = (|| {
+            let mut record = self.lock()?;
+            let mut next = record.clone();
+            for &index in &gone {
+                next.remove(&claims[index].uid);
+            }
+            self.commit(&mut record, next)
+        })();
+        if let Err(e) = removed {
+            for index in gone {
+                out[index] = Some(Err(shared(&e)));
+            }
+            return finish(out);
+        }
+        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_REMOVED);
+        for index in gone {
+            let claim = &claims[index];
+            if let Some(supervisor) = &self.mps {
+                // The claim is gone from the record either way; a daemon that does not stop
+                // cleanly is killed and forgotten by the supervisor.
+                if let Err(e) = supervisor.release(&claim.uid) {
+                    warn!(%claim, error = %e, "stopping the claim's MPS daemon failed");
+                }
+            }
+            info!(%claim, "unprepared");
+            out[index] = Some(Ok(()));
+        }
+        finish(out)
+    }
+
+    /// Records "unprepare started" for every claim of `claims` the checkpoint holds, in one
+    /// write; returns them with their entries. The others get their outcome in `out`: not
+    /// prepared is fine, an entry of another namespace or name is refused.
+    fn begin_unprepare_all(
+        &self,
+        claims: &[ClaimRef],
+        cancel: &Cancel,
+        out: &mut Outcomes<()>,
+    ) -> Result<Vec<(usize, ClaimEntry)>> {
+        let mut record = self.lock()?;
+        let mut next = record.clone();
+        let mut changed = false;
+        let mut removing = Vec::new();
+        for (index, claim) in claims.iter().enumerate() {
+            if cancel.is_cancelled() {
+                out[index] = Some(Err(Error::Cancelled));
+                continue;
+            }
+            if let Err(e) = claim.validate() {
+                out[index] = Some(Err(e));
+                continue;
+            }
+            let Some(entry) = next.get(&claim.uid).cloned() else {
+                debug!(%claim, "not prepared; nothing to undo");
+                out[index] = Some(Ok(()));
+                continue;
+            };
+            if entry.namespace != claim.namespace || entry.name != claim.name {
+                out[index] = Some(Err(mismatch(claim, &entry)));
+                continue;
+            }
+            if entry.state != PrepareState::UnprepareStarted {
+                next.begin_unprepare(&claim.uid);
+                changed = true;
+            }
+            removing.push((index, entry));
+        }
+        if changed {
+            self.commit(&mut record, next)?;
+        }
+        Ok(removing)
+    }
+
+    /// Fetches the claims the checkpoint does not answer, [`FETCHES_AT_ONCE`] at a time.
+    async fn fetch_all(
+        &self,
+        claims: Vec<(usize, ClaimRef)>,
+        out: &mut Outcomes<Vec<KubeletDevice>>,
+    ) -> Vec<(usize, ClaimRef, ResourceClaim)> {
+        let mut fetched = Vec::new();
+        let mut waiting = claims.into_iter();
+        let mut set = JoinSet::new();
+        loop {
+            while set.len() < FETCHES_AT_ONCE
+                && let Some((index, claim)) = waiting.next()
+            {
+                let source = Arc::clone(&self.source);
+                set.spawn(async move {
+                    let object = source.claim(&claim).await;
+                    (index, claim, object)
+                });
+            }
+            match set.join_next().await {
+                None => break,
+                Some(Ok((index, claim, Ok(object)))) => fetched.push((index, claim, object)),
+                Some(Ok((index, _, Err(e)))) => out[index] = Some(Err(e)),
+                Some(Err(e)) => warn!(error = %Error::Task(e.to_string()), "claim fetch failed"),
+            }
+        }
+        fetched.sort_by_key(|(index, _, _)| *index);
+        fetched
     }
 }
 
 fn poisoned(what: &str) -> Error {
     Error::Task(format!("a thread panicked while holding the {what}"))
+}
+
+fn mismatch(claim: &ClaimRef, entry: &ClaimEntry) -> Error {
+    Error::BadRequest(format!(
+        "claim UID {} is prepared for {}/{}, not {}/{}",
+        claim.uid.escape_debug(),
+        entry.namespace,
+        entry.name,
+        claim.namespace.escape_debug(),
+        claim.name.escape_debug()
+    ))
+}
+
+/// The devices `record` holds for `claim` as prepared (`None`: not prepared); an error when
+/// the UID is recorded for another namespace or name.
+fn prepared_in(record: &Checkpoint, claim: &ClaimRef) -> Result<Option<Vec<KubeletDevice>>> {
+    match record.get(&claim.uid) {
+        Some(entry) if entry.state == PrepareState::PrepareCompleted => {
+            if entry.namespace != claim.namespace || entry.name != claim.name {
+                return Err(mismatch(claim, entry));
+            }
+            Ok(Some(answer(&entry.devices)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Creates a claim's host directories with [`HOST_DIR_MODE`] (the umask would narrow it).
+fn create_host_dirs(dirs: &[String]) -> Result<()> {
+    for dir in dirs {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(HOST_DIR_MODE))
+            .map_err(|e| Error::io("setting the mode of", dir, e))?;
+    }
+    Ok(())
 }
 
 /// What every claim's CDI spec file name starts with.
@@ -354,23 +815,103 @@ fn answer(devices: &[HeldDevice]) -> Vec<KubeletDevice> {
         .collect()
 }
 
+/// Runs `work` on a blocking worker.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Task(e.to_string()))
+}
+
 #[tonic::async_trait]
 impl ClaimPreparer for CdiPreparer {
     async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        claim.validate()?;
-        if let Some(devices) = self.prepared(&claim)? {
-            debug!(%claim, "already prepared");
-            return Ok(devices);
-        }
-        let object = self.source.claim(&claim).await?;
-        tokio::task::spawn_blocking(move || self.prepare_fetched(&claim, &object))
+        self.prepare_all(vec![claim], Cancel::new())
             .await
-            .map_err(|e| Error::Task(e.to_string()))?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
     }
 
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
-        tokio::task::spawn_blocking(move || self.unprepare_blocking(&claim))
+        self.unprepare_all(vec![claim], Cancel::new())
             .await
-            .map_err(|e| Error::Task(e.to_string()))?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+    }
+
+    async fn prepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
+        let mut out: Outcomes<Vec<KubeletDevice>> = claims.iter().map(|_| None).collect();
+        // Answered from the checkpoint where it can, on a blocking worker (its lock is held
+        // while it is written).
+        let me = Arc::clone(&self);
+        let known = blocking(move || {
+            let record = me.lock()?;
+            Ok::<_, Error>(
+                claims
+                    .into_iter()
+                    .map(|claim| {
+                        let known = claim.validate().and_then(|()| prepared_in(&record, &claim));
+                        (claim, known)
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await
+        .and_then(|r| r);
+        let known = match known {
+            Ok(known) => known,
+            Err(e) => {
+                for o in &mut out {
+                    *o = Some(Err(shared(&e)));
+                }
+                return finish(out);
+            }
+        };
+        let mut fetch = Vec::new();
+        for (index, (claim, known)) in known.into_iter().enumerate() {
+            match known {
+                Ok(Some(devices)) => {
+                    debug!(%claim, "already prepared");
+                    out[index] = Some(Ok(devices));
+                }
+                Ok(None) => fetch.push((index, claim)),
+                Err(e) => out[index] = Some(Err(e)),
+            }
+        }
+        let fetched = self.fetch_all(fetch, &mut out).await;
+        if fetched.is_empty() {
+            return finish(out);
+        }
+        let (indices, items): (Vec<usize>, Vec<(ClaimRef, ResourceClaim)>) =
+            fetched.into_iter().map(|(i, c, o)| (i, (c, o))).unzip();
+        let me = Arc::clone(&self);
+        match blocking(move || me.prepare_fetched_all(&items, &cancel)).await {
+            Ok(results) => {
+                for (index, result) in indices.into_iter().zip(results) {
+                    out[index] = Some(result);
+                }
+            }
+            Err(e) => {
+                for index in indices {
+                    out[index] = Some(Err(shared(&e)));
+                }
+            }
+        }
+        finish(out)
+    }
+
+    async fn unprepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<()>> {
+        let n = claims.len();
+        match blocking(move || self.unprepare_all_blocking(&claims, &cancel)).await {
+            Ok(results) => results,
+            Err(e) => (0..n).map(|_| Err(shared(&e))).collect(),
+        }
     }
 }

@@ -14,6 +14,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
 use crate::discovery::GpuDiscovery;
 use crate::error::{Error, Result};
@@ -63,7 +64,9 @@ impl InventoryPoller {
         preparer: Arc<CdiPreparer>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let last = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        let last = path
+            .as_ref()
+            .and_then(|p| crate::input_file::read(p, "the inventory file").ok());
         let last_node = preparer.inventory().ok();
         Self {
             path,
@@ -103,9 +106,9 @@ impl InventoryPoller {
         if let Some(path) = &self.path {
             // Content, not the modification time: an edit within the file system's timestamp
             // granularity, or a copy that keeps the time, is still seen.
-            let content = match std::fs::read(path) {
+            let content = match crate::input_file::read(path, "the inventory file") {
                 Ok(c) => c,
-                Err(e) => return self.failed(&Error::io("reading", path, e)),
+                Err(e) => return self.failed(&e),
             };
             if self.last.as_ref() == Some(&content) {
                 return Poll::Unchanged;
@@ -177,6 +180,22 @@ impl WakeOnRelease {
     }
 }
 
+impl WakeOnRelease {
+    /// Wakes the watcher when a draining GPU has no claim left. Blocking (reads the record).
+    fn wake_if_released(&self) -> Result<()> {
+        let node = self.state.inventory()?;
+        if node.gpus.iter().any(|g| g.draining_to.is_some()) {
+            let released =
+                tessera_driver::node::reconfigure::released(&node, &self.state.record()?);
+            if !released.is_empty() {
+                info!(gpus = ?released, "draining GPUs released; switching them now");
+                self.wake.notify_one();
+            }
+        }
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl ClaimPreparer for WakeOnRelease {
     async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
@@ -184,17 +203,35 @@ impl ClaimPreparer for WakeOnRelease {
     }
 
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
-        Arc::clone(&self.inner).unprepare(claim.clone()).await?;
-        let node = self.state.inventory()?;
-        if node.gpus.iter().any(|g| g.draining_to.is_some()) {
-            let released =
-                tessera_driver::node::reconfigure::released(&node, &self.state.record()?);
-            if !released.is_empty() {
-                info!(gpus = ?released, claim = %claim.uid, "draining GPUs released; switching them now");
-                self.wake.notify_one();
+        self.unprepare_all(vec![claim], Cancel::new())
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+    }
+
+    async fn prepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
+        Arc::clone(&self.inner).prepare_all(claims, cancel).await
+    }
+
+    async fn unprepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        cancel: Cancel,
+    ) -> Vec<Result<()>> {
+        let results = Arc::clone(&self.inner).unprepare_all(claims, cancel).await;
+        if results.iter().any(Result::is_ok) {
+            let me = Arc::clone(&self);
+            match tokio::task::spawn_blocking(move || me.wake_if_released()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "cannot check for released GPUs"),
+                Err(e) => warn!(error = %e, "cannot check for released GPUs"),
             }
         }
-        Ok(())
+        results
     }
 }
 

@@ -14,9 +14,8 @@ use tessera_driver::tools::batch::BatchInput;
 
 use crate::error::{Error, Result};
 
-/// The largest input file read (`kubectl` sends objects of at most 3 MiB each; this leaves room
-/// for thousands of them in one file).
-pub const MAX_INPUT_BYTES: usize = 64 << 20;
+/// The largest input file read, the same bound as the kubelet plugin's files.
+pub use tessera_driver::rules::limits::MAX_INPUT_BYTES;
 
 /// Every object the input held, by kind, each in input order.
 #[derive(Debug, Default, Clone)]

@@ -20,6 +20,10 @@ use crate::error::{Error, Result};
 use crate::node::cdi::{self, MpsDaemon};
 use crate::node::prepare::PreparedClaim;
 
+mod holdings;
+
+use holdings::Holdings;
+
 /// The schema version this module writes and reads.
 pub const CHECKPOINT_VERSION: u32 = 1;
 
@@ -79,13 +83,6 @@ impl HeldDevice {
     /// `pool/device`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.pool, self.device)
-    }
-
-    /// Whether the two holdings use the same hardware: the same device, or a whole GPU and one
-    /// of its MIG instances.
-    fn overlaps(&self, other: &Self) -> bool {
-        (self.pool == other.pool && self.device == other.device)
-            || (self.gpu_uuid == other.gpu_uuid && self.mig != other.mig)
     }
 }
 
@@ -192,14 +189,20 @@ impl Checkpoint {
         Ok(format!("{:016x}", fnv1a64(&data)))
     }
 
-    /// Serializes the record with its version and checksum.
+    /// Serializes the record with its version and checksum: the bytes of the envelope
+    /// `{"version", "checksum", "data"}` as serde writes it, with the record serialized once
+    /// (it is written at every step of every call).
     pub fn encode(&self) -> Result<Vec<u8>> {
-        let envelope = Envelope {
-            version: CHECKPOINT_VERSION,
-            checksum: self.checksum()?,
-            data: self,
-        };
-        serde_json::to_vec(&envelope).map_err(|e| decode_err(e.to_string()))
+        let data = serde_json::to_vec(self).map_err(|e| decode_err(e.to_string()))?;
+        let head = format!(
+            "{{\"version\":{CHECKPOINT_VERSION},\"checksum\":\"{:016x}\",\"data\":",
+            fnv1a64(&data)
+        );
+        let mut bytes = Vec::with_capacity(head.len() + data.len() + 1);
+        bytes.extend_from_slice(head.as_bytes());
+        bytes.extend_from_slice(&data);
+        bytes.push(b'}');
+        Ok(bytes)
     }
 
     /// Reads a record written by [`Checkpoint::encode`]. A record of another boot than
@@ -231,47 +234,27 @@ impl Checkpoint {
 
     /// Records that preparing `claim` starts, unless it is already prepared. Refuses a claim
     /// that wants a device another recorded claim holds, when either of them holds it whole.
-    /// `host_dirs` are the directories the plugin makes for the claim.
+    /// `host_dirs` are the directories the plugin makes for the claim. (One claim of
+    /// [`Checkpoint::batch`].)
     pub fn begin_prepare(
         &mut self,
         claim: &PreparedClaim,
         host_dirs: Vec<String>,
     ) -> Result<Begin> {
-        if let Some(entry) = self.claims.get(&claim.uid)
-            && entry.state == PrepareState::PrepareCompleted
-        {
-            return Ok(Begin::AlreadyPrepared(entry.devices.clone()));
+        self.batch().begin_prepare(claim, host_dirs)
+    }
+
+    /// A batch of [`Checkpoint::begin_prepare`]s against this record: who holds what is
+    /// indexed once, so each claim costs its own devices, not the whole record.
+    pub fn batch(&mut self) -> PrepareBatch<'_> {
+        let mut holdings = Holdings::default();
+        for (uid, entry) in &self.claims {
+            holdings.add(uid, &entry.devices);
         }
-        let devices = held_devices(claim);
-        for (holder, entry) in &self.claims {
-            if *holder == claim.uid {
-                continue;
-            }
-            for held in &entry.devices {
-                if let Some(wanted) = devices
-                    .iter()
-                    .find(|d| d.overlaps(held) && (d.exclusive || held.exclusive))
-                {
-                    return Err(Error::DeviceHeld {
-                        claim: claim.uid.clone(),
-                        device: wanted.key(),
-                        holder: holder.clone(),
-                    });
-                }
-            }
+        PrepareBatch {
+            record: self,
+            holdings,
         }
-        self.claims.insert(
-            claim.uid.clone(),
-            ClaimEntry {
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                state: PrepareState::PrepareStarted,
-                devices,
-                host_dirs,
-                mps_daemon: None,
-            },
-        );
-        Ok(Begin::Started)
     }
 
     /// Records the MPS daemon a started claim needs, so a restarted plugin starts it again;
@@ -327,6 +310,55 @@ impl Checkpoint {
     /// The claim recorded under `uid`.
     pub fn get(&self, uid: &str) -> Option<&ClaimEntry> {
         self.claims.get(uid)
+    }
+}
+
+/// Claims begun one after another against one record ([`Checkpoint::batch`]).
+#[derive(Debug)]
+pub struct PrepareBatch<'a> {
+    record: &'a mut Checkpoint,
+    holdings: Holdings,
+}
+
+impl PrepareBatch<'_> {
+    /// [`Checkpoint::begin_prepare`], checked against the claims recorded before the batch and
+    /// those begun in it.
+    pub fn begin_prepare(
+        &mut self,
+        claim: &PreparedClaim,
+        host_dirs: Vec<String>,
+    ) -> Result<Begin> {
+        if let Some(entry) = self.record.claims.get(&claim.uid)
+            && entry.state == PrepareState::PrepareCompleted
+        {
+            return Ok(Begin::AlreadyPrepared(entry.devices.clone()));
+        }
+        let devices = held_devices(claim);
+        if let Some((wanted, holder)) = self.holdings.conflict(&claim.uid, &devices) {
+            return Err(Error::DeviceHeld {
+                claim: claim.uid.clone(),
+                device: wanted.key(),
+                holder: holder.to_owned(),
+            });
+        }
+        self.holdings.add(&claim.uid, &devices);
+        self.record.claims.insert(
+            claim.uid.clone(),
+            ClaimEntry {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                state: PrepareState::PrepareStarted,
+                devices,
+                host_dirs,
+                mps_daemon: None,
+            },
+        );
+        Ok(Begin::Started)
+    }
+
+    /// The record, with the claims begun so far.
+    pub fn record(&mut self) -> &mut Checkpoint {
+        self.record
     }
 }
 
@@ -563,5 +595,100 @@ mod tests {
     #[test]
     fn completing_an_unknown_claim_is_an_error() {
         assert!(Checkpoint::new("b").complete_prepare("nope").is_err());
+    }
+
+    #[test]
+    fn a_batch_checks_each_claim_against_the_record_and_the_batch() {
+        let mut record = Checkpoint::new("boot-1");
+        record
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
+                Vec::new(),
+            )
+            .unwrap();
+        let mut batch = record.batch();
+        // Held whole before the batch.
+        let err = batch
+            .begin_prepare(
+                &claim("u2", vec![device("gpu-0", "GPU-0", Some(1), false)]),
+                Vec::new(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::DeviceHeld { ref holder, .. } if holder == "u1"),
+            "{err}"
+        );
+        // Shares of one GPU begun in the batch do not exclude each other...
+        for uid in ["s1", "s2"] {
+            let share = claim(uid, vec![device("gpu-1", "GPU-1", Some(1), false)]);
+            assert_eq!(
+                batch.begin_prepare(&share, Vec::new()).unwrap(),
+                Begin::Started
+            );
+        }
+        // ...but exclude a whole claim, and a MIG instance of their GPU.
+        let err = batch
+            .begin_prepare(
+                &claim("w", vec![device("gpu-1", "GPU-1", None, false)]),
+                Vec::new(),
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::DeviceHeld { .. }), "{err}");
+        let err = batch
+            .begin_prepare(
+                &claim("m", vec![device("gpu-1-mig", "GPU-1", None, true)]),
+                Vec::new(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::DeviceHeld { ref device, .. } if device == "node-a/gpu-1-mig"),
+            "{err}"
+        );
+        // A claim begun again is not its own holder.
+        let again = claim("s1", vec![device("gpu-1", "GPU-1", Some(1), false)]);
+        assert_eq!(
+            batch.begin_prepare(&again, Vec::new()).unwrap(),
+            Begin::Started
+        );
+        assert_eq!(record.claims.len(), 3);
+    }
+
+    #[test]
+    fn a_batch_of_ten_thousand_shares_begins_each_once() {
+        // Linear: the index is built once; each claim looks up only its own devices.
+        let mut record = Checkpoint::new("boot-1");
+        let mut batch = record.batch();
+        for i in 0..10_000 {
+            let gpu = format!("GPU-{}", i % 8);
+            let share = claim(
+                &format!("u{i}"),
+                vec![device(&format!("gpu-{}", i % 8), &gpu, Some(1), false)],
+            );
+            assert_eq!(
+                batch.begin_prepare(&share, Vec::new()).unwrap(),
+                Begin::Started
+            );
+        }
+        assert_eq!(record.claims.len(), 10_000);
+    }
+
+    #[test]
+    fn the_encoding_is_the_envelope_serde_writes() {
+        let mut record = Checkpoint::new("boot-1");
+        record
+            .begin_prepare(
+                &claim("u1", vec![device("gpu-0", "GPU-0", Some(2), false)]),
+                vec!["/run/tessera/hami/u1".to_owned()],
+            )
+            .unwrap();
+        let envelope = Envelope {
+            version: CHECKPOINT_VERSION,
+            checksum: record.checksum().unwrap(),
+            data: &record,
+        };
+        assert_eq!(
+            record.encode().unwrap(),
+            serde_json::to_vec(&envelope).unwrap()
+        );
     }
 }

@@ -24,6 +24,11 @@ pub const MAX_DNS_LABEL: usize = 63;
 /// Length of a DNS subdomain (object, node and pool names).
 pub const MAX_DNS_SUBDOMAIN: usize = 253;
 
+/// The largest input file the binaries read: `tessera`'s input files, and the kubelet plugin's
+/// checkpoint, boot id, `--fake-claims` and `--fake-inventory` files (`kubectl` sends objects
+/// of at most 3 MiB each; this leaves room for thousands of them in one file).
+pub const MAX_INPUT_BYTES: usize = 64 << 20;
+
 /// A DNS label (RFC 1123): lower-case letters, digits and '-', alphanumeric at both ends.
 pub(crate) fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();

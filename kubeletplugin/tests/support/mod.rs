@@ -42,6 +42,36 @@ pub fn claim(i: usize) -> res::ResourceClaim {
     }
 }
 
+/// Claim `claim-<i>` (UID `uid-<i>`), allocated a share of `gpu-<gpu>` of [`NODE`] booked as
+/// `memory` of it (kube-scheduler's `consumedCapacity`, no Tessera record): the node must run
+/// that GPU shared (`--gpu-mode shared`).
+pub fn share_claim(i: usize, gpu: usize, memory: &str) -> res::ResourceClaim {
+    let mut claim = claim(i);
+    let result = &mut claim
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap()[0];
+    result.device = format!("gpu-{gpu}");
+    result.share_id = Some(format!("00000000-0000-4000-8000-{i:012}"));
+    result.consumed_capacity = Some(
+        [(
+            "memory".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.to_owned()),
+        )]
+        .into(),
+    );
+    claim
+}
+
 /// One attempt to dial the plugin's unix socket at `socket`.
 pub async fn dial(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_owned();

@@ -504,7 +504,7 @@ fn an_over_committed_share_is_checked_at_what_it_may_use() {
         )],
         &[("a", "gpu-0", "90Gi", 10)],
     );
-    let record = &mut c.status.as_mut().unwrap().allocation.as_mut().unwrap();
+    let record = c.status.as_mut().unwrap().allocation.as_mut().unwrap();
     let config = &mut record.devices.as_mut().unwrap().config.as_mut().unwrap()[0];
     let params = &mut config.opaque.as_mut().unwrap().parameters.0;
     params["devices"][0]["guaranteedMemory"] = json!("40Gi");
