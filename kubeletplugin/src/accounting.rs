@@ -137,7 +137,12 @@ impl Accountant {
 
     /// One pass: list, map, judge, stop, tell.
     pub async fn pass(&self, now: Instant) -> Result<PassReport> {
-        let record = self.seams.prepared.record()?;
+        // The checkpoint's lock is held while a call writes the record: wait for it on a
+        // blocking worker, never on an async one.
+        let prepared = Arc::clone(&self.seams.prepared);
+        let record = tokio::task::spawn_blocking(move || prepared.record())
+            .await
+            .map_err(|e| Error::Task(e.to_string()))??;
         let gpus = booked_gpus(&record);
         if gpus.is_empty() {
             self.state()?.asked.clear();
