@@ -398,6 +398,7 @@ mod tests {
             share_memory_bytes: share.map(|s| s.0),
             share_compute_percent: share.map(|s| s.1),
             share_id: None,
+            share_tier: None,
         }
     }
 

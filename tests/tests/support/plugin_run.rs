@@ -19,8 +19,8 @@ pub(crate) struct RunningArgs {
 }
 
 impl RunningArgs {
-    /// Starts the plugin of `node` on `inventory` (YAML), polling it every second, talking to
-    /// `server`, with `extra` flags.
+    /// Starts the plugin of `node` on `inventory` (YAML), polling it every second and enforcing
+    /// with `none` unless `extra` says otherwise, talking to `server`, with `extra` flags.
     pub(crate) fn start(
         server: &FakeApiServer,
         node: &str,
@@ -32,20 +32,18 @@ impl RunningArgs {
         std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig()).unwrap();
         std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
         std::fs::write(dir.path().join("inventory.yaml"), inventory).unwrap();
-        let mut command_line: Vec<String> = [
-            "tessera-kubelet-plugin",
-            "--node-name",
-            node,
-            "--gpu-backend",
-            "fake",
-            "--inventory-poll-seconds",
-            "1",
-            "--enforcement",
-            "none",
-        ]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+        let mut command_line: Vec<String> =
+            ["tessera-kubelet-plugin", "--node-name", node, "--gpu-backend", "fake"]
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+        // Defaults that `extra` may replace (a flag given twice is an error).
+        for (flag, value) in [("--inventory-poll-seconds", "1"), ("--enforcement", "none")] {
+            if !extra.contains(&flag) {
+                command_line.push(flag.to_owned());
+                command_line.push(value.to_owned());
+            }
+        }
         for (flag, file) in [
             ("--fake-inventory", "inventory.yaml"),
             ("--kubeconfig", "kubeconfig"),

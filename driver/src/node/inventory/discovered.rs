@@ -330,6 +330,7 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
             cuda_driver_version: cuda_version(node.cuda_driver_version),
             healthy: true,
             draining_to: None,
+            isolation: crate::node::isolation::Isolation::Unverified,
         });
     }
     gpus.sort_by_key(|g| g.index);

@@ -398,25 +398,29 @@ mod tests {
             }))
             .unwrap(),
         ];
-        let mut batch = share("b", "8Gi", 60);
-        batch
-            .spec
-            .devices
-            .as_mut()
-            .unwrap()
-            .requests
-            .as_mut()
-            .unwrap()[0]
-            .exactly
-            .as_mut()
-            .unwrap()
-            .device_class_name = "batch".to_owned();
+        // Batch over-commits only among batch shares: both shares are batch.
+        let batch_of = |name: &str, compute: i64| {
+            let mut c = share(name, "8Gi", compute);
+            c.spec
+                .devices
+                .as_mut()
+                .unwrap()
+                .requests
+                .as_mut()
+                .unwrap()[0]
+                .exactly
+                .as_mut()
+                .unwrap()
+                .device_class_name = "batch".to_owned();
+            c
+        };
+        let batch = batch_of("b", 60);
         let mut snap = Snapshot::new(&slices, &classes, &[]).unwrap();
         let allocator = crate::placement::allocator::Allocator::new(
             crate::placement::allocator::AllocatorOptions::default(),
         );
         let mut claims = Vec::new();
-        for mut c in [share("a", "8Gi", 70), batch] {
+        for mut c in [batch_of("a", 70), batch] {
             let p = allocator
                 .allocate(&snap, &[&c], &[crate::tools::batch::bare_node("n")])
                 .unwrap();

@@ -1,0 +1,322 @@
+//! Whether a node's share isolation holds, GPU by GPU (shared/DESIGN.md §5).
+//!
+//! A limit that was never seen to hold is not a limit: HAMi-core was measured limiting nothing
+//! on driver 580 / CUDA 13 while its NVML view showed the limit. So before a node offers
+//! shares of a GPU, the kubelet plugin runs a **probe** there: a child process in exactly the
+//! environment a container gets from the CDI spec of a 1 GiB share ([`probe_claim`], rendered
+//! by `cdi::render` like any claim), which allocates past the limit (must be refused) and under
+//! it (must be served) through the CUDA driver API and reports both answers ([`ProbeReport`]).
+//!
+//! This module decides, purely:
+//!
+//! * what a report means ([`judge`]);
+//! * when a GPU must be probed ([`probe_due`]): a shared GPU under a backend that limits
+//!   something (`mps`, `hami-core`), when no probe of that backend on that driver version
+//!   holds for it — at start, and whenever the driver version or the backend changes;
+//! * what each GPU publishes ([`verdict`], [`apply`]): `isolation: verified` when its last
+//!   probe under the node's backend and driver held; otherwise `unverified`, with the reason —
+//!   or `unverified-accepted` when the admin accepted unverified isolation explicitly
+//!   (`--accept-unverified-isolation`, never the default). Under `none` nothing is limited, so
+//!   its GPUs are never verified.
+//!
+//! The shipped share classes select `verified` and `unverified-accepted` GPUs only, and the
+//! node refuses to prepare a share on an `unverified` GPU (fail closed even for a class that
+//! does not look). Only whole GPUs and MIG instances, isolated by the hardware, need no probe;
+//! they publish no `isolation` attribute.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rules::config::Tier;
+use crate::error::{Error, Result};
+use crate::node::inventory::{Gpu, GpuMode, NodeInventory};
+use crate::names;
+use crate::node::prepare::{GpuNode, PreparedClaim, PreparedDevice};
+use crate::rules::share::PerDeviceShare;
+
+/// The memory limit the probe runs under: 1 GiB.
+pub const PROBE_LIMIT_BYTES: u64 = 1 << 30;
+/// The UID prefix of a probe's claim (the rest is the GPU's index); names its CDI environment.
+pub const PROBE_CLAIM_PREFIX: &str = "isolation-probe-gpu-";
+
+/// What a shared GPU publishes as its `isolation` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Isolation {
+    /// The node's probe held there: refused past the limit, served under it.
+    Verified,
+    /// Not proven (not probed yet, failed, timed out, or a backend that limits nothing).
+    #[default]
+    Unverified,
+    /// Not proven, and the admin accepted that explicitly.
+    Accepted,
+}
+
+impl Isolation {
+    /// The published value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Verified => names::ISOLATION_VERIFIED,
+            Self::Unverified => names::ISOLATION_UNVERIFIED,
+            Self::Accepted => names::ISOLATION_ACCEPTED,
+        }
+    }
+
+    /// Whether shares may be prepared on the GPU.
+    pub fn offers_shares(self) -> bool {
+        self != Self::Unverified
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            names::ISOLATION_VERIFIED => Ok(Self::Verified),
+            names::ISOLATION_UNVERIFIED => Ok(Self::Unverified),
+            names::ISOLATION_ACCEPTED => Ok(Self::Accepted),
+            other => Err(Error::Inventory {
+                field: "isolation".into(),
+                message: format!(
+                    "unknown isolation {other:?}; expected {}, {} or {}",
+                    names::ISOLATION_VERIFIED,
+                    names::ISOLATION_UNVERIFIED,
+                    names::ISOLATION_ACCEPTED
+                ),
+            }),
+        }
+    }
+}
+
+/// One allocation the probe made: served, or refused with the CUDA error's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "result", content = "error")]
+pub enum Allocation {
+    /// The allocation succeeded.
+    Served,
+    /// The allocation failed, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+    Refused(String),
+}
+
+/// What the probe child prints on stdout, one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeReport {
+    /// The limit it ran under, bytes.
+    pub limit_bytes: u64,
+    /// How much it asked for past the limit, in one allocation.
+    pub past_bytes: u64,
+    /// The answer to that.
+    pub past: Allocation,
+    /// How much it asked for under the limit, in one allocation.
+    pub under_bytes: u64,
+    /// The answer to that.
+    pub under: Allocation,
+}
+
+impl ProbeReport {
+    /// The sizes the probe asks for under `limit`: one and a half times the limit (past),
+    /// half of it (under; leaves room for what a backend keeps for the context).
+    pub fn sizes(limit: u64) -> (u64, u64) {
+        (limit.saturating_add(limit / 2), limit / 2)
+    }
+}
+
+/// What one probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Refused past the limit and served under it.
+    Held,
+    /// Anything else, with the reason (including a probe that could not run or timed out).
+    Failed(String),
+}
+
+/// Judges a probe's report.
+pub fn judge(report: &ProbeReport) -> ProbeOutcome {
+    if let Allocation::Refused(error) = &report.under {
+        return ProbeOutcome::Failed(format!(
+            "an allocation of {} under the {} limit was refused ({error}): shares would not \
+             get what they booked",
+            mib(report.under_bytes),
+            mib(report.limit_bytes)
+        ));
+    }
+    if report.past == Allocation::Served {
+        return ProbeOutcome::Failed(format!(
+            "an allocation of {} past the {} limit was served: the backend does not limit \
+             memory here",
+            mib(report.past_bytes),
+            mib(report.limit_bytes)
+        ));
+    }
+    ProbeOutcome::Held
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+/// The last probe of one GPU: under which backend and driver version, and what it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeRecord {
+    /// The enforcement backend probed (`mps`, `hami-core`).
+    pub backend: String,
+    /// The GPU's driver version then.
+    pub driver_version: String,
+    /// What it found.
+    pub outcome: ProbeOutcome,
+}
+
+/// Whether `backend` limits anything a probe can test (`none` limits nothing).
+pub fn backend_limits(backend: &str) -> bool {
+    backend == names::ENFORCEMENT_MPS || backend == names::ENFORCEMENT_HAMI_CORE
+}
+
+/// Whether `record` was taken under `backend` on `gpu`'s current driver.
+fn current(gpu: &Gpu, backend: &str, record: &ProbeRecord) -> bool {
+    record.backend == backend && record.driver_version == gpu.driver_version
+}
+
+/// Whether `gpu` must be probed now: a shared GPU under a backend that limits something,
+/// with no probe of that backend on its current driver version (`last` is its last probe).
+pub fn probe_due(gpu: &Gpu, backend: &str, last: Option<&ProbeRecord>) -> bool {
+    gpu.mode == GpuMode::Shared
+        && backend_limits(backend)
+        && !last.is_some_and(|r| current(gpu, backend, r))
+}
+
+/// What a GPU publishes, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The published value.
+    pub isolation: Isolation,
+    /// Why, for the log line, the metric's reason and `tessera inspect`.
+    pub reason: String,
+}
+
+/// The verdict for `gpu` under the node's `backend`, given its `last` probe and whether the
+/// admin accepts unverified isolation; `None` for a GPU that is not shared (whole GPUs and MIG
+/// instances are isolated by the hardware).
+pub fn verdict(
+    gpu: &Gpu,
+    backend: &str,
+    last: Option<&ProbeRecord>,
+    accept_unverified: bool,
+) -> Option<Verdict> {
+    if gpu.mode != GpuMode::Shared {
+        return None;
+    }
+    let unverified = if !backend_limits(backend) {
+        format!(
+            "enforcement {backend:?} limits nothing in the container (time-slicing): shares \
+             are bookkeeping only"
+        )
+    } else {
+        match last.filter(|r| current(gpu, backend, r)) {
+            None => format!(
+                "not probed yet with {backend} on driver {}",
+                gpu.driver_version
+            ),
+            Some(ProbeRecord {
+                outcome: ProbeOutcome::Failed(why),
+                ..
+            }) => format!(
+                "the {backend} probe on driver {} failed: {why}",
+                gpu.driver_version
+            ),
+            Some(ProbeRecord {
+                outcome: ProbeOutcome::Held,
+                ..
+            }) => {
+                return Some(Verdict {
+                    isolation: Isolation::Verified,
+                    reason: format!(
+                        "the {backend} probe on driver {} was refused past a {} limit and \
+                         served under it",
+                        gpu.driver_version,
+                        mib(PROBE_LIMIT_BYTES)
+                    ),
+                });
+            }
+        }
+    };
+    Some(if accept_unverified {
+        Verdict {
+            isolation: Isolation::Accepted,
+            reason: format!("{unverified}; accepted by the admin (--accept-unverified-isolation)"),
+        }
+    } else {
+        Verdict {
+            isolation: Isolation::Unverified,
+            reason: format!("{unverified}; no shares are offered"),
+        }
+    })
+}
+
+/// Sets every shared GPU's `isolation` in `node` from `records` (last probe by GPU UUID),
+/// and returns each shared GPU's verdict by device name.
+pub fn apply(
+    node: &mut NodeInventory,
+    backend: &str,
+    records: &BTreeMap<String, ProbeRecord>,
+    accept_unverified: bool,
+) -> BTreeMap<String, Verdict> {
+    let mut out = BTreeMap::new();
+    for gpu in &mut node.gpus {
+        if let Some(v) = verdict(gpu, backend, records.get(&gpu.uuid), accept_unverified) {
+            gpu.isolation = v.isolation;
+            out.insert(gpu.device_name(), v);
+        }
+    }
+    out
+}
+
+/// The GPUs of `node` that must be probed now, given the last probes by GPU UUID.
+pub fn due<'a>(
+    node: &'a NodeInventory,
+    backend: &str,
+    records: &BTreeMap<String, ProbeRecord>,
+) -> Vec<&'a Gpu> {
+    node.gpus
+        .iter()
+        .filter(|g| probe_due(g, backend, records.get(&g.uuid)))
+        .collect()
+}
+
+/// The claim a probe of `gpu` runs as: one online share of [`PROBE_LIMIT_BYTES`] and no
+/// compute limit, rendered by `cdi::render` exactly as a container's claim is.
+pub fn probe_claim(node: &str, gpu: &Gpu) -> PreparedClaim {
+    PreparedClaim {
+        uid: format!("{PROBE_CLAIM_PREFIX}{}", gpu.index),
+        namespace: "tessera-probe".to_owned(),
+        name: format!("isolation-probe-{}", gpu.device_name()),
+        devices: vec![PreparedDevice {
+            request: "probe".to_owned(),
+            pool: node.to_owned(),
+            device: gpu.device_name(),
+            gpu: GpuNode {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                minor: gpu.index,
+            },
+            mig: None,
+            share: Some(PerDeviceShare {
+                memory_bytes: PROBE_LIMIT_BYTES,
+                compute_percent: 0,
+            }),
+            tier: Tier::Online,
+            memory_overcommitted: false,
+            share_id: None,
+        }],
+    }
+}
+
+#[cfg(test)]
+mod tests;
