@@ -83,6 +83,9 @@ pub const ENFORCEMENT_NONE: &str = "none";
 /// [`ISOLATION_ACCEPTED`]; `crate::node::isolation`). The shipped share classes select verified
 /// and accepted GPUs only.
 pub const ATTR_ISOLATION: &str = "isolation";
+/// Attribute of a shared GPU: why its [`ATTR_ISOLATION`] is what it is, a short code
+/// (`probe-held`, `not-probed`, `limit-not-enforced`, … ; `crate::node::isolation::REASON_*`).
+pub const ATTR_ISOLATION_REASON: &str = "isolationReason";
 /// Value of [`ATTR_ISOLATION`]: the node's probe was refused past a limit and served under it.
 pub const ISOLATION_VERIFIED: &str = "verified";
 /// Value of [`ATTR_ISOLATION`]: not proven (the probe failed, timed out or has not run, or

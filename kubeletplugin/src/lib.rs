@@ -30,6 +30,7 @@ pub mod driver_files;
 pub mod error;
 pub mod health_http;
 pub mod health_stream;
+pub mod isolation;
 pub mod metrics;
 pub mod mps;
 pub mod mps_cli;

@@ -534,27 +534,45 @@ mod tests {
     fn beside_an_online_share_the_node_refuses_compute_past_the_gpu() {
         use crate::rules::config::Tier::{Batch, Online};
         let mut record = Checkpoint::new("b");
-        record.begin_prepare(&share("o", 70, Online), Vec::new()).unwrap();
-        record.begin_prepare(&share("b1", 30, Batch), Vec::new()).unwrap();
+        record
+            .begin_prepare(&share("o", 70, Online), Vec::new())
+            .unwrap();
+        record
+            .begin_prepare(&share("b1", 30, Batch), Vec::new())
+            .unwrap();
         let err = record
             .begin_prepare(&share("b2", 5, Batch), Vec::new())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("claim ns/claim-b2 cannot be prepared"), "{err}");
+        assert!(
+            err.contains("claim ns/claim-b2 cannot be prepared"),
+            "{err}"
+        );
         assert!(err.contains("may use 5% compute beside 100%"), "{err}");
         // A re-prepare of a recorded claim does not count itself.
-        record.begin_prepare(&share("b1", 30, Batch), Vec::new()).unwrap();
+        record
+            .begin_prepare(&share("b1", 30, Batch), Vec::new())
+            .unwrap();
         // Among batch shares the node leaves over-commit to the allocator's factor.
         let mut batch = Checkpoint::new("b");
-        batch.begin_prepare(&share("b1", 80, Batch), Vec::new()).unwrap();
-        batch.begin_prepare(&share("b2", 60, Batch), Vec::new()).unwrap();
+        batch
+            .begin_prepare(&share("b1", 80, Batch), Vec::new())
+            .unwrap();
+        batch
+            .begin_prepare(&share("b2", 60, Batch), Vec::new())
+            .unwrap();
         let err = batch
             .begin_prepare(&share("o", 5, Online), Vec::new())
             .unwrap_err();
-        assert!(err.to_string().contains("may use 5% compute beside 140%"), "{err}");
+        assert!(
+            err.to_string().contains("may use 5% compute beside 140%"),
+            "{err}"
+        );
         // Once the online share is gone, the GPU is batch-only again.
         record.remove("o");
-        record.begin_prepare(&share("b2", 80, Batch), Vec::new()).unwrap();
+        record
+            .begin_prepare(&share("b2", 80, Batch), Vec::new())
+            .unwrap();
     }
 
     #[test]

@@ -143,6 +143,9 @@ pub struct Gpu {
     /// on shared GPUs only. NVML discovery finds every GPU unverified until the kubelet
     /// plugin's probe says otherwise; a fake-inventory file states what the probe finds.
     pub isolation: crate::node::isolation::Isolation,
+    /// Why, as a short code (`crate::node::isolation::REASON_*`), published as `isolationReason`
+    /// on shared GPUs when not empty.
+    pub isolation_reason: String,
 }
 
 /// One MIG instance (a GPU instance with its full compute instance).

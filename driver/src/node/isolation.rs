@@ -29,17 +29,32 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rules::config::Tier;
 use crate::error::{Error, Result};
-use crate::node::inventory::{Gpu, GpuMode, NodeInventory};
 use crate::names;
+use crate::node::inventory::{Gpu, GpuMode, NodeInventory};
 use crate::node::prepare::{GpuNode, PreparedClaim, PreparedDevice};
+use crate::rules::config::Tier;
 use crate::rules::share::PerDeviceShare;
 
 /// The memory limit the probe runs under: 1 GiB.
 pub const PROBE_LIMIT_BYTES: u64 = 1 << 30;
 /// The UID prefix of a probe's claim (the rest is the GPU's index); names its CDI environment.
 pub const PROBE_CLAIM_PREFIX: &str = "isolation-probe-gpu-";
+
+/// Reason code: the probe held.
+pub const REASON_PROBE_HELD: &str = "probe-held";
+/// Reason code: no probe of the node's backend on the GPU's driver yet.
+pub const REASON_NOT_PROBED: &str = "not-probed";
+/// Reason code: an allocation past the limit was served.
+pub const REASON_LIMIT_NOT_ENFORCED: &str = "limit-not-enforced";
+/// Reason code: an allocation under the limit was refused.
+pub const REASON_UNDER_LIMIT_REFUSED: &str = "under-limit-refused";
+/// Reason code: the probe did not finish in time and was killed.
+pub const REASON_TIMED_OUT: &str = "probe-timed-out";
+/// Reason code: the probe could not run or report (its daemon, its child, its CUDA).
+pub const REASON_DID_NOT_RUN: &str = "probe-did-not-run";
+/// Reason code: the node enforces nothing (`none`).
+pub const REASON_NO_ENFORCEMENT: &str = "no-enforcement";
 
 /// What a shared GPU publishes as its `isolation` attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -134,27 +149,48 @@ impl ProbeReport {
 pub enum ProbeOutcome {
     /// Refused past the limit and served under it.
     Held,
-    /// Anything else, with the reason (including a probe that could not run or timed out).
-    Failed(String),
+    /// Anything else (including a probe that could not run or timed out).
+    Failed {
+        /// A `REASON_*` code, published as `isolationReason`.
+        code: &'static str,
+        /// What happened, for the log and the metric.
+        message: String,
+    },
+}
+
+impl ProbeOutcome {
+    /// A failure with `code` and `message`.
+    pub fn failed(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Failed {
+            code,
+            message: message.into(),
+        }
+    }
 }
 
 /// Judges a probe's report.
 pub fn judge(report: &ProbeReport) -> ProbeOutcome {
     if let Allocation::Refused(error) = &report.under {
-        return ProbeOutcome::Failed(format!(
-            "an allocation of {} under the {} limit was refused ({error}): shares would not \
+        return ProbeOutcome::failed(
+            REASON_UNDER_LIMIT_REFUSED,
+            format!(
+                "an allocation of {} under the {} limit was refused ({error}): shares would not \
              get what they booked",
-            mib(report.under_bytes),
-            mib(report.limit_bytes)
-        ));
+                mib(report.under_bytes),
+                mib(report.limit_bytes)
+            ),
+        );
     }
     if report.past == Allocation::Served {
-        return ProbeOutcome::Failed(format!(
-            "an allocation of {} past the {} limit was served: the backend does not limit \
+        return ProbeOutcome::failed(
+            REASON_LIMIT_NOT_ENFORCED,
+            format!(
+                "an allocation of {} past the {} limit was served: the backend does not limit \
              memory here",
-            mib(report.past_bytes),
-            mib(report.limit_bytes)
-        ));
+                mib(report.past_bytes),
+                mib(report.limit_bytes)
+            ),
+        );
     }
     ProbeOutcome::Held
 }
@@ -197,6 +233,8 @@ pub fn probe_due(gpu: &Gpu, backend: &str, last: Option<&ProbeRecord>) -> bool {
 pub struct Verdict {
     /// The published value.
     pub isolation: Isolation,
+    /// A `REASON_*` code, published as `isolationReason`.
+    pub code: &'static str,
     /// Why, for the log line, the metric's reason and `tessera inspect`.
     pub reason: String,
 }
@@ -213,23 +251,32 @@ pub fn verdict(
     if gpu.mode != GpuMode::Shared {
         return None;
     }
-    let unverified = if !backend_limits(backend) {
-        format!(
-            "enforcement {backend:?} limits nothing in the container (time-slicing): shares \
-             are bookkeeping only"
+    let (code, unverified) = if !backend_limits(backend) {
+        (
+            REASON_NO_ENFORCEMENT,
+            format!(
+                "enforcement {backend:?} limits nothing in the container (time-slicing): \
+                 shares are bookkeeping only"
+            ),
         )
     } else {
         match last.filter(|r| current(gpu, backend, r)) {
-            None => format!(
-                "not probed yet with {backend} on driver {}",
-                gpu.driver_version
+            None => (
+                REASON_NOT_PROBED,
+                format!(
+                    "not probed yet with {backend} on driver {}",
+                    gpu.driver_version
+                ),
             ),
             Some(ProbeRecord {
-                outcome: ProbeOutcome::Failed(why),
+                outcome: ProbeOutcome::Failed { code, message },
                 ..
-            }) => format!(
-                "the {backend} probe on driver {} failed: {why}",
-                gpu.driver_version
+            }) => (
+                *code,
+                format!(
+                    "the {backend} probe on driver {} failed: {message}",
+                    gpu.driver_version
+                ),
             ),
             Some(ProbeRecord {
                 outcome: ProbeOutcome::Held,
@@ -237,6 +284,7 @@ pub fn verdict(
             }) => {
                 return Some(Verdict {
                     isolation: Isolation::Verified,
+                    code: REASON_PROBE_HELD,
                     reason: format!(
                         "the {backend} probe on driver {} was refused past a {} limit and \
                          served under it",
@@ -250,11 +298,13 @@ pub fn verdict(
     Some(if accept_unverified {
         Verdict {
             isolation: Isolation::Accepted,
+            code,
             reason: format!("{unverified}; accepted by the admin (--accept-unverified-isolation)"),
         }
     } else {
         Verdict {
             isolation: Isolation::Unverified,
+            code,
             reason: format!("{unverified}; no shares are offered"),
         }
     })
@@ -272,6 +322,7 @@ pub fn apply(
     for gpu in &mut node.gpus {
         if let Some(v) = verdict(gpu, backend, records.get(&gpu.uuid), accept_unverified) {
             gpu.isolation = v.isolation;
+            gpu.isolation_reason = v.code.to_owned();
             out.insert(gpu.device_name(), v);
         }
     }
@@ -315,6 +366,82 @@ pub fn probe_claim(node: &str, gpu: &Gpu) -> PreparedClaim {
             memory_overcommitted: false,
             share_id: None,
         }],
+    }
+}
+
+/// How the probe child is started: program, arguments, and its whole environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeCommand {
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its environment, nothing inherited beyond it.
+    pub env: Vec<(String, String)>,
+}
+
+/// The script that applies a spec's bind mounts in a fresh mount namespace, then runs the
+/// probe: its arguments are `source target` pairs, `--`, and the command. Paths are passed as
+/// arguments, never spliced into the script. A mount that fails ends it with status 97.
+const MOUNT_SCRIPT: &str = "while [ \"$1\" != -- ]; do \
+    if [ -d \"$1\" ]; then mkdir -p \"$2\"; else mkdir -p \"$(dirname \"$2\")\" && { [ -e \"$2\" ] || : > \"$2\"; }; fi; \
+    mount --bind \"$1\" \"$2\" || exit 97; shift 2; done; shift; exec \"$@\"";
+
+/// The command that runs `program args` the way a container gets `edits` (a claim's CDI
+/// container edits): every bind mount applied in a mount namespace of its own (`unshare`,
+/// `mount`, `CAP_SYS_ADMIN`) and exactly the spec's environment, plus `PATH` and
+/// `LD_LIBRARY_PATH` of `inherited` (what an image would carry), the spec's values winning.
+/// Without `namespace` the mounts are left out (tests; a backend that needs them then fails
+/// its probe, which fails closed).
+pub fn probe_command(
+    edits: &crate::node::cdi::ContainerEdits,
+    program: &str,
+    args: &[String],
+    inherited: &[(String, String)],
+    namespace: bool,
+) -> ProbeCommand {
+    let mut env: Vec<(String, String)> = inherited
+        .iter()
+        .filter(|(k, _)| k == "PATH" || k == "LD_LIBRARY_PATH")
+        .cloned()
+        .collect();
+    for line in &edits.env {
+        if let Some((k, v)) = line.split_once('=') {
+            env.retain(|(have, _)| have != k);
+            env.push((k.to_owned(), v.to_owned()));
+        }
+    }
+    if !namespace || edits.mounts.is_empty() {
+        return ProbeCommand {
+            program: program.to_owned(),
+            args: args.to_vec(),
+            env,
+        };
+    }
+    let mut out: Vec<String> = [
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        MOUNT_SCRIPT,
+        "tessera-probe",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    for m in &edits.mounts {
+        out.push(m.host_path.clone());
+        out.push(m.container_path.clone());
+    }
+    out.push("--".to_owned());
+    out.push(program.to_owned());
+    out.extend(args.iter().cloned());
+    ProbeCommand {
+        program: "unshare".to_owned(),
+        args: out,
+        env,
     }
 }
 

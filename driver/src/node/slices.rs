@@ -301,6 +301,12 @@ fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
             names::ATTR_ISOLATION.to_owned(),
             string(gpu.isolation.as_str()),
         );
+        if !gpu.isolation_reason.is_empty() {
+            a.insert(
+                names::ATTR_ISOLATION_REASON.to_owned(),
+                string(&gpu.isolation_reason),
+            );
+        }
     }
 
     let consumable = shared && opts.consumable_capacity;

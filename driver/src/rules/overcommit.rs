@@ -226,16 +226,28 @@ mod tests {
         // Online 70 % guards its SMs: batch may add 30 %, not 35 %, whatever its factor.
         let online = (threads(70), guards_sms(Tier::Online, 70));
         assert!(threads_fit(0, 0, online));
-        assert!(threads_fit(70, 1, (threads(30), guards_sms(Tier::Batch, 30))));
+        assert!(threads_fit(
+            70,
+            1,
+            (threads(30), guards_sms(Tier::Batch, 30))
+        ));
         assert!(!threads_fit(70, 1, (threads(35), false)));
         // An online share does not join a GPU whose batch shares may use more than it leaves.
         assert!(!threads_fit(100, 0, online));
         assert!(!threads_fit(150, 0, (threads(5), true)));
         // Among batch shares nothing is guarded: their over-commit is their own.
-        assert!(threads_fit(150, 0, (threads(60), guards_sms(Tier::Batch, 60))));
+        assert!(threads_fit(
+            150,
+            0,
+            (threads(60), guards_sms(Tier::Batch, 60))
+        ));
         // A share without compute counts nothing (it is not isolated).
         assert_eq!(threads(0), 0);
-        assert!(threads_fit(100, 1, (threads(0), guards_sms(Tier::Online, 0))));
+        assert!(threads_fit(
+            100,
+            1,
+            (threads(0), guards_sms(Tier::Online, 0))
+        ));
     }
 
     #[test]

@@ -19,8 +19,9 @@ pub(crate) struct RunningArgs {
 }
 
 impl RunningArgs {
-    /// Starts the plugin of `node` on `inventory` (YAML), polling it every second and enforcing
-    /// with `none` unless `extra` says otherwise, talking to `server`, with `extra` flags.
+    /// Starts the plugin of `node` on `inventory` (YAML), polling it every second, enforcing
+    /// with `none` and accepting unverified isolation unless `extra` says otherwise, talking to
+    /// `server`, with `extra` flags.
     pub(crate) fn start(
         server: &FakeApiServer,
         node: &str,
@@ -32,13 +33,24 @@ impl RunningArgs {
         std::fs::write(dir.path().join("kubeconfig"), server.kubeconfig()).unwrap();
         std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
         std::fs::write(dir.path().join("inventory.yaml"), inventory).unwrap();
-        let mut command_line: Vec<String> =
-            ["tessera-kubelet-plugin", "--node-name", node, "--gpu-backend", "fake"]
-                .iter()
-                .map(ToString::to_string)
-                .collect();
+        let mut command_line: Vec<String> = [
+            "tessera-kubelet-plugin",
+            "--node-name",
+            node,
+            "--gpu-backend",
+            "fake",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
         // Defaults that `extra` may replace (a flag given twice is an error).
-        for (flag, value) in [("--inventory-poll-seconds", "1"), ("--enforcement", "none")] {
+        // Without enforcement nothing is verified: these runs accept unverified isolation
+        // explicitly, as an admin of such a node would.
+        for (flag, value) in [
+            ("--inventory-poll-seconds", "1"),
+            ("--enforcement", "none"),
+            ("--accept-unverified-isolation", "true"),
+        ] {
             if !extra.contains(&flag) {
                 command_line.push(flag.to_owned());
                 command_line.push(value.to_owned());

@@ -291,7 +291,10 @@ fn shares_of_one_gpu_in_two_requests_add_up_and_whole_gpus_join_the_daemon() {
     assert!(has_env(&spec, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"));
     // The workload is told the claim's limit of the shared ordinal only.
     assert!(has_env(&spec, "TESSERA_GPU_MEMORY_LIMIT_BYTES=5368709120"));
-    assert!(has_env(&spec, "TESSERA_GPU_MEMORY_LIMIT_BYTES_1=5368709120"));
+    assert!(has_env(
+        &spec,
+        "TESSERA_GPU_MEMORY_LIMIT_BYTES_1=5368709120"
+    ));
     assert!(!has_env(&spec, "TESSERA_GPU_MEMORY_LIMIT_BYTES_0="));
     let ids = device_ids(&c);
     assert_eq!(ids.len(), 3);

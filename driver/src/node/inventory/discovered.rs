@@ -331,6 +331,7 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
             healthy: true,
             draining_to: None,
             isolation: crate::node::isolation::Isolation::Unverified,
+            isolation_reason: crate::node::isolation::REASON_NOT_PROBED.to_owned(),
         });
     }
     gpus.sort_by_key(|g| g.index);

@@ -306,6 +306,7 @@ fn resolve_group(
                 .isolation
                 .or(ctx.node.isolation)
                 .map_or(Isolation::Verified, Isolation::from),
+            isolation_reason: String::new(),
         });
     }
     Ok(out)

@@ -399,7 +399,10 @@ fn a_share_on_a_gpu_whose_isolation_is_unverified_is_refused() {
     let msg = prepare_on_node(&c, DRIVER, &unverified)
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("GPU gpu-0 offers no shares: its isolation is unverified"), "{msg}");
+    assert!(
+        msg.contains("GPU gpu-0 offers no shares: its isolation is unverified"),
+        "{msg}"
+    );
     assert!(msg.contains("--accept-unverified-isolation"), "{msg}");
     // Accepted by the admin, or verified: prepared.
     for ok in [

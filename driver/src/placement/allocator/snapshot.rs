@@ -168,14 +168,16 @@ impl RecordedShare {
 /// The SM percentage a committed share may use and whether it guards its SMs: from the
 /// allocator's record where there is one (what it may use, its tier), else from the compute it
 /// consumes, counted as online (a share kube-scheduler booked without a record).
-fn share_threads(record: Option<&RecordedShare>, consumed: &Amounts, entry: &DeviceEntry) -> (i64, bool) {
+fn share_threads(
+    record: Option<&RecordedShare>,
+    consumed: &Amounts,
+    entry: &DeviceEntry,
+) -> (i64, bool) {
     let (compute, tier) = match record {
         Some(r) => (r.compute, r.tier),
         None => {
             let (_, comp) = entry.share_names();
-            let compute = consumed
-                .get(&comp)
-                .map_or(0, |q| q.ceil_units());
+            let compute = consumed.get(&comp).map_or(0, |q| q.ceil_units());
             (compute, Tier::Online)
         }
     };

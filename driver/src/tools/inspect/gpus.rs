@@ -37,6 +37,13 @@ pub struct GpuRow {
     /// devices carry the draining taint and take no new claims).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draining_to: Option<String>,
+    /// A shared GPU's `isolation` (`verified`, `unverified`, `unverified-accepted`): whether
+    /// its node proved its share limits hold there ([`crate::node::isolation`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
+    /// Why, as the node published it (`isolationReason`, e.g. `limit-not-enforced`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation_reason: Option<String>,
     /// The memory it declares.
     pub memory_total: Quantity,
     /// Memory allocated: all of it when held whole, else what its shares are guaranteed.
@@ -232,6 +239,8 @@ pub fn cluster_view(
             model: attribute(device, driver, names::ATTR_MODEL).unwrap_or_default(),
             mode: mode(device, driver),
             draining_to: draining_to(device),
+            isolation: attribute(device, driver, names::ATTR_ISOLATION),
+            isolation_reason: attribute(device, driver, names::ATTR_ISOLATION_REASON),
             memory_total: total,
             memory_allocated: usage.memory_used,
             memory_free: free,
@@ -374,6 +383,10 @@ mod tests {
         let gpus = &view.nodes[0].gpus;
         assert_eq!(gpus[0].mode, "shared");
         assert_eq!(gpus[0].draining_to.as_deref(), Some("exclusive"));
+        assert_eq!(
+            gpus[0].isolation, None,
+            "an exclusive GPU has no isolation to prove"
+        );
         assert_eq!(gpus[1].draining_to, None);
         let json = serde_json::to_value(gpus).unwrap();
         assert_eq!(json[0]["drainingTo"], "exclusive");
@@ -401,13 +414,7 @@ mod tests {
         // Batch over-commits only among batch shares: both shares are batch.
         let batch_of = |name: &str, compute: i64| {
             let mut c = share(name, "8Gi", compute);
-            c.spec
-                .devices
-                .as_mut()
-                .unwrap()
-                .requests
-                .as_mut()
-                .unwrap()[0]
+            c.spec.devices.as_mut().unwrap().requests.as_mut().unwrap()[0]
                 .exactly
                 .as_mut()
                 .unwrap()

@@ -201,7 +201,10 @@ fn memory_is_over_committed_only_when_the_class_opts_in_and_the_node_backs_it() 
         let mut leaky =
             Snapshot::new(&one_gpu_probed(true, true, isolation), &all_classes(), &[]).unwrap();
         place(&mut leaky, &share("online", SHARED, "60Gi", 0)).unwrap();
-        assert!(place(&mut leaky, &share("b", BATCH_MEM, "40Gi", 0)).is_none(), "{isolation}");
+        assert!(
+            place(&mut leaky, &share("b", BATCH_MEM, "40Gi", 0)).is_none(),
+            "{isolation}"
+        );
     }
     // Without hami-core, the memory factor does not apply.
     let mut mps = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
