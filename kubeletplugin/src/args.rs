@@ -429,7 +429,26 @@ impl Args {
         })
     }
 
-    /// The preparer, with the MPS supervisor (and the supervisor's watchdog) under
+    /// The node's discovery: `backend` with the chosen modes, every shared GPU's isolation
+    /// proven (`crate::isolation`) before the inventory is published or prepared from.
+    fn verified_discovery(
+        &self,
+        backend: Arc<dyn GpuDiscovery>,
+        choice: &Arc<RwLock<ModeChoice>>,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<Arc<Verified>> {
+        Ok(Arc::new(
+            Verified::new(
+                Arc::new(ChosenModes::new(backend, Arc::clone(choice))),
+                self.isolation_probe()?,
+                self.enforcement.as_str(),
+                self.accept_unverified_isolation,
+            )
+            .with_metrics(Arc::clone(metrics)),
+        ))
+    }
+
+    /// The preparer, with its MPS supervisor (and the supervisor's watchdog) under
     /// `--enforcement mps`.
     fn preparer(
         &self,
@@ -536,17 +555,7 @@ impl Args {
         let (flags, choice) = self.initial_modes(client.as_ref()).await?;
         let (backend, nvml) = self.discovery()?;
         let metrics = Arc::new(Metrics::new());
-        // Every discovery proves the isolation of the shared GPUs it finds (`crate::isolation`)
-        // before the inventory is published or prepared from.
-        let discovery = Arc::new(
-            Verified::new(
-                Arc::new(ChosenModes::new(backend, Arc::clone(&choice))),
-                self.isolation_probe()?,
-                self.enforcement.as_str(),
-                self.accept_unverified_isolation,
-            )
-            .with_metrics(Arc::clone(&metrics)),
-        );
+        let discovery = self.verified_discovery(backend, &choice, &metrics)?;
         let node = {
             let discovery = Arc::clone(&discovery);
             tokio::task::spawn_blocking(move || discovery.discover()).await??

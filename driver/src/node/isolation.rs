@@ -251,15 +251,7 @@ pub fn verdict(
     if gpu.mode != GpuMode::Shared {
         return None;
     }
-    let (code, unverified) = if !backend_limits(backend) {
-        (
-            REASON_NO_ENFORCEMENT,
-            format!(
-                "enforcement {backend:?} limits nothing in the container (time-slicing): \
-                 shares are bookkeeping only"
-            ),
-        )
-    } else {
+    let (code, unverified) = if backend_limits(backend) {
         match last.filter(|r| current(gpu, backend, r)) {
             None => (
                 REASON_NOT_PROBED,
@@ -294,6 +286,14 @@ pub fn verdict(
                 });
             }
         }
+    } else {
+        (
+            REASON_NO_ENFORCEMENT,
+            format!(
+                "enforcement {backend:?} limits nothing in the container (time-slicing): \
+                 shares are bookkeeping only"
+            ),
+        )
     };
     Some(if accept_unverified {
         Verdict {
@@ -322,7 +322,7 @@ pub fn apply(
     for gpu in &mut node.gpus {
         if let Some(v) = verdict(gpu, backend, records.get(&gpu.uuid), accept_unverified) {
             gpu.isolation = v.isolation;
-            gpu.isolation_reason = v.code.to_owned();
+            v.code.clone_into(&mut gpu.isolation_reason);
             out.insert(gpu.device_name(), v);
         }
     }

@@ -72,7 +72,7 @@ fn open_cuda() -> Result<Arc<CudaStream>, String> {
     let _ = std::panic::take_hook();
     match opened {
         Ok(Ok(ctx)) => Ok(ctx.default_stream()),
-        Ok(Err(e)) => Err(error_name(&e)),
+        Ok(Err(e)) => Err(error_name(e)),
         Err(panic) => Err(panic
             .downcast_ref::<String>()
             .cloned()
@@ -81,10 +81,9 @@ fn open_cuda() -> Result<Arc<CudaStream>, String> {
     }
 }
 
-fn error_name(e: &DriverError) -> String {
+fn error_name(e: DriverError) -> String {
     e.error_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{e:?}"))
+        .map_or_else(|_| format!("{e:?}"), |n| n.to_string_lossy().into_owned())
 }
 
 /// One allocation of `bytes`, zeroed on the device and waited for.
@@ -102,6 +101,6 @@ fn allocate(stream: &Arc<CudaStream>, bytes: u64) -> Allocation {
             let _ = stream.synchronize();
             Allocation::Served
         }
-        Err(e) => Allocation::Refused(error_name(&e)),
+        Err(e) => Allocation::Refused(error_name(e)),
     }
 }

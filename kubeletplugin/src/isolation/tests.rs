@@ -91,10 +91,10 @@ fn the_admin_can_accept_unverified_isolation_and_none_is_never_verified() {
             (GpuMode::Exclusive, Isolation::Verified),
         ]
     );
-    let none = verified(&s, "none", false).discover().unwrap();
-    assert_eq!(none.gpus[0].isolation, Isolation::Unverified);
+    let untouched = verified(&s, "none", false).discover().unwrap();
+    assert_eq!(untouched.gpus[0].isolation, Isolation::Unverified);
     assert_eq!(
-        none.gpus[0].isolation_reason,
+        untouched.gpus[0].isolation_reason,
         isolation::REASON_NO_ENFORCEMENT
     );
     assert_eq!(s.probe.probed().len(), 2, "none has nothing to probe");

@@ -173,13 +173,12 @@ fn share_threads(
     consumed: &Amounts,
     entry: &DeviceEntry,
 ) -> (i64, bool) {
-    let (compute, tier) = match record {
-        Some(r) => (r.compute, r.tier),
-        None => {
-            let (_, comp) = entry.share_names();
-            let compute = consumed.get(&comp).map_or(0, |q| q.ceil_units());
-            (compute, Tier::Online)
-        }
+    let (compute, tier) = if let Some(r) = record {
+        (r.compute, r.tier)
+    } else {
+        let (_, comp) = entry.share_names();
+        let compute = consumed.get(&comp).map_or(0, |q| q.ceil_units());
+        (compute, Tier::Online)
     };
     (
         crate::rules::overcommit::threads(compute),
