@@ -1,5 +1,5 @@
 //! Batch over-commit (shared/DESIGN.md §8): how much of a GPU a share is guaranteed, and how
-//! much it may use only when the GPU's other shares leave it idle.
+//! much more it may use, competing with the GPU's other batch shares (never beside online work).
 //!
 //! The rule, per shared GPU with capacity `C` (compute 100, memory its bytes), where
 //! `guaranteed` sums what every share on it is guaranteed and `over` what batch shares were
