@@ -181,7 +181,7 @@ fn the_isolation_probe_mode_reports_or_fails_closed() {
     match out.status.code() {
         Some(0) => {
             // A machine with CUDA: one report, whatever it found (no limit is set here).
-            let report: tessera_driver::isolation::ProbeReport =
+            let report: tessera_driver::node::isolation::ProbeReport =
                 serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(report.limit_bytes, 1 << 30);
         }
@@ -190,6 +190,9 @@ fn the_isolation_probe_mode_reports_or_fails_closed() {
             assert!(stderr.contains("CUDA is not usable"), "{stderr}");
             eprintln!("no CUDA here: the probe fails closed ({})", stderr.trim());
         }
-        other => panic!("unexpected exit {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
+        other => panic!(
+            "unexpected exit {other:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
     }
 }
