@@ -365,6 +365,25 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_gpu_shows_its_isolation_and_why() {
+        let mut inventory = Inventory::from_yaml(
+            "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n    count: 2\n",
+        )
+        .unwrap();
+        let gpu = &mut inventory.nodes[0].gpus[1];
+        gpu.isolation = crate::node::isolation::Isolation::Unverified;
+        gpu.isolation_reason = crate::node::isolation::REASON_LIMIT_NOT_ENFORCED.to_owned();
+        let slices = render(&inventory.nodes[0], &RenderOptions::default()).unwrap();
+        let view = cluster_view(names::DEFAULT_DRIVER_NAME, &slices, &[], &[], &[]).unwrap();
+        let gpus = &view.nodes[0].gpus;
+        assert_eq!(gpus[0].isolation.as_deref(), Some("verified"));
+        assert_eq!(gpus[1].isolation.as_deref(), Some("unverified"));
+        assert_eq!(gpus[1].isolation_reason.as_deref(), Some("limit-not-enforced"));
+        let json = serde_json::to_value(gpus).unwrap();
+        assert_eq!(json[1]["isolationReason"], "limit-not-enforced");
+    }
+
+    #[test]
     fn a_draining_gpu_shows_the_mode_it_switches_to() {
         let mut inventory = Inventory::from_yaml(
             "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n",
@@ -383,11 +402,11 @@ mod tests {
         let gpus = &view.nodes[0].gpus;
         assert_eq!(gpus[0].mode, "shared");
         assert_eq!(gpus[0].draining_to.as_deref(), Some("exclusive"));
+        assert_eq!(gpus[1].draining_to, None);
         assert_eq!(
-            gpus[0].isolation, None,
+            gpus[1].isolation, None,
             "an exclusive GPU has no isolation to prove"
         );
-        assert_eq!(gpus[1].draining_to, None);
         let json = serde_json::to_value(gpus).unwrap();
         assert_eq!(json[0]["drainingTo"], "exclusive");
         assert!(json[1].get("drainingTo").is_none());
