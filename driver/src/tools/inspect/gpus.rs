@@ -378,7 +378,10 @@ mod tests {
         let gpus = &view.nodes[0].gpus;
         assert_eq!(gpus[0].isolation.as_deref(), Some("verified"));
         assert_eq!(gpus[1].isolation.as_deref(), Some("unverified"));
-        assert_eq!(gpus[1].isolation_reason.as_deref(), Some("limit-not-enforced"));
+        assert_eq!(
+            gpus[1].isolation_reason.as_deref(),
+            Some("limit-not-enforced")
+        );
         let json = serde_json::to_value(gpus).unwrap();
         assert_eq!(json[1]["isolationReason"], "limit-not-enforced");
     }
