@@ -77,7 +77,7 @@ fn a_multi_allocatable_device_without_capacities_is_shared_by_every_claim() {
     assert_eq!(shares.len(), 4, "each allocation has its own shareID");
 }
 
-const GPU_SLICE: &str = "---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: node-1-gpus}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: node-1\n  pool: {name: node-1, generation: 1, resourceSliceCount: 1}\n  devices:\n  - name: gpu-0\n    allowMultipleAllocations: true\n    attributes: {type: {string: gpu}, sharing: {string: shared}, model: {string: a100-80g}}\n    capacity:\n      memory: {value: 80Gi, requestPolicy: {default: 1Gi, validRange: {min: 1Gi, step: 1Gi}}}\n      compute: {value: '100', requestPolicy: {default: '0', validRange: {min: '0', max: '100', step: '5'}}}\n";
+const GPU_SLICE: &str = "---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: node-1-gpus}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: node-1\n  pool: {name: node-1, generation: 1, resourceSliceCount: 1}\n  devices:\n  - name: gpu-0\n    allowMultipleAllocations: true\n    attributes: {type: {string: gpu}, sharing: {string: shared}, isolation: {string: verified}, model: {string: a100-80g}}\n    capacity:\n      memory: {value: 80Gi, requestPolicy: {default: 1Gi, validRange: {min: 1Gi, step: 1Gi}}}\n      compute: {value: '100', requestPolicy: {default: '0', validRange: {min: '0', max: '100', step: '5'}}}\n";
 
 fn class(file: &str) -> String {
     std::fs::read_to_string(support::repo().join("deviceclasses").join(file)).unwrap()

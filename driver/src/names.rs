@@ -74,6 +74,26 @@ pub const SHARING_SHARED: &str = "shared";
 pub const ATTR_ENFORCEMENT: &str = "enforcement";
 /// Value of [`ATTR_ENFORCEMENT`] on nodes that enforce shares with HAMi-core.
 pub const ENFORCEMENT_HAMI_CORE: &str = "hami-core";
+/// Value of [`ATTR_ENFORCEMENT`] on nodes that enforce shares with MPS.
+pub const ENFORCEMENT_MPS: &str = "mps";
+/// Value of [`ATTR_ENFORCEMENT`] on nodes that enforce nothing (time-slicing).
+pub const ENFORCEMENT_NONE: &str = "none";
+/// Attribute of a shared GPU: whether its node proved there that its enforcement backend
+/// holds a limit ([`ISOLATION_VERIFIED`], [`ISOLATION_UNVERIFIED`],
+/// [`ISOLATION_ACCEPTED`]; `crate::node::isolation`). The shipped share classes select verified
+/// and accepted GPUs only.
+pub const ATTR_ISOLATION: &str = "isolation";
+/// Attribute of a shared GPU: why its [`ATTR_ISOLATION`] is what it is, a short code
+/// (`probe-held`, `not-probed`, `limit-not-enforced`, … ; `crate::node::isolation::REASON_*`).
+pub const ATTR_ISOLATION_REASON: &str = "isolationReason";
+/// Value of [`ATTR_ISOLATION`]: the node's probe was refused past a limit and served under it.
+pub const ISOLATION_VERIFIED: &str = "verified";
+/// Value of [`ATTR_ISOLATION`]: not proven (the probe failed, timed out or has not run, or
+/// the backend limits nothing); such a GPU offers no shares through the shipped classes.
+pub const ISOLATION_UNVERIFIED: &str = "unverified";
+/// Value of [`ATTR_ISOLATION`]: not proven, and the admin accepted that explicitly
+/// (`--accept-unverified-isolation`); the shipped share classes select it.
+pub const ISOLATION_ACCEPTED: &str = "unverified-accepted";
 
 /// Capacity: memory in bytes.
 pub const CAP_MEMORY: &str = "memory";

@@ -17,6 +17,7 @@ pub mod driver_root;
 pub mod gpu_mode;
 pub mod health;
 pub mod inventory;
+pub mod isolation;
 pub mod mps;
 pub mod mps_exec;
 pub mod prepare;

@@ -29,6 +29,7 @@ use crate::claims::{ClaimSource, FakeClaimSource};
 use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
 use crate::driver_files;
 use crate::health_stream::{self, HealthReporter};
+use crate::isolation::{ChildProbe, FakeProbe, IsolationProbe, Verified};
 use crate::metrics::{MeteredPreparer, Metrics};
 use crate::mps::{DaemonKeeper, HostedDaemons, MpsConfig, MpsSupervisor, OsProcessHost};
 use crate::mps_cli::LaunchArgs;
@@ -219,11 +220,35 @@ pub struct Args {
     /// Seconds between checks of `--fake-inventory` for changes (0: never).
     #[arg(long, env = "TESSERA_INVENTORY_POLL_SECONDS", default_value_t = 10)]
     pub inventory_poll_seconds: u64,
+    /// Offer shares of GPUs whose isolation the node could not prove (published as
+    /// `isolation: unverified-accepted`, which the shipped share classes select). Off by
+    /// default: such GPUs are published `unverified` and offer no shares.
+    #[arg(
+        long,
+        env = "TESSERA_ACCEPT_UNVERIFIED_ISOLATION",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub accept_unverified_isolation: bool,
+    /// Seconds one isolation probe may take before it is killed (the GPU stays unverified).
+    #[arg(
+        long,
+        env = "TESSERA_ISOLATION_PROBE_TIMEOUT_SECONDS",
+        default_value_t = 60
+    )]
+    pub isolation_probe_timeout_seconds: u64,
 }
 
 impl Args {
     /// Parses the command line and runs the plugin until SIGTERM or SIGINT.
     pub fn parse_and_run() -> anyhow::Result<()> {
+        if std::env::args_os()
+            .nth(1)
+            .is_some_and(|a| a == crate::isolation::SUBCOMMAND)
+        {
+            // The isolation probe's child (`crate::isolation`): no flags, no logs, no runtime.
+            std::process::exit(crate::isolation::run_child());
+        }
         let args = Self::parse();
         init_logs(args.log_format);
         // A node agent serves a handful of kubelet calls: two workers and a small blocking
@@ -357,6 +382,71 @@ impl Args {
         Ok((Arc::new(source), Some(publishing)))
     }
 
+    /// The isolation probe's own MPS daemons under `--enforcement mps`: started by the plugin
+    /// itself, the way `--mps-daemons local` starts them, whichever keeper serves containers
+    /// (a node's `tessera-mps host` follows the checkpoint, where no probe is recorded).
+    fn probe_daemons(&self) -> anyhow::Result<Option<Arc<dyn DaemonKeeper>>> {
+        if self.enforcement != EnforcementKind::Mps {
+            return Ok(None);
+        }
+        let mut config = MpsConfig::new("");
+        config.launch = self.launch.launch()?;
+        config.ready_timeout = Duration::from_secs(self.mps_ready_seconds);
+        Ok(Some(Arc::new(MpsSupervisor::new(
+            config,
+            Arc::new(OsProcessHost::new()),
+        ))))
+    }
+
+    /// The probe that proves the node's isolation: the fake inventory's answers with
+    /// `--gpu-backend fake`, else the plugin's own binary as a child in a claim's environment.
+    /// Under MPS the probe has daemons of its own (`<pipe dir root>/probe/…`), so it never
+    /// starts, adopts or quits a daemon that serves containers.
+    fn isolation_probe(&self) -> anyhow::Result<Arc<dyn IsolationProbe>> {
+        Ok(match self.gpu_backend {
+            GpuBackend::Fake => Arc::new(FakeProbe::new()),
+            GpuBackend::Nvml => {
+                let enforcement = match self.enforcement() {
+                    Enforcement::Mps {
+                        pipe_dir_root,
+                        log_dir_root,
+                    } => Enforcement::Mps {
+                        pipe_dir_root: format!("{}/probe", pipe_dir_root.trim_end_matches('/')),
+                        log_dir_root: format!("{}/probe", log_dir_root.trim_end_matches('/')),
+                    },
+                    other => other,
+                };
+                Arc::new(
+                    ChildProbe::of_this_binary(
+                        enforcement,
+                        self.probe_daemons()?,
+                        Duration::from_secs(self.isolation_probe_timeout_seconds),
+                    )
+                    .context("finding the plugin's own binary for the isolation probe")?,
+                )
+            }
+        })
+    }
+
+    /// The node's discovery: `backend` with the chosen modes, every shared GPU's isolation
+    /// proven (`crate::isolation`) before the inventory is published or prepared from.
+    fn verified_discovery(
+        &self,
+        backend: Arc<dyn GpuDiscovery>,
+        choice: &Arc<RwLock<ModeChoice>>,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<Arc<Verified>> {
+        Ok(Arc::new(
+            Verified::new(
+                Arc::new(ChosenModes::new(backend, Arc::clone(choice))),
+                self.isolation_probe()?,
+                self.enforcement.as_str(),
+                self.accept_unverified_isolation,
+            )
+            .with_metrics(Arc::clone(metrics)),
+        ))
+    }
+
     /// The preparer, with its MPS supervisor (and the supervisor's watchdog) under
     /// `--enforcement mps`.
     fn preparer(
@@ -462,14 +552,17 @@ impl Args {
         };
         let (flags, choice) = self.initial_modes(client.as_ref()).await?;
         let (backend, nvml) = self.discovery()?;
-        let discovery = ChosenModes::new(backend, Arc::clone(&choice));
-        let node = discovery.discover()?;
+        let metrics = Arc::new(Metrics::new());
+        let discovery = self.verified_discovery(backend, &choice, &metrics)?;
+        let node = {
+            let discovery = Arc::clone(&discovery);
+            tokio::task::spawn_blocking(move || discovery.discover()).await??
+        };
         // The sender stays alive for the whole run: publishing follows what it holds.
         let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(node.clone());
         let (source, publishing) = self.claim_source(client.as_ref(), inventory_rx)?;
         let plugin_dir = self.plugin_dir();
         let (preparer, watchdog) = self.preparer(node, Arc::clone(&source), &plugin_dir)?;
-        let metrics = Arc::new(Metrics::new());
         let accounting =
             self.accounting(Arc::clone(&preparer), source, client.as_ref(), &metrics)?;
         let health = HealthReporter::spawn(inventory_tx.subscribe());

@@ -32,6 +32,7 @@ pub mod error;
 pub mod health_http;
 pub mod health_stream;
 pub mod input_file;
+pub mod isolation;
 pub mod metrics;
 pub mod mps;
 pub mod mps_cli;

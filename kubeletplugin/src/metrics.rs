@@ -49,6 +49,14 @@ struct StopLabels {
     means: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IsolationLabels {
+    gpu: String,
+    uuid: String,
+    isolation: String,
+    reason: String,
+}
+
 type HistogramFamily = Family<CallLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -135,6 +143,7 @@ pub struct Metrics {
     mode_changes_refused: Family<GpuLabels, Counter>,
     gpu_healthy: Family<GpuLabels, Gauge>,
     accounting_stops: Family<StopLabels, Counter>,
+    gpu_isolation: Family<IsolationLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -169,6 +178,13 @@ impl Metrics {
             "Processes stopped because their claim's processes together used more GPU memory \
              than it booked, by means (mps_terminate, kill; failed: an attempt that failed)",
             accounting_stops.clone(),
+        );
+        let gpu_isolation = Family::<IsolationLabels, Gauge>::default();
+        registry.register(
+            "gpu_isolation",
+            "1 for each shared GPU with its isolation (verified, unverified, unverified-accepted) \
+             and the reason code; a GPU offers shares only when verified or accepted",
+            gpu_isolation.clone(),
         );
         registry.register(
             "gpu_healthy",
@@ -233,6 +249,29 @@ impl Metrics {
             mode_changes_refused,
             gpu_healthy,
             accounting_stops,
+            gpu_isolation,
+        }
+    }
+
+    /// Sets `tessera_kubelet_plugin_gpu_isolation` to the `verdicts` of `node`'s shared GPUs
+    /// (by device name), forgetting earlier ones.
+    pub fn observe_isolation(
+        &self,
+        node: &NodeInventory,
+        verdicts: &BTreeMap<String, tessera_driver::node::isolation::Verdict>,
+    ) {
+        self.gpu_isolation.clear();
+        for gpu in &node.gpus {
+            if let Some(v) = verdicts.get(&gpu.device_name()) {
+                self.gpu_isolation
+                    .get_or_create(&IsolationLabels {
+                        gpu: gpu.device_name(),
+                        uuid: gpu.uuid.clone(),
+                        isolation: v.isolation.as_str().to_owned(),
+                        reason: v.code.to_owned(),
+                    })
+                    .set(1);
+            }
         }
     }
 
@@ -432,6 +471,7 @@ mod tests {
             share_memory_bytes: share.map(|s| s.0),
             share_compute_percent: share.map(|s| s.1),
             share_id: None,
+            share_tier: None,
         }
     }
 

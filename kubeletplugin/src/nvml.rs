@@ -311,7 +311,7 @@ mod tests {
             index,
             uuid: format!("GPU-{index:08x}-aaaa-bbbb-cccc-000000000000"),
             product_name: "NVIDIA H100 80GB HBM3".to_owned(),
-            brand: "Nvidia".to_owned(),
+            brand: "NVIDIA".to_owned(),
             architecture: "Hopper".to_owned(),
             compute_capability: (9, 0),
             memory_bytes: 80 * GIB,

@@ -89,6 +89,10 @@ pub struct OpsConfig {
 pub struct Ops {
     http: Option<OpsServer>,
     watcher: Option<InventoryWatcher>,
+    /// The inventory's sender while nothing follows the inventory: kept, not dropped, so the
+    /// publisher and the health streams keep serving the inventory they have (a dropped
+    /// sender ends a watch's receivers).
+    held: Option<watch::Sender<NodeInventory>>,
 }
 
 impl Ops {
@@ -111,6 +115,7 @@ impl Ops {
             ),
             None => None,
         };
+        let mut held = None;
         let watcher = match config.watch {
             Some((path, interval)) if !interval.is_zero() => {
                 info!(path = ?path, ?interval, "following the inventory");
@@ -120,9 +125,17 @@ impl Ops {
                 }
                 Some(InventoryWatcher::start(poller, interval, config.wake))
             }
-            _ => None,
+            _ => {
+                info!("not following the inventory: the one found at start stays published");
+                held = config.publish;
+                None
+            }
         };
-        Ok(Self { http, watcher })
+        Ok(Self {
+            http,
+            watcher,
+            held,
+        })
     }
 
     /// The address the endpoint is bound to, when it runs.
@@ -132,6 +145,7 @@ impl Ops {
 
     /// Stops the watcher and the endpoint.
     pub async fn shutdown(self) -> Result<()> {
+        drop(self.held);
         if let Some(watcher) = self.watcher {
             watcher.shutdown().await?;
         }

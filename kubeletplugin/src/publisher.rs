@@ -420,8 +420,10 @@ impl SlicePublisher {
 
     /// Publishes every inventory `inventory` holds, the current one first; a newer inventory
     /// arriving while a publication is retrying replaces it. Meanwhile it watches the node's
-    /// slices and publishes again when someone else deleted or changed them. Ends when the
-    /// sender is dropped.
+    /// slices and publishes again when someone else deleted or changed them. A dropped sender
+    /// only means the inventory no longer changes (nobody follows it, e.g.
+    /// `--inventory-poll-seconds 0`): the last one stays published, and is published again on
+    /// drift, until the task is aborted.
     pub fn spawn(self: Arc<Self>, inventory: watch::Receiver<NodeInventory>) -> JoinHandle<()> {
         tokio::spawn(async move {
             let drifted = Arc::new(Notify::new());
@@ -432,30 +434,36 @@ impl SlicePublisher {
         })
     }
 
-    /// Publishes what `inventory` holds whenever it changes or `drifted` is notified.
+    /// Publishes what `inventory` holds whenever it changes or `drifted` is notified; once
+    /// its sender is gone, whenever `drifted` is notified.
     async fn follow(&self, mut inventory: watch::Receiver<NodeInventory>, drifted: &Notify) {
+        let mut open = true;
         loop {
             let node = inventory.borrow_and_update().clone();
-            tokio::select! {
-                _ = self.publish(&node) => {}
-                changed = inventory.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-            }
-            tokio::select! {
-                changed = inventory.changed() => {
-                    if changed.is_err() {
-                        return;
+            if open {
+                tokio::select! {
+                    _ = self.publish(&node) => {}
+                    changed = inventory.changed() => {
+                        open = changed.is_ok();
+                        continue;
                     }
                 }
-                () = drifted.notified() => {
-                    // Let the rest of a burst of deletions arrive: one publication answers all.
-                    tokio::time::sleep(self.config.drift_settle).await;
-                }
+            } else {
+                self.publish(&node).await;
             }
+            if open {
+                tokio::select! {
+                    changed = inventory.changed() => {
+                        open = changed.is_ok();
+                        continue;
+                    }
+                    () = drifted.notified() => {}
+                }
+            } else {
+                drifted.notified().await;
+            }
+            // Let the rest of a burst of deletions arrive: one publication answers all.
+            tokio::time::sleep(self.config.drift_settle).await;
         }
     }
 }

@@ -159,3 +159,40 @@ fn without_nvml_the_nvml_backend_stops_at_start_with_a_clear_message() {
     assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
     assert!(!dir.path().join("registry").exists(), "nothing was served");
 }
+
+#[test]
+fn the_isolation_probe_mode_reports_or_fails_closed() {
+    let run = |limit: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"));
+        command.arg("isolation-probe").env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            command.env("PATH", path);
+        }
+        if let Some(limit) = limit {
+            command.env("TESSERA_GPU_MEMORY_LIMIT_BYTES", limit);
+        }
+        command.output().unwrap()
+    };
+    // No limit in the environment: nothing to probe.
+    let out = run(None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TESSERA_GPU_MEMORY_LIMIT_BYTES"));
+    let out = run(Some("1073741824"));
+    match out.status.code() {
+        Some(0) => {
+            // A machine with CUDA: one report, whatever it found (no limit is set here).
+            let report: tessera_driver::node::isolation::ProbeReport =
+                serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(report.limit_bytes, 1 << 30);
+        }
+        Some(3) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("CUDA is not usable"), "{stderr}");
+            eprintln!("no CUDA here: the probe fails closed ({})", stderr.trim());
+        }
+        other => panic!(
+            "unexpected exit {other:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}

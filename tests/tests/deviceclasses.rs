@@ -134,3 +134,39 @@ fn every_model_has_a_class() {
         assert!(classes.contains(&class), "no DeviceClass {class}");
     }
 }
+
+#[test]
+fn share_classes_select_only_gpus_whose_isolation_is_verified_or_accepted() {
+    let text = "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n  - model: h200-141g\n    isolation: unverified\n  - model: h200-141g\n  - model: h200-141g\n    mode: exclusive\n";
+    let mut node = Inventory::from_yaml(text).unwrap().nodes.remove(0);
+    // As the kubelet plugin publishes a GPU the admin accepted unverified.
+    node.gpus[2].isolation = tessera_driver::node::isolation::Isolation::Accepted;
+    let mut devices = Vec::new();
+    for slice in slices::render(&node, &RenderOptions::default()).unwrap() {
+        for device in slice.spec.devices.into_iter().flatten() {
+            devices.push((format!("n/{}", device.name), device));
+        }
+    }
+    // A shared device published before the attribute existed is not selected either.
+    let mut old = devices[0].clone();
+    old.0 = "n/old".to_owned();
+    if let Some(attrs) = old.1.attributes.as_mut() {
+        attrs.remove("isolation");
+    }
+    devices.push(old);
+    let cel = CelCache::new();
+    for class in classes() {
+        let name = class.metadata.name.clone().unwrap();
+        if !["shared", "batch", "batch-overcommit"]
+            .iter()
+            .any(|c| name == format!("{c}.gpu.tessera.dev"))
+        {
+            continue;
+        }
+        assert_eq!(
+            selected(&class, &devices, &cel),
+            names("n", &["gpu-0", "gpu-2"]),
+            "{name}"
+        );
+    }
+}

@@ -224,10 +224,7 @@ fn write_cluster_table(view: &ClusterView, out: &mut String) {
                 } else {
                     gpu.model.clone()
                 },
-                match &gpu.draining_to {
-                    Some(next) => format!("{} (draining to {next})", gpu.mode),
-                    None => gpu.mode.clone(),
-                },
+                mode_cell(gpu),
                 if gpu.memory_overcommitted.is_zero() {
                     format!("{}/{}", gpu.memory_allocated, gpu.memory_total)
                 } else {
@@ -281,5 +278,30 @@ fn write_explanation(e: &PodExplanation, out: &mut String) {
         for c in &e.conditions {
             let _ = writeln!(out, "  {c}");
         }
+    }
+}
+
+/// The MODE cell: the mode, the mode a draining GPU switches to, and a shared GPU's isolation
+/// when it is not verified (with the node's reason), e.g.
+/// `shared (isolation unverified: limit-not-enforced)`.
+fn mode_cell(gpu: &tessera_driver::tools::inspect::gpus::GpuRow) -> String {
+    let mut notes = Vec::new();
+    if let Some(next) = &gpu.draining_to {
+        notes.push(format!("draining to {next}"));
+    }
+    if let Some(isolation) = gpu
+        .isolation
+        .as_deref()
+        .filter(|i| *i != tessera_driver::names::ISOLATION_VERIFIED)
+    {
+        notes.push(match &gpu.isolation_reason {
+            Some(reason) => format!("isolation {isolation}: {reason}"),
+            None => format!("isolation {isolation}"),
+        });
+    }
+    if notes.is_empty() {
+        gpu.mode.clone()
+    } else {
+        format!("{} ({})", gpu.mode, notes.join(", "))
     }
 }

@@ -36,8 +36,9 @@ use crate::rules::share::PerDeviceShare;
 
 pub use enforcement::{
     Enforcement, HAMI_CACHE_DIR_IN_CONTAINER, HAMI_CACHE_FILE_IN_CONTAINER,
-    HAMI_LIBRARY_IN_CONTAINER, HAMI_LOCK_DIR_IN_CONTAINER, MPS_PIPE_DIR_IN_CONTAINER,
-    MPS_SHM_IN_CONTAINER, MpsDaemon, hami_task_priority, mps_client_priority, mps_daemon_id,
+    HAMI_LIBRARY_IN_CONTAINER, HAMI_LOCK_DIR_IN_CONTAINER, MEMORY_LIMIT_ENV,
+    MPS_PIPE_DIR_IN_CONTAINER, MPS_SHM_IN_CONTAINER, MpsDaemon, hami_task_priority,
+    mps_client_priority, mps_daemon_id,
 };
 pub use spec::{CDI_VERSION, CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, Mount};
 
@@ -378,6 +379,7 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
             }
             Enforcement::None => ContainerEdits::default(),
         };
+        edits.env.extend(enforcement::memory_limit_env(&plan.cuda));
         edits.env.extend(backend.env);
         edits.mounts.extend(backend.mounts);
     }

@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::node::cdi::{self, MpsDaemon};
 use crate::node::prepare::PreparedClaim;
+use crate::rules::config::Tier;
+use crate::rules::overcommit;
 
 mod holdings;
 
@@ -77,6 +79,10 @@ pub struct HeldDevice {
     /// The allocation result's `shareID` (absent for a device that allows one allocation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// A shared device's tier (absent for a whole device; a share recorded before tiers were
+    /// recorded reads as online, which protects it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_tier: Option<Tier>,
 }
 
 impl HeldDevice {
@@ -162,8 +168,26 @@ pub fn held_devices(claim: &PreparedClaim) -> Vec<HeldDevice> {
             share_memory_bytes: d.share.as_ref().map(|s| s.memory_bytes),
             share_compute_percent: d.share.as_ref().map(|s| s.compute_percent),
             share_id: d.share_id.clone(),
+            share_tier: d.share.as_ref().map(|_| d.tier),
         })
         .collect()
+}
+
+/// The compute a claim's shares of GPU `gpu` may use together (the node gives one claim one
+/// budget per GPU) and whether any of them is online, over `devices` of one claim; `None` when
+/// the claim holds no share of it.
+fn gpu_threads(devices: &[HeldDevice], gpu: &str) -> Option<(i64, bool)> {
+    devices
+        .iter()
+        .filter(|d| d.gpu_uuid == gpu && !d.mig)
+        .filter_map(|d| Some((d.share_compute_percent?, d.share_tier.unwrap_or_default())))
+        .fold(None, |acc, (compute, tier)| {
+            let (t, online) = acc.unwrap_or((0, false));
+            Some((
+                t.saturating_add(overcommit::threads(compute)),
+                online || overcommit::guards_sms(tier, compute),
+            ))
+        })
 }
 
 /// What [`Checkpoint::begin_prepare`] decided.
@@ -257,6 +281,49 @@ impl Checkpoint {
         }
     }
 
+    /// Refuses claim `uid` holding `devices` when, on one of its shared GPUs, an online share
+    /// is (or would be) and the compute of every recorded claim's shares there would pass 100
+    /// (`overcommit::threads_fit`): the node's own check of what the allocator keeps.
+    fn check_sms(&self, claim: &PreparedClaim, devices: &[HeldDevice]) -> Result<()> {
+        let uid = claim.uid.as_str();
+        let mut gpus: Vec<&str> = devices
+            .iter()
+            .filter(|d| d.share_compute_percent.is_some() && !d.mig)
+            .map(|d| d.gpu_uuid.as_str())
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        for gpu in gpus {
+            let Some(mine) = gpu_threads(devices, gpu) else {
+                continue;
+            };
+            let (mut used, mut guarded) = (0_i64, 0_u32);
+            for (holder, entry) in &self.claims {
+                if holder == uid {
+                    continue;
+                }
+                if let Some((t, online)) = gpu_threads(&entry.devices, gpu) {
+                    used = used.saturating_add(t);
+                    guarded += u32::from(online);
+                }
+            }
+            if !overcommit::threads_fit(used, guarded, mine) {
+                return Err(Error::Prepare {
+                    claim: format!("{}/{}", claim.namespace, claim.name),
+                    message: format!(
+                        "its shares of GPU {gpu} may use {}% compute beside {used}% of the claims \
+                         prepared there, past 100% while an online share is on the GPU: online work \
+                         keeps the SMs it was promised (batch compute is over-committed only among \
+                         batch shares); the allocation was not made by Tessera's allocator under this \
+                         rule — delete the pod to allocate it again",
+                        mine.0
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Records the MPS daemon a started claim needs, so a restarted plugin starts it again;
     /// returns whether the claim is recorded.
     pub fn set_mps_daemon(&mut self, uid: &str, daemon: Option<MpsDaemon>) -> bool {
@@ -341,6 +408,7 @@ impl PrepareBatch<'_> {
                 holder: holder.to_owned(),
             });
         }
+        self.record.check_sms(claim, &devices)?;
         self.holdings.add(&claim.uid, &devices);
         self.record.claims.insert(
             claim.uid.clone(),
@@ -486,6 +554,61 @@ mod tests {
             record.begin_prepare(&c, Vec::new()).unwrap(),
             Begin::Started
         );
+    }
+
+    fn share(uid: &str, compute: i64, tier: crate::rules::config::Tier) -> PreparedClaim {
+        let mut d = device("gpu-0", "GPU-0", Some(4), false);
+        d.share = Some(PerDeviceShare {
+            memory_bytes: 4 << 30,
+            compute_percent: compute,
+        });
+        d.tier = tier;
+        claim(uid, vec![d])
+    }
+
+    #[test]
+    fn beside_an_online_share_the_node_refuses_compute_past_the_gpu() {
+        use crate::rules::config::Tier::{Batch, Online};
+        let mut record = Checkpoint::new("b");
+        record
+            .begin_prepare(&share("o", 70, Online), Vec::new())
+            .unwrap();
+        record
+            .begin_prepare(&share("b1", 30, Batch), Vec::new())
+            .unwrap();
+        let err = record
+            .begin_prepare(&share("b2", 5, Batch), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("claim ns/claim-b2 cannot be prepared"),
+            "{err}"
+        );
+        assert!(err.contains("may use 5% compute beside 100%"), "{err}");
+        // A re-prepare of a recorded claim does not count itself.
+        record
+            .begin_prepare(&share("b1", 30, Batch), Vec::new())
+            .unwrap();
+        // Among batch shares the node leaves over-commit to the allocator's factor.
+        let mut batch = Checkpoint::new("b");
+        batch
+            .begin_prepare(&share("b1", 80, Batch), Vec::new())
+            .unwrap();
+        batch
+            .begin_prepare(&share("b2", 60, Batch), Vec::new())
+            .unwrap();
+        let err = batch
+            .begin_prepare(&share("o", 5, Online), Vec::new())
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("may use 5% compute beside 140%"),
+            "{err}"
+        );
+        // Once the online share is gone, the GPU is batch-only again.
+        record.remove("o");
+        record
+            .begin_prepare(&share("b2", 80, Batch), Vec::new())
+            .unwrap();
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! [`Inventory::from_yaml`] fills them from a fake-inventory file (documented in
 //! docs/inventory.md), defaulting every field that file leaves out deterministically.
 
+pub mod brand;
 pub mod discovered;
 mod file;
 mod mig;
@@ -138,6 +139,13 @@ pub struct Gpu {
     /// its configuration waits for them (`reconfigure`), when it is published with the
     /// draining taint. Discovery never sets it.
     pub draining_to: Option<GpuMode>,
+    /// Whether the node proved its share isolation on this GPU (`crate::node::isolation`); published
+    /// on shared GPUs only. NVML discovery finds every GPU unverified until the kubelet
+    /// plugin's probe says otherwise; a fake-inventory file states what the probe finds.
+    pub isolation: crate::node::isolation::Isolation,
+    /// Why, as a short code (`crate::node::isolation::REASON_*`), published as `isolationReason`
+    /// on shared GPUs when not empty.
+    pub isolation_reason: String,
 }
 
 /// One MIG instance (a GPU instance with its full compute instance).

@@ -185,6 +185,26 @@ pub fn prepare_on_node(
         };
         let memory_overcommitted =
             record.is_some_and(|r| r.guaranteed.memory_bytes < r.share.memory_bytes);
+        // Fail closed: a share only where the node proved (or the admin accepted) isolation,
+        // and over-committed memory only where the probe held (`crate::node::isolation`).
+        if share.is_some() && !gpu.isolation.offers_shares() {
+            return Err(device_err(format!(
+                "GPU {} offers no shares: its isolation is {} (the node's probe has not proven \
+                 its limits there; see the plugin's log, its metrics or `tessera inspect`); \
+                 delete the pod to allocate it elsewhere, or accept unverified isolation with \
+                 --accept-unverified-isolation",
+                gpu.device_name(),
+                gpu.isolation
+            )));
+        }
+        if memory_overcommitted && gpu.isolation != crate::node::isolation::Isolation::Verified {
+            return Err(device_err(format!(
+                "the share over-commits memory, which needs isolation proven on GPU {} (it \
+                 is {})",
+                gpu.device_name(),
+                gpu.isolation
+            )));
+        }
         devices.push(PreparedDevice {
             request: result.request.clone(),
             pool: result.pool.clone(),

@@ -144,6 +144,7 @@ mod tests {
                     share_memory_bytes: None,
                     share_compute_percent: None,
                     share_id: None,
+                    share_tier: None,
                 }],
                 host_dirs: Vec::new(),
                 mps_daemon: None,

@@ -296,6 +296,18 @@ fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
     if let Some(enforcement) = opts.enforcement.as_deref().filter(|_| shared) {
         a.insert(names::ATTR_ENFORCEMENT.to_owned(), string(enforcement));
     }
+    if shared {
+        a.insert(
+            names::ATTR_ISOLATION.to_owned(),
+            string(gpu.isolation.as_str()),
+        );
+        if !gpu.isolation_reason.is_empty() {
+            a.insert(
+                names::ATTR_ISOLATION_REASON.to_owned(),
+                string(&gpu.isolation_reason),
+            );
+        }
+    }
 
     let consumable = shared && opts.consumable_capacity;
     let mut c = BTreeMap::new();

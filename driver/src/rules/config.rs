@@ -55,10 +55,11 @@ pub struct GpuShare {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
-    /// Latency-sensitive work: the higher kernel priority. The default.
+    /// Latency-sensitive work: keeps the SMs it was promised (no compute over-commit beside
+    /// it, `crate::rules::overcommit`) and the higher priority variable (a hint). The default.
     #[default]
     Online,
-    /// Best-effort work: the lower kernel priority.
+    /// Best-effort work: may be over-committed among batch shares; the lower priority variable.
     Batch,
 }
 

@@ -41,6 +41,7 @@ fn record(mps: Option<MpsDaemon>) -> Checkpoint {
                 share_memory_bytes: Some(10 * GIB),
                 share_compute_percent: Some(50),
                 share_id: Some("s1".to_owned()),
+                share_tier: None,
             }],
             host_dirs: Vec::new(),
             mps_daemon: mps,

@@ -82,7 +82,7 @@ impl NvmlDevice for WrapperDevice<'_> {
     fn brand(&self) -> Result<String> {
         self.0
             .brand()
-            .map(|b| format!("{b:?}"))
+            .map(|b| tessera_driver::node::inventory::brand::brand_name(b.as_c()).to_owned())
             .map_err(nvml_err("nvmlDeviceGetBrand"))
     }
     fn architecture(&self) -> Result<String> {

@@ -19,7 +19,8 @@ pub(crate) struct RunningArgs {
 }
 
 impl RunningArgs {
-    /// Starts the plugin of `node` on `inventory` (YAML), polling it every second, talking to
+    /// Starts the plugin of `node` on `inventory` (YAML), polling it every second, enforcing
+    /// with `none` and accepting unverified isolation unless `extra` says otherwise, talking to
     /// `server`, with `extra` flags.
     pub(crate) fn start(
         server: &FakeApiServer,
@@ -38,14 +39,23 @@ impl RunningArgs {
             node,
             "--gpu-backend",
             "fake",
-            "--inventory-poll-seconds",
-            "1",
-            "--enforcement",
-            "none",
         ]
         .iter()
         .map(ToString::to_string)
         .collect();
+        // Defaults that `extra` may replace (a flag given twice is an error).
+        // Without enforcement nothing is verified: these runs accept unverified isolation
+        // explicitly, as an admin of such a node would.
+        for (flag, value) in [
+            ("--inventory-poll-seconds", "1"),
+            ("--enforcement", "none"),
+            ("--accept-unverified-isolation", "true"),
+        ] {
+            if !extra.contains(&flag) {
+                command_line.push(flag.to_owned());
+                command_line.push(value.to_owned());
+            }
+        }
         for (flag, file) in [
             ("--fake-inventory", "inventory.yaml"),
             ("--kubeconfig", "kubeconfig"),

@@ -26,6 +26,7 @@ fn share(gpu: &str, gib: u64) -> HeldDevice {
         share_memory_bytes: Some(gib * GIB),
         share_compute_percent: Some(0),
         share_id: Some("s".to_owned()),
+        share_tier: None,
     }
 }
 

@@ -154,6 +154,31 @@ fn per_ordinal(devices: &[CudaDevice], mut each: impl FnMut(usize, u64)) {
     }
 }
 
+/// The variable that tells a workload its memory limit in bytes: the smallest limit of the
+/// claim's shared devices (for a one-GPU share, its limit). Under MPS `cudaMemGetInfo` reports
+/// the whole GPU as total, so frameworks that size their pools from it over-ask.
+pub const MEMORY_LIMIT_ENV: &str = "TESSERA_GPU_MEMORY_LIMIT_BYTES";
+
+/// `TESSERA_GPU_MEMORY_LIMIT_BYTES_<ordinal>=<bytes>` for every shared device, and
+/// [`MEMORY_LIMIT_ENV`] with the smallest of them; nothing when the claim holds no share.
+pub(super) fn memory_limit_env(devices: &[CudaDevice]) -> Vec<String> {
+    let mut env = Vec::new();
+    let mut smallest: Option<u64> = None;
+    for (ordinal, d) in devices.iter().enumerate() {
+        if let Some(share) = d.share {
+            env.push(format!(
+                "{MEMORY_LIMIT_ENV}_{ordinal}={}",
+                share.memory_bytes
+            ));
+            smallest = Some(smallest.map_or(share.memory_bytes, |s| s.min(share.memory_bytes)));
+        }
+    }
+    if let Some(bytes) = smallest {
+        env.insert(0, format!("{MEMORY_LIMIT_ENV}={bytes}"));
+    }
+    env
+}
+
 pub(super) fn mps_edits(daemon: &MpsDaemon, devices: &[CudaDevice], tier: Tier) -> ContainerEdits {
     let mut env = vec![
         format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR_IN_CONTAINER}"),

@@ -164,6 +164,8 @@ fn mps_share_sets_client_limits_and_mounts_its_daemon() {
         env(&spec),
         [
             format!("NVIDIA_VISIBLE_DEVICES={GPU0}"),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES=10737418240".to_owned(),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES_0=10737418240".to_owned(),
             "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps".to_owned(),
             "CUDA_MPS_CLIENT_PRIORITY=0".to_owned(),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_owned(),
@@ -192,6 +194,8 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
         env(&spec),
         [
             format!("NVIDIA_VISIBLE_DEVICES={GPU0}"),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES=10737418240".to_owned(),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES_0=10737418240".to_owned(),
             format!("CUDA_VISIBLE_DEVICES={GPU0}"),
             "LD_PRELOAD=/usr/local/tessera/hami/libvgpu.so".to_owned(),
             "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/tessera/hami/vgpu.cache".to_owned(),
@@ -217,9 +221,16 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
 }
 
 #[test]
-fn none_enforcement_writes_no_limits() {
+fn none_enforcement_writes_no_limits_but_tells_the_workload_its_booking() {
     let spec = build_spec(&shared_claim(), &Enforcement::None).unwrap();
-    assert_eq!(env(&spec), [format!("NVIDIA_VISIBLE_DEVICES={GPU0}")]);
+    assert_eq!(
+        env(&spec),
+        [
+            format!("NVIDIA_VISIBLE_DEVICES={GPU0}"),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES=10737418240".to_owned(),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES_0=10737418240".to_owned(),
+        ]
+    );
     assert!(spec.container_edits.unwrap().mounts.is_empty());
     assert_eq!(
         render(&shared_claim(), &Enforcement::None)
@@ -245,6 +256,9 @@ fn multi_gpu_share_uses_one_daemon_for_the_set_in_uuid_order() {
         env(&spec),
         [
             format!("NVIDIA_VISIBLE_DEVICES={GPU1},{GPU0}"),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES=8589934592".to_owned(),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES_0=8589934592".to_owned(),
+            "TESSERA_GPU_MEMORY_LIMIT_BYTES_1=8589934592".to_owned(),
             "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps".to_owned(),
             "CUDA_MPS_CLIENT_PRIORITY=0".to_owned(),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_owned(),
@@ -275,6 +289,13 @@ fn shares_of_one_gpu_in_two_requests_add_up_and_whole_gpus_join_the_daemon() {
     // GPU1 (whole) sorts first: ordinal 0 has no memory limit, the shared GPU0 is ordinal 1.
     assert!(has_env(&spec, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=5120M"));
     assert!(has_env(&spec, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"));
+    // The workload is told the claim's limit of the shared ordinal only.
+    assert!(has_env(&spec, "TESSERA_GPU_MEMORY_LIMIT_BYTES=5368709120"));
+    assert!(has_env(
+        &spec,
+        "TESSERA_GPU_MEMORY_LIMIT_BYTES_1=5368709120"
+    ));
+    assert!(!has_env(&spec, "TESSERA_GPU_MEMORY_LIMIT_BYTES_0="));
     let ids = device_ids(&c);
     assert_eq!(ids.len(), 3);
     assert_eq!(ids[0].1, ids[1].1);

@@ -11,6 +11,7 @@ use super::mig::{self, PlaceError, Wanted};
 use super::models::{self, GpuModel};
 use super::{Gpu, GpuMode, Inventory, MigInstance, NodeInventory};
 use crate::error::{Error, Result};
+use crate::node::isolation::Isolation;
 use crate::rules::limits;
 use crate::rules::quantity::Quantity;
 
@@ -50,6 +51,7 @@ struct FileNode {
     driver_version: Option<String>,
     cuda_driver_version: Option<String>,
     numa_nodes: Option<u32>,
+    isolation: Option<IsolationName>,
     #[serde(default)]
     gpus: Vec<FileGpuGroup>,
 }
@@ -69,6 +71,7 @@ struct FileGpuGroup {
     pcie_root: Option<String>,
     uuids: Option<Vec<String>>,
     healthy: Option<bool>,
+    isolation: Option<IsolationName>,
     driver_version: Option<String>,
     cuda_driver_version: Option<String>,
     mig: Option<Vec<FileMig>>,
@@ -88,6 +91,23 @@ enum GpuModeName {
     Exclusive,
     Shared,
     Mig,
+}
+
+/// What the node's isolation probe finds on the GPU (the fake backend's probe answers it).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum IsolationName {
+    Verified,
+    Unverified,
+}
+
+impl From<IsolationName> for Isolation {
+    fn from(i: IsolationName) -> Self {
+        match i {
+            IsolationName::Verified => Self::Verified,
+            IsolationName::Unverified => Self::Unverified,
+        }
+    }
 }
 
 impl From<GpuModeName> for GpuMode {
@@ -282,6 +302,11 @@ fn resolve_group(
             cuda_driver_version: cuda_driver_version.clone(),
             healthy: group.healthy.unwrap_or(true),
             draining_to: None,
+            isolation: group
+                .isolation
+                .or(ctx.node.isolation)
+                .map_or(Isolation::Verified, Isolation::from),
+            isolation_reason: String::new(),
         });
     }
     Ok(out)

@@ -542,3 +542,31 @@ fn a_share_on_an_exclusive_gpu_or_a_mig_instance_is_refused() {
     let c = claim_with(&[("a", &device, None)], &[]);
     assert!(prepare_on_node(&c, DRIVER, &mig).is_ok());
 }
+
+#[test]
+fn a_share_on_a_gpu_whose_isolation_is_unverified_is_refused() {
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "50"})),
+        &[],
+        &[record("10Gi", 50)],
+    );
+    let mut unverified = node();
+    unverified.gpus[0].isolation = crate::node::isolation::Isolation::Unverified;
+    let msg = prepare_on_node(&c, DRIVER, &unverified)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("GPU gpu-0 offers no shares: its isolation is unverified"),
+        "{msg}"
+    );
+    assert!(msg.contains("--accept-unverified-isolation"), "{msg}");
+    // Accepted by the admin, or verified: prepared.
+    for ok in [
+        crate::node::isolation::Isolation::Accepted,
+        crate::node::isolation::Isolation::Verified,
+    ] {
+        let mut n = node();
+        n.gpus[0].isolation = ok;
+        assert!(prepare_on_node(&c, DRIVER, &n).is_ok(), "{ok}");
+    }
+}

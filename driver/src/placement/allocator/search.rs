@@ -17,6 +17,7 @@ use super::policy::{DeviceView, NodeView, PlacementPolicy, ScoreInput};
 use super::request::{ClaimSpec, MAX_RESULTS, ReqSpec};
 use super::snapshot::{SelectorCache, Snapshot};
 use crate::error::Error;
+use crate::rules::overcommit;
 use crate::rules::quantity::Quantity;
 use crate::rules::share::PerDeviceShare;
 
@@ -47,6 +48,8 @@ pub(crate) struct Pick {
     inflight: Option<Amounts>,
     /// What a batch share books beyond its guarantee (memory bytes, compute percent).
     pub(crate) over: Option<(u64, i64)>,
+    /// A share's SM percentage and whether it guards its SMs ([`crate::rules::overcommit::threads`]).
+    threads: Option<(i64, bool)>,
     exclusive: bool,
     counters: bool,
 }
@@ -243,6 +246,8 @@ pub(crate) struct Search<'a> {
     inflight: HashMap<usize, Amounts>,
     /// Over-committed memory bytes and compute of this search's batch picks, per device.
     inflight_over: HashMap<usize, (u64, i64)>,
+    /// SM percentages of this search's share picks, and how many guard theirs, per device.
+    inflight_threads: HashMap<usize, (i64, u32)>,
     holders: HashMap<usize, u32>,
     counters: HashMap<(usize, String), Amounts>,
     pub(crate) picks: Vec<Vec<Pick>>,
@@ -295,6 +300,7 @@ impl<'a> Search<'a> {
             excl: Vec::new(),
             inflight: HashMap::new(),
             inflight_over: HashMap::new(),
+            inflight_threads: HashMap::new(),
             holders: HashMap::new(),
             counters: HashMap::new(),
             picks: vec![Vec::new(); specs.len()],
@@ -632,6 +638,21 @@ impl<'a> Search<'a> {
                 });
             }
         }
+        // SMs an online share is guaranteed stay its own (`overcommit::threads_fit`).
+        let threads = share.filter(|_| entry.tessera_shared).map(|per| {
+            (
+                overcommit::threads(per.compute_percent),
+                overcommit::guards_sms(spec.tier, per.compute_percent),
+            )
+        });
+        if let Some(t) = threads {
+            let (used, guarded) = self
+                .snap
+                .share_threads(dev, self.inflight_threads.get(&dev).copied());
+            if !overcommit::threads_fit(used, guarded, t) {
+                return Ok(false);
+            }
+        }
         let holds = !spec.admin;
         // Counters are consumed when a device goes from free to held.
         let counters =
@@ -665,6 +686,10 @@ impl<'a> Search<'a> {
             let slot = self.inflight_over.entry(dev).or_default();
             *slot = (slot.0.saturating_add(m), slot.1.saturating_add(k));
         }
+        if let Some((t, guards)) = threads {
+            let slot = self.inflight_threads.entry(dev).or_default();
+            *slot = (slot.0.saturating_add(t), slot.1 + u32::from(guards));
+        }
         self.picks[c].push(Pick {
             req: r,
             alt: a,
@@ -673,6 +698,7 @@ impl<'a> Search<'a> {
             share,
             inflight,
             over,
+            threads,
             exclusive: mark,
             counters,
         });
@@ -726,6 +752,14 @@ impl<'a> Search<'a> {
             && let Some(slot) = self.inflight_over.get_mut(&dev)
         {
             *slot = (slot.0.saturating_sub(m), slot.1.saturating_sub(k));
+        }
+        if let Some((t, guards)) = pick.threads
+            && let Some(slot) = self.inflight_threads.get_mut(&dev)
+        {
+            *slot = (
+                slot.0.saturating_sub(t),
+                slot.1.saturating_sub(u32::from(guards)),
+            );
         }
         if pick.counters {
             let entry = &self.snap.devices[dev];

@@ -28,7 +28,7 @@ use crate::names;
 use crate::placement::fragmentation::{HostResources, TaskShape, WHOLE_GPU, Workload};
 use crate::placement::packing::{GapCounts, ModelFree};
 use crate::rules::cel::{CelCache, CelDevice, CompiledExpression};
-use crate::rules::config::{self, TesseraConfig};
+use crate::rules::config::{self, TesseraConfig, Tier};
 use crate::rules::nodeselect::NodeScope;
 use crate::rules::published::{PublishedDevice, PublishedSlice};
 use crate::rules::quantity::Quantity;
@@ -61,7 +61,8 @@ pub(crate) struct DeviceEntry {
     pub(crate) numa: Option<String>,
     /// For a Tessera whole GPU (`type=gpu`): its `model` attribute (empty when absent).
     pub(crate) gpu_model: Option<String>,
-    /// Its node can back over-committed memory (`enforcement: hami-core`).
+    /// Its node can back over-committed memory (`enforcement: hami-core`, `isolation:
+    /// verified`).
     pub(crate) backs_memory_overcommit: bool,
     /// Fully qualified memory and compute capacity names (computed once: hot in searches).
     share_keys: (String, String),
@@ -124,6 +125,11 @@ pub(crate) struct DeviceUse {
     pub(crate) consumed: Amounts,
     /// What batch shares were booked beyond their guarantee ([`crate::rules::overcommit`]), by name.
     pub(crate) over: Amounts,
+    /// The SM percentages the shares may use, together ([`crate::rules::overcommit::threads`]).
+    pub(crate) threads: i64,
+    /// Online shares holding an SM guarantee ([`crate::rules::overcommit::guards_sms`]): while any
+    /// is on the GPU, `threads` stays within 100.
+    pub(crate) guarded: u32,
 }
 
 impl DeviceUse {
@@ -139,6 +145,7 @@ struct RecordedShare {
     compute: i64,
     guaranteed_memory: Quantity,
     guaranteed_compute: i64,
+    tier: Tier,
 }
 
 impl RecordedShare {
@@ -158,6 +165,27 @@ impl RecordedShare {
     }
 }
 
+/// The SM percentage a committed share may use and whether it guards its SMs: from the
+/// allocator's record where there is one (what it may use, its tier), else from the compute it
+/// consumes, counted as online (a share kube-scheduler booked without a record).
+fn share_threads(
+    record: Option<&RecordedShare>,
+    consumed: &Amounts,
+    entry: &DeviceEntry,
+) -> (i64, bool) {
+    let (compute, tier) = if let Some(r) = record {
+        (r.compute, r.tier)
+    } else {
+        let (_, comp) = entry.share_names();
+        let compute = consumed.get(&comp).map_or(0, |q| q.ceil_units());
+        (compute, Tier::Online)
+    };
+    (
+        crate::rules::overcommit::threads(compute),
+        crate::rules::overcommit::guards_sms(tier, compute),
+    )
+}
+
 /// One device's part of a committed allocation.
 #[derive(Debug, Clone)]
 struct Contribution {
@@ -166,6 +194,9 @@ struct Contribution {
     consumed: Amounts,
     /// Over-committed amounts of a batch share (empty for every other result).
     over: Amounts,
+    /// The SM percentage the share may use, and whether it guards its SMs (an online share
+    /// with compute); `(0, false)` for whole devices.
+    threads: (i64, bool),
 }
 
 /// Per-node figures that let the allocator skip nodes that cannot fit a claim.
@@ -594,9 +625,13 @@ impl Snapshot {
             gpu_model: (tessera
                 && attr_text(device, driver, names::ATTR_TYPE).as_deref() == Some(names::TYPE_GPU))
             .then(|| attr_text(device, driver, names::ATTR_MODEL).unwrap_or_default()),
+            // HAMi-core backs it only where the node's probe proved it holds there (accepted
+            // unverified isolation is not enough to lend memory).
             backs_memory_overcommit: tessera
                 && attr_text(device, driver, names::ATTR_ENFORCEMENT).as_deref()
-                    == Some(names::ENFORCEMENT_HAMI_CORE),
+                    == Some(names::ENFORCEMENT_HAMI_CORE)
+                && attr_text(device, driver, names::ATTR_ISOLATION).as_deref()
+                    == Some(names::ISOLATION_VERIFIED),
             share_keys: (
                 capacity::qualify(names::CAP_MEMORY, driver),
                 capacity::qualify(names::CAP_COMPUTE, driver),
@@ -645,6 +680,7 @@ impl Snapshot {
                     exclusive: true,
                     consumed: Amounts::new(),
                     over: Amounts::new(),
+                    threads: (0, false),
                 }
             } else if let Some(cc) = result.consumed_capacity.as_ref().filter(|c| !c.is_empty()) {
                 let mut consumed = Amounts::new();
@@ -661,6 +697,7 @@ impl Snapshot {
                 Contribution {
                     device: idx,
                     exclusive: false,
+                    threads: share_threads(record, &consumed, entry),
                     consumed,
                     over,
                 }
@@ -674,6 +711,7 @@ impl Snapshot {
                 Contribution {
                     device: idx,
                     exclusive: false,
+                    threads: share_threads(record, &consumed, entry),
                     consumed,
                     over,
                 }
@@ -685,6 +723,7 @@ impl Snapshot {
                     exclusive: false,
                     consumed: Amounts::new(),
                     over: Amounts::new(),
+                    threads: (0, false),
                 }
             } else {
                 let consumed = entry
@@ -695,6 +734,7 @@ impl Snapshot {
                 Contribution {
                     device: idx,
                     exclusive: false,
+                    threads: share_threads(None, &consumed, entry),
                     consumed,
                     over: Amounts::new(),
                 }
@@ -732,6 +772,7 @@ impl Snapshot {
                         compute: d.compute,
                         guaranteed_memory: d.guaranteed_memory(),
                         guaranteed_compute: d.guaranteed_compute(),
+                        tier: d.tier,
                     };
                     out.insert((d.request, d.pool, d.device), share);
                 }
@@ -785,11 +826,15 @@ impl Snapshot {
                 u.shares += 1;
                 capacity::add_into(&mut u.consumed, &c.consumed);
                 capacity::add_into(&mut u.over, &c.over);
+                u.threads = u.threads.saturating_add(c.threads.0);
+                u.guarded += u32::from(c.threads.1);
             }
             (false, false) => {
                 u.shares = u.shares.saturating_sub(1);
                 capacity::sub_from(&mut u.consumed, &c.consumed);
                 capacity::sub_from(&mut u.over, &c.over);
+                u.threads = u.threads.saturating_sub(c.threads.0);
+                u.guarded = u.guarded.saturating_sub(u32::from(c.threads.1));
             }
         }
         let after = self.uses[c.device].holders();
@@ -853,6 +898,14 @@ impl Snapshot {
         };
         let mem_used = u64::try_from(used(mem)).unwrap_or(0);
         (e.memory.saturating_sub(mem_used), e.compute - used(comp))
+    }
+
+    /// The SM percentages the shares of a shared GPU may use together, and how many of them
+    /// guard their SMs: committed use plus `inflight` ([`crate::rules::overcommit::threads_fit`]).
+    pub(crate) fn share_threads(&self, idx: usize, inflight: Option<(i64, u32)>) -> (i64, u32) {
+        let u = &self.uses[idx];
+        let (t, g) = inflight.unwrap_or_default();
+        (u.threads.saturating_add(t), u.guarded.saturating_add(g))
     }
 
     /// What batch shares of a shared GPU were booked beyond their guarantee: memory bytes and

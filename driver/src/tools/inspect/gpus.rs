@@ -37,6 +37,13 @@ pub struct GpuRow {
     /// devices carry the draining taint and take no new claims).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draining_to: Option<String>,
+    /// A shared GPU's `isolation` (`verified`, `unverified`, `unverified-accepted`): whether
+    /// its node proved its share limits hold there ([`crate::node::isolation`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
+    /// Why, as the node published it (`isolationReason`, e.g. `limit-not-enforced`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation_reason: Option<String>,
     /// The memory it declares.
     pub memory_total: Quantity,
     /// Memory allocated: all of it when held whole, else what its shares are guaranteed.
@@ -232,6 +239,8 @@ pub fn cluster_view(
             model: attribute(device, driver, names::ATTR_MODEL).unwrap_or_default(),
             mode: mode(device, driver),
             draining_to: draining_to(device),
+            isolation: attribute(device, driver, names::ATTR_ISOLATION),
+            isolation_reason: attribute(device, driver, names::ATTR_ISOLATION_REASON),
             memory_total: total,
             memory_allocated: usage.memory_used,
             memory_free: free,
@@ -356,6 +365,28 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_gpu_shows_its_isolation_and_why() {
+        let mut inventory = Inventory::from_yaml(
+            "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n    count: 2\n",
+        )
+        .unwrap();
+        let gpu = &mut inventory.nodes[0].gpus[1];
+        gpu.isolation = crate::node::isolation::Isolation::Unverified;
+        gpu.isolation_reason = crate::node::isolation::REASON_LIMIT_NOT_ENFORCED.to_owned();
+        let slices = render(&inventory.nodes[0], &RenderOptions::default()).unwrap();
+        let view = cluster_view(names::DEFAULT_DRIVER_NAME, &slices, &[], &[], &[]).unwrap();
+        let gpus = &view.nodes[0].gpus;
+        assert_eq!(gpus[0].isolation.as_deref(), Some("verified"));
+        assert_eq!(gpus[1].isolation.as_deref(), Some("unverified"));
+        assert_eq!(
+            gpus[1].isolation_reason.as_deref(),
+            Some("limit-not-enforced")
+        );
+        let json = serde_json::to_value(gpus).unwrap();
+        assert_eq!(json[1]["isolationReason"], "limit-not-enforced");
+    }
+
+    #[test]
     fn a_draining_gpu_shows_the_mode_it_switches_to() {
         let mut inventory = Inventory::from_yaml(
             "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n",
@@ -375,6 +406,10 @@ mod tests {
         assert_eq!(gpus[0].mode, "shared");
         assert_eq!(gpus[0].draining_to.as_deref(), Some("exclusive"));
         assert_eq!(gpus[1].draining_to, None);
+        assert_eq!(
+            gpus[1].isolation, None,
+            "an exclusive GPU has no isolation to prove"
+        );
         let json = serde_json::to_value(gpus).unwrap();
         assert_eq!(json[0]["drainingTo"], "exclusive");
         assert!(json[1].get("drainingTo").is_none());
@@ -398,25 +433,23 @@ mod tests {
             }))
             .unwrap(),
         ];
-        let mut batch = share("b", "8Gi", 60);
-        batch
-            .spec
-            .devices
-            .as_mut()
-            .unwrap()
-            .requests
-            .as_mut()
-            .unwrap()[0]
-            .exactly
-            .as_mut()
-            .unwrap()
-            .device_class_name = "batch".to_owned();
+        // Batch over-commits only among batch shares: both shares are batch.
+        let batch_of = |name: &str, compute: i64| {
+            let mut c = share(name, "8Gi", compute);
+            c.spec.devices.as_mut().unwrap().requests.as_mut().unwrap()[0]
+                .exactly
+                .as_mut()
+                .unwrap()
+                .device_class_name = "batch".to_owned();
+            c
+        };
+        let batch = batch_of("b", 60);
         let mut snap = Snapshot::new(&slices, &classes, &[]).unwrap();
         let allocator = crate::placement::allocator::Allocator::new(
             crate::placement::allocator::AllocatorOptions::default(),
         );
         let mut claims = Vec::new();
-        for mut c in [share("a", "8Gi", 70), batch] {
+        for mut c in [batch_of("a", 70), batch] {
             let p = allocator
                 .allocate(&snap, &[&c], &[crate::tools::batch::bare_node("n")])
                 .unwrap();

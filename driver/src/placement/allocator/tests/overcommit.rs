@@ -41,14 +41,18 @@ fn all_classes() -> Vec<res::DeviceClass> {
     all
 }
 
-/// One shared GPU (80Gi, 100 compute) on node `a`; `hami` publishes `enforcement: hami-core`.
+/// One shared GPU (80Gi, 100 compute) on node `a`; `hami` publishes `enforcement: hami-core`
+/// with `isolation: verified` (the node's probe held).
 fn one_gpu(multi: bool, hami: bool) -> Vec<res::ResourceSlice> {
+    one_gpu_probed(multi, hami, "verified")
+}
+
+fn one_gpu_probed(multi: bool, hami: bool, isolation: &str) -> Vec<res::ResourceSlice> {
     let mut d = gpu("gpu-0", "shared", "x", multi);
     if hami {
-        d.attributes
-            .as_mut()
-            .unwrap()
-            .insert("enforcement".to_owned(), attr_s("hami-core"));
+        let attrs = d.attributes.as_mut().unwrap();
+        attrs.insert("enforcement".to_owned(), attr_s("hami-core"));
+        attrs.insert("isolation".to_owned(), attr_s(isolation));
     }
     vec![slice("a-0", "a", vec![d])]
 }
@@ -85,30 +89,60 @@ fn online_shares_are_never_over_committed() {
         assert!(place(&mut snap, &share("o2", SHARED, "10Gi", 40)).is_some());
         // The GPU's compute is all online now: nothing online fits, whatever other classes say.
         assert!(place(&mut snap, &share("o3", SHARED, "10Gi", 5)).is_none());
-        // A batch share of an over-committing class still fits: only beyond its guarantee.
-        let b = place(&mut snap, &share("b1", BATCH2, "10Gi", 50)).unwrap();
-        let rec = &recorded_devices(&b)[0];
-        assert_eq!(rec["compute"], 50);
-        assert_eq!(rec["guaranteedCompute"], 0);
-        // Batch compute never makes room for online compute.
-        assert!(place(&mut snap, &share("o4", SHARED, "10Gi", 5)).is_none());
+        // Nor does batch compute, whatever its class's factor: beside online work the SM
+        // percentages stay within 100 (MPS priority protects nothing, only SMs do).
+        assert!(place(&mut snap, &share("b1", BATCH2, "10Gi", 50)).is_none());
+        // A batch share without compute (not isolated) still fits.
+        assert!(place(&mut snap, &share("b2", BATCH2, "10Gi", 0)).is_some());
     }
+}
+
+#[test]
+fn beside_online_work_batch_compute_takes_only_what_online_leaves() {
+    let mut snap = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
+    place(&mut snap, &share("online", SHARED, "10Gi", 70)).unwrap();
+    // 70 online + 35 batch would take SMs online was promised: refused.
+    assert!(place(&mut snap, &share("b1", BATCH2, "10Gi", 35)).is_none());
+    let b = place(&mut snap, &share("b2", BATCH2, "10Gi", 30)).unwrap();
+    assert!(recorded_devices(&b)[0].get("guaranteedCompute").is_none());
+    // And an online share does not join a GPU whose batch shares over-commit it.
+    let mut batch_only = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
+    place(&mut batch_only, &share("b1", BATCH2, "10Gi", 80)).unwrap();
+    place(&mut batch_only, &share("b2", BATCH2, "10Gi", 60)).unwrap();
+    assert!(place(&mut batch_only, &share("o", SHARED, "10Gi", 5)).is_none());
+    // A rebuilt snapshot (a restarted controller) keeps the rule.
+    let mut held = Vec::new();
+    let mut rebuilt_from = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
+    for (name, class, compute) in [("o", SHARED, 70), ("b", BATCH2, 30)] {
+        let mut c = share(name, class, "10Gi", compute);
+        let a = place(&mut rebuilt_from, &c).unwrap();
+        c.status = Some(res::ResourceClaimStatus {
+            allocation: Some(a),
+            ..Default::default()
+        });
+        held.push(c);
+    }
+    let mut rebuilt = Snapshot::new(&one_gpu(true, false), &all_classes(), &held).unwrap();
+    assert!(place(&mut rebuilt, &share("b3", BATCH2, "10Gi", 5)).is_none());
+    // Once the online share is gone, batch over-commits among itself again.
+    rebuilt.release(&claim_key(&held[0]));
+    assert!(place(&mut rebuilt, &share("b3", BATCH2, "10Gi", 90)).is_some());
 }
 
 #[test]
 fn batch_compute_is_over_committed_up_to_the_class_factor() {
     let mut snap = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
-    place(&mut snap, &share("online", SHARED, "10Gi", 60)).unwrap();
+    place(&mut snap, &share("first", BATCH2, "10Gi", 60)).unwrap();
     let b1 = place(&mut snap, &share("b1", BATCH2, "10Gi", 80)).unwrap();
-    // Guaranteed what online left (40), the other 40 over-committed.
+    // Guaranteed what the first left (40), the other 40 over-committed.
     let rec = &recorded_devices(&b1)[0];
     assert_eq!(rec["compute"], 80);
     assert_eq!(rec["guaranteedCompute"], 40);
     assert_eq!(rec["tier"], "batch");
     assert!(rec.get("guaranteedMemory").is_none(), "{rec}");
-    // kube-scheduler sees only the guarantee: online + guaranteed batch = 100.
+    // kube-scheduler sees only the guarantee: guaranteed batch = 100.
     assert_eq!(consumed(&b1, "compute").as_deref(), Some("40"));
-    // online 60 + batch 80 + 60 = 200 = 2 × 100: fits, all of it over-committed.
+    // 60 + 80 + 60 = 200 = 2 × 100: fits, all of it over-committed.
     let b2 = place(&mut snap, &share("b2", BATCH2, "10Gi", 60)).unwrap();
     assert_eq!(recorded_devices(&b2)[0]["guaranteedCompute"], 0);
     assert_eq!(consumed(&b2, "compute").as_deref(), Some("0"));
@@ -116,7 +150,7 @@ fn batch_compute_is_over_committed_up_to_the_class_factor() {
     assert!(place(&mut snap, &share("b3", BATCH2, "10Gi", 5)).is_none());
     // A batch class without a factor over-commits nothing.
     let mut fresh = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
-    place(&mut fresh, &share("online", SHARED, "10Gi", 60)).unwrap();
+    place(&mut fresh, &share("first", BATCH2, "10Gi", 60)).unwrap();
     assert!(place(&mut fresh, &share("b1", BATCH1, "10Gi", 45)).is_none());
     let fits = place(&mut fresh, &share("b2", BATCH1, "10Gi", 40)).unwrap();
     assert!(
@@ -162,6 +196,16 @@ fn a_claim_asking_batch_itself_gets_no_factor_from_a_class_without_one() {
 
 #[test]
 fn memory_is_over_committed_only_when_the_class_opts_in_and_the_node_backs_it() {
+    // On hami-core whose probe did not hold (accepted or not), it does not apply either.
+    for isolation in ["unverified", "unverified-accepted"] {
+        let mut leaky =
+            Snapshot::new(&one_gpu_probed(true, true, isolation), &all_classes(), &[]).unwrap();
+        place(&mut leaky, &share("online", SHARED, "60Gi", 0)).unwrap();
+        assert!(
+            place(&mut leaky, &share("b", BATCH_MEM, "40Gi", 0)).is_none(),
+            "{isolation}"
+        );
+    }
     // Without hami-core, the memory factor does not apply.
     let mut mps = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
     place(&mut mps, &share("online", SHARED, "60Gi", 0)).unwrap();
@@ -189,7 +233,7 @@ fn the_books_survive_a_rebuilt_snapshot_and_a_release() {
     let classes = all_classes();
     let mut snap = Snapshot::new(&one_gpu(true, false), &classes, &[]).unwrap();
     let mut held = Vec::new();
-    for (name, class, compute) in [("o", SHARED, 60), ("b1", BATCH2, 80), ("b2", BATCH2, 60)] {
+    for (name, class, compute) in [("o", BATCH2, 60), ("b1", BATCH2, 80), ("b2", BATCH2, 60)] {
         let mut c = share(name, class, "10Gi", compute);
         let a = place(&mut snap, &c).unwrap();
         c.status = Some(res::ResourceClaimStatus {
@@ -223,7 +267,7 @@ fn the_books_survive_a_rebuilt_snapshot_and_a_release() {
 fn two_batch_cards_of_one_pod_on_one_gpu_count_each_other() {
     // Two requests of one claim on the one GPU: the second sees the first's over-commit.
     let mut snap = Snapshot::new(&one_gpu(true, false), &all_classes(), &[]).unwrap();
-    place(&mut snap, &share("online", SHARED, "10Gi", 100)).unwrap();
+    place(&mut snap, &share("first", BATCH2, "10Gi", 100)).unwrap();
     let mut c = claim("pair", vec![exact("a", BATCH2, 1), exact("b", BATCH2, 1)]);
     c = with_config(c, share_config("10Gi", Some(60)));
     assert!(
@@ -277,7 +321,7 @@ fn one_claims_shares_of_one_gpu_together_use_at_most_the_gpu() {
 fn batch_is_over_committed_only_where_it_fits_nowhere_without() {
     let slices = two_shared_gpus();
     let mut snap = Snapshot::new(&slices, &all_classes(), &[]).unwrap();
-    let full = place(&mut snap, &share("online", SHARED, "10Gi", 100)).unwrap();
+    let full = place(&mut snap, &share("first", BATCH2, "10Gi", 100)).unwrap();
     assert_eq!(devices_of(&full), ["a/gpu-0"]);
     // First-fit would take gpu-0 by over-committing it; the empty gpu-1 wins instead.
     let b = place(&mut snap, &share("b1", BATCH2, "10Gi", 100)).unwrap();

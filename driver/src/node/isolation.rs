@@ -1,0 +1,449 @@
+//! Whether a node's share isolation holds, GPU by GPU (shared/DESIGN.md §5).
+//!
+//! A limit that was never seen to hold is not a limit: HAMi-core was measured limiting nothing
+//! on driver 580 / CUDA 13 while its NVML view showed the limit. So before a node offers
+//! shares of a GPU, the kubelet plugin runs a **probe** there: a child process in exactly the
+//! environment a container gets from the CDI spec of a 1 GiB share ([`probe_claim`], rendered
+//! by `cdi::render` like any claim), which allocates past the limit (must be refused) and under
+//! it (must be served) through the CUDA driver API and reports both answers ([`ProbeReport`]).
+//!
+//! This module decides, purely:
+//!
+//! * what a report means ([`judge`]);
+//! * when a GPU must be probed ([`probe_due`]): a shared GPU under a backend that limits
+//!   something (`mps`, `hami-core`), when no probe of that backend on that driver version
+//!   holds for it — at start, and whenever the driver version or the backend changes;
+//! * what each GPU publishes ([`verdict`], [`apply`]): `isolation: verified` when its last
+//!   probe under the node's backend and driver held; otherwise `unverified`, with the reason —
+//!   or `unverified-accepted` when the admin accepted unverified isolation explicitly
+//!   (`--accept-unverified-isolation`, never the default). Under `none` nothing is limited, so
+//!   its GPUs are never verified.
+//!
+//! The shipped share classes select `verified` and `unverified-accepted` GPUs only, and the
+//! node refuses to prepare a share on an `unverified` GPU (fail closed even for a class that
+//! does not look). Only whole GPUs and MIG instances, isolated by the hardware, need no probe;
+//! they publish no `isolation` attribute.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::names;
+use crate::node::inventory::{Gpu, GpuMode, NodeInventory};
+use crate::node::prepare::{GpuNode, PreparedClaim, PreparedDevice};
+use crate::rules::config::Tier;
+use crate::rules::share::PerDeviceShare;
+
+/// The memory limit the probe runs under: 1 GiB.
+pub const PROBE_LIMIT_BYTES: u64 = 1 << 30;
+/// The UID prefix of a probe's claim (the rest is the GPU's index); names its CDI environment.
+pub const PROBE_CLAIM_PREFIX: &str = "isolation-probe-gpu-";
+
+/// Reason code: the probe held.
+pub const REASON_PROBE_HELD: &str = "probe-held";
+/// Reason code: no probe of the node's backend on the GPU's driver yet.
+pub const REASON_NOT_PROBED: &str = "not-probed";
+/// Reason code: an allocation past the limit was served.
+pub const REASON_LIMIT_NOT_ENFORCED: &str = "limit-not-enforced";
+/// Reason code: an allocation under the limit was refused.
+pub const REASON_UNDER_LIMIT_REFUSED: &str = "under-limit-refused";
+/// Reason code: the probe did not finish in time and was killed.
+pub const REASON_TIMED_OUT: &str = "probe-timed-out";
+/// Reason code: the probe could not run or report (its daemon, its child, its CUDA).
+pub const REASON_DID_NOT_RUN: &str = "probe-did-not-run";
+/// Reason code: the node enforces nothing (`none`).
+pub const REASON_NO_ENFORCEMENT: &str = "no-enforcement";
+
+/// What a shared GPU publishes as its `isolation` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Isolation {
+    /// The node's probe held there: refused past the limit, served under it.
+    Verified,
+    /// Not proven (not probed yet, failed, timed out, or a backend that limits nothing).
+    #[default]
+    Unverified,
+    /// Not proven, and the admin accepted that explicitly.
+    Accepted,
+}
+
+impl Isolation {
+    /// The published value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Verified => names::ISOLATION_VERIFIED,
+            Self::Unverified => names::ISOLATION_UNVERIFIED,
+            Self::Accepted => names::ISOLATION_ACCEPTED,
+        }
+    }
+
+    /// Whether shares may be prepared on the GPU.
+    pub fn offers_shares(self) -> bool {
+        self != Self::Unverified
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            names::ISOLATION_VERIFIED => Ok(Self::Verified),
+            names::ISOLATION_UNVERIFIED => Ok(Self::Unverified),
+            names::ISOLATION_ACCEPTED => Ok(Self::Accepted),
+            other => Err(Error::Inventory {
+                field: "isolation".into(),
+                message: format!(
+                    "unknown isolation {other:?}; expected {}, {} or {}",
+                    names::ISOLATION_VERIFIED,
+                    names::ISOLATION_UNVERIFIED,
+                    names::ISOLATION_ACCEPTED
+                ),
+            }),
+        }
+    }
+}
+
+/// One allocation the probe made: served, or refused with the CUDA error's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "result", content = "error")]
+pub enum Allocation {
+    /// The allocation succeeded.
+    Served,
+    /// The allocation failed, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+    Refused(String),
+}
+
+/// What the probe child prints on stdout, one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeReport {
+    /// The limit it ran under, bytes.
+    pub limit_bytes: u64,
+    /// How much it asked for past the limit, in one allocation.
+    pub past_bytes: u64,
+    /// The answer to that.
+    pub past: Allocation,
+    /// How much it asked for under the limit, in one allocation.
+    pub under_bytes: u64,
+    /// The answer to that.
+    pub under: Allocation,
+}
+
+impl ProbeReport {
+    /// The sizes the probe asks for under `limit`: one and a half times the limit (past),
+    /// half of it (under; leaves room for what a backend keeps for the context).
+    pub fn sizes(limit: u64) -> (u64, u64) {
+        (limit.saturating_add(limit / 2), limit / 2)
+    }
+}
+
+/// What one probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Refused past the limit and served under it.
+    Held,
+    /// Anything else (including a probe that could not run or timed out).
+    Failed {
+        /// A `REASON_*` code, published as `isolationReason`.
+        code: &'static str,
+        /// What happened, for the log and the metric.
+        message: String,
+    },
+}
+
+impl ProbeOutcome {
+    /// A failure with `code` and `message`.
+    pub fn failed(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Failed {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Judges a probe's report.
+pub fn judge(report: &ProbeReport) -> ProbeOutcome {
+    if let Allocation::Refused(error) = &report.under {
+        return ProbeOutcome::failed(
+            REASON_UNDER_LIMIT_REFUSED,
+            format!(
+                "an allocation of {} under the {} limit was refused ({error}): shares would not \
+             get what they booked",
+                mib(report.under_bytes),
+                mib(report.limit_bytes)
+            ),
+        );
+    }
+    if report.past == Allocation::Served {
+        return ProbeOutcome::failed(
+            REASON_LIMIT_NOT_ENFORCED,
+            format!(
+                "an allocation of {} past the {} limit was served: the backend does not limit \
+             memory here",
+                mib(report.past_bytes),
+                mib(report.limit_bytes)
+            ),
+        );
+    }
+    ProbeOutcome::Held
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+/// The last probe of one GPU: under which backend and driver version, and what it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeRecord {
+    /// The enforcement backend probed (`mps`, `hami-core`).
+    pub backend: String,
+    /// The GPU's driver version then.
+    pub driver_version: String,
+    /// What it found.
+    pub outcome: ProbeOutcome,
+}
+
+/// Whether `backend` limits anything a probe can test (`none` limits nothing).
+pub fn backend_limits(backend: &str) -> bool {
+    backend == names::ENFORCEMENT_MPS || backend == names::ENFORCEMENT_HAMI_CORE
+}
+
+/// Whether `record` was taken under `backend` on `gpu`'s current driver.
+fn current(gpu: &Gpu, backend: &str, record: &ProbeRecord) -> bool {
+    record.backend == backend && record.driver_version == gpu.driver_version
+}
+
+/// Whether `gpu` must be probed now: a shared GPU under a backend that limits something,
+/// with no probe of that backend on its current driver version (`last` is its last probe).
+pub fn probe_due(gpu: &Gpu, backend: &str, last: Option<&ProbeRecord>) -> bool {
+    gpu.mode == GpuMode::Shared
+        && backend_limits(backend)
+        && !last.is_some_and(|r| current(gpu, backend, r))
+}
+
+/// What a GPU publishes, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The published value.
+    pub isolation: Isolation,
+    /// A `REASON_*` code, published as `isolationReason`.
+    pub code: &'static str,
+    /// Why, for the log line, the metric's reason and `tessera inspect`.
+    pub reason: String,
+}
+
+/// The verdict for `gpu` under the node's `backend`, given its `last` probe and whether the
+/// admin accepts unverified isolation; `None` for a GPU that is not shared (whole GPUs and MIG
+/// instances are isolated by the hardware).
+pub fn verdict(
+    gpu: &Gpu,
+    backend: &str,
+    last: Option<&ProbeRecord>,
+    accept_unverified: bool,
+) -> Option<Verdict> {
+    if gpu.mode != GpuMode::Shared {
+        return None;
+    }
+    let (code, unverified) = if backend_limits(backend) {
+        match last.filter(|r| current(gpu, backend, r)) {
+            None => (
+                REASON_NOT_PROBED,
+                format!(
+                    "not probed yet with {backend} on driver {}",
+                    gpu.driver_version
+                ),
+            ),
+            Some(ProbeRecord {
+                outcome: ProbeOutcome::Failed { code, message },
+                ..
+            }) => (
+                *code,
+                format!(
+                    "the {backend} probe on driver {} failed: {message}",
+                    gpu.driver_version
+                ),
+            ),
+            Some(ProbeRecord {
+                outcome: ProbeOutcome::Held,
+                ..
+            }) => {
+                return Some(Verdict {
+                    isolation: Isolation::Verified,
+                    code: REASON_PROBE_HELD,
+                    reason: format!(
+                        "the {backend} probe on driver {} was refused past a {} limit and \
+                         served under it",
+                        gpu.driver_version,
+                        mib(PROBE_LIMIT_BYTES)
+                    ),
+                });
+            }
+        }
+    } else {
+        (
+            REASON_NO_ENFORCEMENT,
+            format!(
+                "enforcement {backend:?} limits nothing in the container (time-slicing): \
+                 shares are bookkeeping only"
+            ),
+        )
+    };
+    Some(if accept_unverified {
+        Verdict {
+            isolation: Isolation::Accepted,
+            code,
+            reason: format!("{unverified}; accepted by the admin (--accept-unverified-isolation)"),
+        }
+    } else {
+        Verdict {
+            isolation: Isolation::Unverified,
+            code,
+            reason: format!("{unverified}; no shares are offered"),
+        }
+    })
+}
+
+/// Sets every shared GPU's `isolation` in `node` from `records` (last probe by GPU UUID),
+/// and returns each shared GPU's verdict by device name.
+pub fn apply(
+    node: &mut NodeInventory,
+    backend: &str,
+    records: &BTreeMap<String, ProbeRecord>,
+    accept_unverified: bool,
+) -> BTreeMap<String, Verdict> {
+    let mut out = BTreeMap::new();
+    for gpu in &mut node.gpus {
+        if let Some(v) = verdict(gpu, backend, records.get(&gpu.uuid), accept_unverified) {
+            gpu.isolation = v.isolation;
+            v.code.clone_into(&mut gpu.isolation_reason);
+            out.insert(gpu.device_name(), v);
+        }
+    }
+    out
+}
+
+/// The GPUs of `node` that must be probed now, given the last probes by GPU UUID.
+pub fn due<'a>(
+    node: &'a NodeInventory,
+    backend: &str,
+    records: &BTreeMap<String, ProbeRecord>,
+) -> Vec<&'a Gpu> {
+    node.gpus
+        .iter()
+        .filter(|g| probe_due(g, backend, records.get(&g.uuid)))
+        .collect()
+}
+
+/// The claim a probe of `gpu` runs as: one online share of [`PROBE_LIMIT_BYTES`] and no
+/// compute limit, rendered by `cdi::render` exactly as a container's claim is.
+pub fn probe_claim(node: &str, gpu: &Gpu) -> PreparedClaim {
+    PreparedClaim {
+        uid: format!("{PROBE_CLAIM_PREFIX}{}", gpu.index),
+        namespace: "tessera-probe".to_owned(),
+        name: format!("isolation-probe-{}", gpu.device_name()),
+        devices: vec![PreparedDevice {
+            request: "probe".to_owned(),
+            pool: node.to_owned(),
+            device: gpu.device_name(),
+            gpu: GpuNode {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                minor: gpu.index,
+            },
+            mig: None,
+            share: Some(PerDeviceShare {
+                memory_bytes: PROBE_LIMIT_BYTES,
+                compute_percent: 0,
+            }),
+            tier: Tier::Online,
+            memory_overcommitted: false,
+            share_id: None,
+        }],
+    }
+}
+
+/// How the probe child is started: program, arguments, and its whole environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeCommand {
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its environment, nothing inherited beyond it.
+    pub env: Vec<(String, String)>,
+}
+
+/// The script that applies a spec's bind mounts in a fresh mount namespace, then runs the
+/// probe: its arguments are `source target` pairs, `--`, and the command. Paths are passed as
+/// arguments, never spliced into the script. A mount that fails ends it with status 97.
+const MOUNT_SCRIPT: &str = "while [ \"$1\" != -- ]; do \
+    if [ -d \"$1\" ]; then mkdir -p \"$2\"; else mkdir -p \"$(dirname \"$2\")\" && { [ -e \"$2\" ] || : > \"$2\"; }; fi; \
+    mount --bind \"$1\" \"$2\" || exit 97; shift 2; done; shift; exec \"$@\"";
+
+/// The command that runs `program args` the way a container gets `edits` (a claim's CDI
+/// container edits): every bind mount applied in a mount namespace of its own (`unshare`,
+/// `mount`, `CAP_SYS_ADMIN`) and exactly the spec's environment, plus `PATH` and
+/// `LD_LIBRARY_PATH` of `inherited` (what an image would carry), the spec's values winning.
+/// Without `namespace` the mounts are left out (tests; a backend that needs them then fails
+/// its probe, which fails closed).
+pub fn probe_command(
+    edits: &crate::node::cdi::ContainerEdits,
+    program: &str,
+    args: &[String],
+    inherited: &[(String, String)],
+    namespace: bool,
+) -> ProbeCommand {
+    let mut env: Vec<(String, String)> = inherited
+        .iter()
+        .filter(|(k, _)| k == "PATH" || k == "LD_LIBRARY_PATH")
+        .cloned()
+        .collect();
+    for line in &edits.env {
+        if let Some((k, v)) = line.split_once('=') {
+            env.retain(|(have, _)| have != k);
+            env.push((k.to_owned(), v.to_owned()));
+        }
+    }
+    if !namespace || edits.mounts.is_empty() {
+        return ProbeCommand {
+            program: program.to_owned(),
+            args: args.to_vec(),
+            env,
+        };
+    }
+    let mut out: Vec<String> = [
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        MOUNT_SCRIPT,
+        "tessera-probe",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    for m in &edits.mounts {
+        out.push(m.host_path.clone());
+        out.push(m.container_path.clone());
+    }
+    out.push("--".to_owned());
+    out.push(program.to_owned());
+    out.extend(args.iter().cloned());
+    ProbeCommand {
+        program: "unshare".to_owned(),
+        args: out,
+        env,
+    }
+}
+
+#[cfg(test)]
+mod tests;

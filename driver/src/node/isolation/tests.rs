@@ -1,0 +1,325 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::node::inventory::Inventory;
+
+fn node() -> NodeInventory {
+    Inventory::from_yaml(
+        "nodes:\n- name: n\n  driverVersion: 580.159.04\n  gpus:\n  - model: h200-141g\n    mode: shared\n    count: 2\n  - model: h200-141g\n",
+    )
+    .unwrap()
+    .nodes
+    .remove(0)
+}
+
+fn record(backend: &str, driver: &str, outcome: ProbeOutcome) -> ProbeRecord {
+    ProbeRecord {
+        backend: backend.to_owned(),
+        driver_version: driver.to_owned(),
+        outcome,
+    }
+}
+
+fn report(past: Allocation, under: Allocation) -> ProbeReport {
+    let (past_bytes, under_bytes) = ProbeReport::sizes(PROBE_LIMIT_BYTES);
+    ProbeReport {
+        limit_bytes: PROBE_LIMIT_BYTES,
+        past_bytes,
+        past,
+        under_bytes,
+        under,
+    }
+}
+
+const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
+
+#[test]
+fn a_probe_holds_only_when_refused_past_the_limit_and_served_under_it() {
+    let refused = || Allocation::Refused(OOM.to_owned());
+    assert_eq!(
+        judge(&report(refused(), Allocation::Served)),
+        ProbeOutcome::Held
+    );
+    // HAMi-core on driver 580 / CUDA 13: the allocation past the limit was served.
+    let ProbeOutcome::Failed { code, message: why } =
+        judge(&report(Allocation::Served, Allocation::Served))
+    else {
+        panic!("a served allocation past the limit must fail the probe");
+    };
+    assert!(
+        why.contains("1536 MiB past the 1024 MiB limit was served"),
+        "{why}"
+    );
+    assert_eq!(code, REASON_LIMIT_NOT_ENFORCED);
+    let ProbeOutcome::Failed { code, message: why } = judge(&report(refused(), refused())) else {
+        panic!("a refused allocation under the limit must fail the probe");
+    };
+    assert!(
+        why.contains("512 MiB under the 1024 MiB limit was refused"),
+        "{why}"
+    );
+    assert_eq!(code, REASON_UNDER_LIMIT_REFUSED);
+}
+
+#[test]
+fn the_report_reads_as_the_child_writes_it() {
+    let text = r#"{"limitBytes":1073741824,"pastBytes":1610612736,"past":{"result":"refused","error":"CUDA_ERROR_OUT_OF_MEMORY"},"underBytes":536870912,"under":{"result":"served"}}"#;
+    let parsed: ProbeReport = serde_json::from_str(text).unwrap();
+    assert_eq!(
+        parsed,
+        report(Allocation::Refused(OOM.to_owned()), Allocation::Served)
+    );
+    assert_eq!(serde_json::to_string(&parsed).unwrap(), text);
+}
+
+#[test]
+fn every_shared_gpu_is_probed_at_start_under_a_limiting_backend() {
+    let node = node();
+    let records = BTreeMap::new();
+    let due: Vec<u32> = due(&node, "mps", &records)
+        .iter()
+        .map(|g| g.index)
+        .collect();
+    assert_eq!(due, [0, 1], "the exclusive GPU needs no probe");
+    assert!(due_of(&node, "hami-core", &records).len() == 2);
+    assert!(
+        due_of(&node, "none", &records).is_empty(),
+        "none limits nothing to probe"
+    );
+}
+
+fn due_of(
+    node: &NodeInventory,
+    backend: &str,
+    records: &BTreeMap<String, ProbeRecord>,
+) -> Vec<u32> {
+    due(node, backend, records)
+        .iter()
+        .map(|g| g.index)
+        .collect()
+}
+
+#[test]
+fn a_new_driver_version_or_backend_calls_for_a_new_probe() {
+    let node = node();
+    let uuid = node.gpus[0].uuid.clone();
+    let mut records = BTreeMap::new();
+    records.insert(
+        uuid.clone(),
+        record("mps", "580.159.04", ProbeOutcome::Held),
+    );
+    assert_eq!(due_of(&node, "mps", &records), [1]);
+    assert_eq!(
+        due_of(&node, "hami-core", &records),
+        [0, 1],
+        "backend changed"
+    );
+    records.insert(uuid, record("mps", "570.86.15", ProbeOutcome::Held));
+    assert_eq!(due_of(&node, "mps", &records), [0, 1], "driver changed");
+    // A failed probe is not repeated on the same driver and backend.
+    let mut failed = BTreeMap::new();
+    failed.insert(
+        node.gpus[0].uuid.clone(),
+        record(
+            "mps",
+            "580.159.04",
+            ProbeOutcome::failed(REASON_TIMED_OUT, "timed out"),
+        ),
+    );
+    assert_eq!(due_of(&node, "mps", &failed), [1]);
+}
+
+#[test]
+fn a_gpu_is_verified_only_by_a_current_probe_that_held() {
+    let node = node();
+    let gpu = &node.gpus[0];
+    let held = record("mps", "580.159.04", ProbeOutcome::Held);
+    let v = verdict(gpu, "mps", Some(&held), false).unwrap();
+    assert_eq!(v.isolation, Isolation::Verified);
+    assert!(
+        v.reason.contains("refused past a 1024 MiB limit"),
+        "{}",
+        v.reason
+    );
+
+    let v = verdict(gpu, "mps", None, false).unwrap();
+    assert_eq!(v.isolation, Isolation::Unverified);
+    assert!(
+        v.reason
+            .contains("not probed yet with mps on driver 580.159.04"),
+        "{}",
+        v.reason
+    );
+
+    let stale = record("mps", "570.86.15", ProbeOutcome::Held);
+    assert_eq!(
+        verdict(gpu, "mps", Some(&stale), false).unwrap().isolation,
+        Isolation::Unverified,
+        "a probe on another driver proves nothing"
+    );
+    let other = record("hami-core", "580.159.04", ProbeOutcome::Held);
+    assert_eq!(
+        verdict(gpu, "mps", Some(&other), false).unwrap().isolation,
+        Isolation::Unverified,
+        "a probe of another backend proves nothing"
+    );
+
+    let failed = record(
+        "hami-core",
+        "580.159.04",
+        ProbeOutcome::failed(
+            REASON_LIMIT_NOT_ENFORCED,
+            "an allocation of 1536 MiB past the 1024 MiB limit was served",
+        ),
+    );
+    let v = verdict(gpu, "hami-core", Some(&failed), false).unwrap();
+    assert_eq!(v.isolation, Isolation::Unverified);
+    assert!(
+        v.reason
+            .contains("the hami-core probe on driver 580.159.04 failed: an allocation"),
+        "{}",
+        v.reason
+    );
+    assert!(v.reason.ends_with("no shares are offered"), "{}", v.reason);
+    assert_eq!(v.code, REASON_LIMIT_NOT_ENFORCED);
+}
+
+#[test]
+fn unverified_isolation_is_accepted_only_when_the_admin_says_so() {
+    let node = node();
+    let gpu = &node.gpus[0];
+    let failed = record(
+        "hami-core",
+        "580.159.04",
+        ProbeOutcome::failed(REASON_LIMIT_NOT_ENFORCED, "leaks"),
+    );
+    let v = verdict(gpu, "hami-core", Some(&failed), true).unwrap();
+    assert_eq!(v.isolation, Isolation::Accepted);
+    assert!(v.reason.contains("accepted by the admin"), "{}", v.reason);
+    assert!(v.isolation.offers_shares());
+    assert!(!Isolation::Unverified.offers_shares());
+    // Accepting never downgrades a verified GPU.
+    let held = record("hami-core", "580.159.04", ProbeOutcome::Held);
+    assert_eq!(
+        verdict(gpu, "hami-core", Some(&held), true)
+            .unwrap()
+            .isolation,
+        Isolation::Verified
+    );
+}
+
+#[test]
+fn enforcement_none_is_never_verified() {
+    let node = node();
+    let v = verdict(&node.gpus[0], "none", None, false).unwrap();
+    assert_eq!(v.isolation, Isolation::Unverified);
+    assert!(v.reason.contains("limits nothing"), "{}", v.reason);
+    assert_eq!(
+        verdict(&node.gpus[0], "none", None, true)
+            .unwrap()
+            .isolation,
+        Isolation::Accepted
+    );
+}
+
+#[test]
+fn whole_gpus_have_no_verdict_and_apply_sets_the_shared_ones() {
+    let mut node = node();
+    assert!(verdict(&node.gpus[2], "mps", None, false).is_none());
+    let mut records = BTreeMap::new();
+    records.insert(
+        node.gpus[0].uuid.clone(),
+        record("mps", "580.159.04", ProbeOutcome::Held),
+    );
+    let verdicts = apply(&mut node, "mps", &records, false);
+    assert_eq!(verdicts.keys().collect::<Vec<_>>(), ["gpu-0", "gpu-1"]);
+    assert_eq!(node.gpus[0].isolation, Isolation::Verified);
+    assert_eq!(node.gpus[1].isolation, Isolation::Unverified);
+    assert_eq!(node.gpus[0].isolation_reason, REASON_PROBE_HELD);
+    assert_eq!(node.gpus[1].isolation_reason, REASON_NOT_PROBED);
+}
+
+#[test]
+fn the_probe_runs_in_the_cdi_environment_of_a_one_gib_share() {
+    let node = node();
+    let claim = probe_claim("n", &node.gpus[1]);
+    let spec = crate::node::cdi::build_spec(
+        &claim,
+        &crate::node::cdi::Enforcement::Mps {
+            pipe_dir_root: "/run/tessera/mps".into(),
+            log_dir_root: "/var/log/tessera/mps".into(),
+        },
+    )
+    .unwrap();
+    let env = spec.container_edits.unwrap().env;
+    assert!(
+        env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"TESSERA_GPU_MEMORY_LIMIT_BYTES=1073741824".to_owned()),
+        "{env:?}"
+    );
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", node.gpus[1].uuid)));
+    assert!(claim.uid.starts_with(PROBE_CLAIM_PREFIX));
+}
+
+#[test]
+fn isolation_reads_its_published_values_only() {
+    for i in [
+        Isolation::Verified,
+        Isolation::Unverified,
+        Isolation::Accepted,
+    ] {
+        assert_eq!(i.as_str().parse::<Isolation>().unwrap(), i);
+    }
+    let err = "maybe".parse::<Isolation>().unwrap_err().to_string();
+    assert!(err.contains("unknown isolation \"maybe\""), "{err}");
+}
+
+#[test]
+fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
+    let node = node();
+    let claim = probe_claim("n", &node.gpus[0]);
+    let rendered = crate::node::cdi::render(
+        &claim,
+        &crate::node::cdi::Enforcement::HamiCore {
+            library_path: "/usr/local/vgpu/libvgpu.so".into(),
+            cache_dir: "/run/tessera/hami".into(),
+        },
+    )
+    .unwrap();
+    let edits = rendered.spec.container_edits.clone().unwrap();
+    let inherited = vec![
+        ("PATH".to_owned(), "/usr/bin".to_owned()),
+        ("HOME".to_owned(), "/root".to_owned()),
+        ("LD_PRELOAD".to_owned(), "/evil.so".to_owned()),
+    ];
+    let args = vec!["isolation-probe".to_owned()];
+    let cmd = probe_command(&edits, "/plugin", &args, &inherited, true);
+    assert_eq!(cmd.program, "unshare");
+    let at = |s: &str| cmd.args.iter().position(|a| a == s).unwrap();
+    // The library is bind-mounted where LD_PRELOAD names it, then the probe runs.
+    let lib = at("/usr/local/vgpu/libvgpu.so");
+    assert_eq!(cmd.args[lib + 1], "/usr/local/tessera/hami/libvgpu.so");
+    assert_eq!(
+        &cmd.args[cmd.args.len() - 3..],
+        ["--", "/plugin", "isolation-probe"]
+    );
+    let env: BTreeMap<_, _> = cmd.env.iter().cloned().collect();
+    assert_eq!(
+        env["LD_PRELOAD"], "/usr/local/tessera/hami/libvgpu.so",
+        "the spec's, not the plugin's"
+    );
+    assert_eq!(env["CUDA_DEVICE_MEMORY_LIMIT_0"], "1024m");
+    assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_BYTES"], "1073741824");
+    assert_eq!(env["PATH"], "/usr/bin");
+    assert!(
+        !env.contains_key("HOME"),
+        "nothing else of the plugin's environment"
+    );
+    // Without a namespace: the program itself, the same environment.
+    let plain = probe_command(&edits, "/plugin", &args, &inherited, false);
+    assert_eq!(plain.program, "/plugin");
+    assert_eq!(plain.env, cmd.env);
+}

@@ -1,0 +1,186 @@
+//! Proving the node's share isolation before it offers shares (`tessera_driver::node::isolation`
+//! decides; this module runs the probes and applies the verdicts).
+//!
+//! [`Verified`] wraps the node's discovery: at every discovery it probes each shared GPU that
+//! [`isolation::due`] names (at start, and when the driver version or the backend changed),
+//! through an [`IsolationProbe`], then stamps each shared GPU's `isolation` into the inventory
+//! so the slices, the preparer and the health stream all see it. A verdict that changes is
+//! logged once (with its reason) and exported as `tessera_gpu_isolation`.
+//!
+//! The probe is host behaviour behind [`IsolationProbe`]: [`ChildProbe`] runs the plugin's own
+//! binary as a child in the claim environment (`runner`), whose `isolation-probe` mode
+//! (`child`) allocates through the CUDA driver API; [`FakeProbe`] answers what the fake
+//! inventory file states, for tests and demos.
+
+mod child;
+mod runner;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tessera_driver::node::inventory::{Gpu, NodeInventory};
+use tessera_driver::node::isolation::{self, Isolation, ProbeOutcome, ProbeRecord, Verdict};
+use tracing::{info, warn};
+
+use crate::discovery::GpuDiscovery;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+pub use child::{SUBCOMMAND, run_child};
+pub use runner::ChildProbe;
+
+/// Runs one isolation probe on one GPU of a node. Blocking and bounded in time.
+pub trait IsolationProbe: Send + Sync {
+    /// What a probe of `gpu` (a shared GPU of `node`) finds.
+    fn probe(&self, node: &NodeInventory, gpu: &Gpu) -> ProbeOutcome;
+}
+
+/// Answers what the fake inventory file states for each GPU (`isolation: verified`, the
+/// default, holds; `isolation: unverified` serves an allocation past the limit, as HAMi-core
+/// did on driver 580), and counts its probes.
+#[derive(Debug, Default)]
+pub struct FakeProbe {
+    probes: Mutex<Vec<String>>,
+}
+
+impl FakeProbe {
+    /// A probe that has probed nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The GPUs probed so far (device names), in order.
+    pub fn probed(&self) -> Vec<String> {
+        self.probes.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+impl IsolationProbe for FakeProbe {
+    fn probe(&self, _node: &NodeInventory, gpu: &Gpu) -> ProbeOutcome {
+        if let Ok(mut probes) = self.probes.lock() {
+            probes.push(gpu.device_name());
+        }
+        if gpu.isolation == Isolation::Verified {
+            ProbeOutcome::Held
+        } else {
+            ProbeOutcome::failed(
+                isolation::REASON_LIMIT_NOT_ENFORCED,
+                "an allocation past the limit was served (the fake inventory says this GPU's \
+                 limits do not hold)",
+            )
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: BTreeMap<String, ProbeRecord>,
+    reported: BTreeMap<String, Verdict>,
+}
+
+/// The node's discovery with each shared GPU's isolation proven (or not) and stamped in.
+pub struct Verified {
+    inner: Arc<dyn GpuDiscovery>,
+    probe: Arc<dyn IsolationProbe>,
+    backend: String,
+    accept_unverified: bool,
+    metrics: Option<Arc<Metrics>>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Verified {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verified")
+            .field("backend", &self.backend)
+            .field("accept_unverified", &self.accept_unverified)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Verified {
+    /// `inner`'s GPUs, each shared one probed with `probe` under the node's enforcement
+    /// `backend` (`mps`, `hami-core`, `none`); `accept_unverified` is the admin's explicit
+    /// acceptance of unverified isolation.
+    pub fn new(
+        inner: Arc<dyn GpuDiscovery>,
+        probe: Arc<dyn IsolationProbe>,
+        backend: impl Into<String>,
+        accept_unverified: bool,
+    ) -> Self {
+        Self {
+            inner,
+            probe,
+            backend: backend.into(),
+            accept_unverified,
+            metrics: None,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Exports each verdict to `metrics` too.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The current verdict of each shared GPU, by device name.
+    pub fn verdicts(&self) -> BTreeMap<String, Verdict> {
+        self.state
+            .lock()
+            .map(|s| s.reported.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl GpuDiscovery for Verified {
+    fn discover(&self) -> Result<NodeInventory> {
+        let mut node = self.inner.discover()?;
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Task("a thread panicked holding the isolation probes".into()))?;
+        let due: Vec<Gpu> = isolation::due(&node, &self.backend, &state.records)
+            .into_iter()
+            .cloned()
+            .collect();
+        for gpu in due {
+            info!(gpu = %gpu.device_name(), backend = %self.backend, driver = %gpu.driver_version, "probing share isolation");
+            let outcome = self.probe.probe(&node, &gpu);
+            state.records.insert(
+                gpu.uuid.clone(),
+                ProbeRecord {
+                    backend: self.backend.clone(),
+                    driver_version: gpu.driver_version.clone(),
+                    outcome,
+                },
+            );
+        }
+        let verdicts = isolation::apply(
+            &mut node,
+            &self.backend,
+            &state.records,
+            self.accept_unverified,
+        );
+        for (device, verdict) in &verdicts {
+            if state.reported.get(device) == Some(verdict) {
+                continue;
+            }
+            if verdict.isolation == Isolation::Verified {
+                info!(gpu = %device, isolation = %verdict.isolation, reason = verdict.code, detail = %verdict.reason, "share isolation");
+            } else {
+                warn!(gpu = %device, isolation = %verdict.isolation, reason = verdict.code, detail = %verdict.reason, "share isolation not verified");
+            }
+        }
+        if state.reported != verdicts {
+            if let Some(metrics) = &self.metrics {
+                metrics.observe_isolation(&node, &verdicts);
+            }
+            state.reported = verdicts;
+        }
+        Ok(node)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,243 @@
+//! [`ChildProbe`]: the real probe. It renders the claim of a 1 GiB share of the GPU
+//! (`isolation::probe_claim`) exactly as a claim is rendered (`cdi::render`), makes what the
+//! backend needs (MPS: the GPU's control daemon, through the plugin's supervisor, released
+//! after; HAMi-core: the claim's host directories, removed after), runs the probe child with
+//! the spec's mounts and environment (`isolation::probe_command`), kills it after the timeout,
+//! and judges its report.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_driver::node::cdi::{self, Enforcement};
+use tessera_driver::node::inventory::{Gpu, NodeInventory};
+use tessera_driver::node::isolation::{
+    self, ProbeOutcome, ProbeReport, REASON_DID_NOT_RUN, REASON_TIMED_OUT,
+};
+use tracing::warn;
+
+use super::IsolationProbe;
+use crate::mps::DaemonKeeper;
+
+/// Runs the probe child for real.
+pub struct ChildProbe {
+    /// The program run as the child (the plugin's own binary).
+    pub program: PathBuf,
+    /// Its arguments (`isolation-probe`).
+    pub args: Vec<String>,
+    /// The node's backend, with its host paths.
+    pub enforcement: Enforcement,
+    /// What starts and stops the probe's MPS daemons, under `mps`.
+    pub mps: Option<Arc<dyn DaemonKeeper>>,
+    /// How long the child may take before it is killed (and the GPU stays unverified).
+    pub timeout: Duration,
+    /// Whether the spec's mounts are applied in a mount namespace (`unshare`), as a container
+    /// gets them; off only in tests.
+    pub namespace: bool,
+}
+
+impl std::fmt::Debug for ChildProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChildProbe")
+            .field("program", &self.program)
+            .field("enforcement", &self.enforcement)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChildProbe {
+    /// The plugin's own binary in probe mode, under `enforcement`, killed after `timeout`.
+    pub fn of_this_binary(
+        enforcement: Enforcement,
+        mps: Option<Arc<dyn DaemonKeeper>>,
+        timeout: Duration,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            program: std::env::current_exe()?,
+            args: vec![super::SUBCOMMAND.to_owned()],
+            enforcement,
+            mps,
+            timeout,
+            namespace: true,
+        })
+    }
+
+    fn did_not_run(message: impl Into<String>) -> ProbeOutcome {
+        ProbeOutcome::failed(REASON_DID_NOT_RUN, message)
+    }
+
+    /// Runs the child in `rendered`'s environment and judges what it reports.
+    fn run(&self, rendered: &cdi::Rendered) -> ProbeOutcome {
+        let edits = rendered.spec.container_edits.clone().unwrap_or_default();
+        let inherited: Vec<(String, String)> = std::env::vars().collect();
+        let command = isolation::probe_command(
+            &edits,
+            &self.program.display().to_string(),
+            &self.args,
+            &inherited,
+            self.namespace,
+        );
+        let child = Command::new(&command.program)
+            .args(&command.args)
+            .env_clear()
+            .envs(command.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) => {
+                return Self::did_not_run(format!("cannot start {}: {e}", command.program));
+            }
+        };
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return ProbeOutcome::failed(
+                        REASON_TIMED_OUT,
+                        format!(
+                            "the probe did not finish within {:?} and was killed",
+                            self.timeout
+                        ),
+                    );
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Self::did_not_run(format!("waiting for the probe: {e}")),
+            }
+        };
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut out) = child.stdout.take() {
+            let _ = out.read_to_string(&mut stdout);
+        }
+        if let Some(mut err) = child.stderr.take() {
+            let _ = err.read_to_string(&mut stderr);
+        }
+        if !status.success() {
+            return Self::did_not_run(format!("the probe exited with {status}: {}", tail(&stderr)));
+        }
+        match serde_json::from_str::<ProbeReport>(stdout.trim()) {
+            Ok(report) => isolation::judge(&report),
+            Err(e) => Self::did_not_run(format!(
+                "the probe's report does not read ({e}): {}",
+                tail(&stdout)
+            )),
+        }
+    }
+}
+
+/// The last line of `text`, at most 300 characters, for a reason.
+fn tail(text: &str) -> String {
+    let line = text.trim().lines().last().unwrap_or("(nothing)");
+    line.chars().take(300).collect()
+}
+
+impl IsolationProbe for ChildProbe {
+    fn probe(&self, node: &NodeInventory, gpu: &Gpu) -> ProbeOutcome {
+        let claim = isolation::probe_claim(&node.name, gpu);
+        let rendered = match cdi::render(&claim, &self.enforcement) {
+            Ok(rendered) => rendered,
+            Err(e) => return Self::did_not_run(e.to_string()),
+        };
+        for dir in &rendered.host_dirs {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                return Self::did_not_run(format!("creating {dir}: {e}"));
+            }
+        }
+        let daemon = match (&rendered.mps_daemon, &self.mps) {
+            (Some(daemon), Some(mps)) => {
+                if let Err(e) = mps.ensure(&claim.uid, daemon) {
+                    return Self::did_not_run(format!("the MPS daemon did not start: {e}"));
+                }
+                Some(mps)
+            }
+            (Some(_), None) => {
+                return Self::did_not_run("the node enforces with MPS but runs no supervisor");
+            }
+            _ => None,
+        };
+        let outcome = self.run(&rendered);
+        if let Some(mps) = daemon
+            && let Err(e) = mps.release(&claim.uid)
+        {
+            warn!(gpu = %gpu.device_name(), error = %e, "releasing the probe's MPS daemon failed");
+        }
+        // The host dirs hold only the probe's accounting; the deepest first.
+        for dir in rendered.host_dirs.iter().rev() {
+            let _ = std::fs::remove_dir_all(Path::new(dir));
+        }
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tessera_driver::node::inventory::Inventory;
+
+    use super::*;
+
+    fn node() -> NodeInventory {
+        Inventory::from_yaml("nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: t4-16g\n")
+            .unwrap()
+            .nodes
+            .remove(0)
+    }
+
+    fn probe(program: &str, args: &[&str], timeout: Duration) -> ChildProbe {
+        ChildProbe {
+            program: PathBuf::from(program),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            enforcement: Enforcement::None,
+            mps: None,
+            timeout,
+            namespace: false,
+        }
+    }
+
+    fn code(outcome: &ProbeOutcome) -> &'static str {
+        match outcome {
+            ProbeOutcome::Held => isolation::REASON_PROBE_HELD,
+            ProbeOutcome::Failed { code, .. } => code,
+        }
+    }
+
+    #[test]
+    fn a_probe_that_hangs_is_killed_at_its_timeout_and_fails() {
+        let node = node();
+        let started = Instant::now();
+        let outcome =
+            probe("/bin/sleep", &["30"], Duration::from_millis(200)).probe(&node, &node.gpus[0]);
+        assert_eq!(code(&outcome), REASON_TIMED_OUT, "{outcome:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "the child was killed"
+        );
+    }
+
+    #[test]
+    fn the_child_gets_the_claims_limit_and_its_report_is_judged() {
+        let node = node();
+        // A stand-in child that reports what HAMi-core did on driver 580: served past the limit.
+        let script = r#"echo "{\"limitBytes\":$TESSERA_GPU_MEMORY_LIMIT_BYTES,\"pastBytes\":1610612736,\"past\":{\"result\":\"served\"},\"underBytes\":536870912,\"under\":{\"result\":\"served\"}}""#;
+        let outcome =
+            probe("/bin/sh", &["-c", script], Duration::from_secs(20)).probe(&node, &node.gpus[0]);
+        let ProbeOutcome::Failed { code, message } = outcome else {
+            panic!("a served allocation past the limit must fail");
+        };
+        assert_eq!(code, isolation::REASON_LIMIT_NOT_ENFORCED);
+        assert!(
+            message.contains("past the 1024 MiB limit was served"),
+            "{message}"
+        );
+    }
+}
