@@ -124,6 +124,27 @@ pub struct MigNode {
 }
 
 /// The devices of `claim`'s allocation that `driver` prepares on `node`, ready for the CDI
+/// Why `gpu` takes no share that over-commits memory: its isolation was not proven.
+fn no_memory_overcommit(gpu: &Gpu) -> String {
+    format!(
+        "the share over-commits memory, which needs isolation proven on GPU {} (it is {})",
+        gpu.device_name(),
+        gpu.isolation
+    )
+}
+
+/// Why `gpu` offers no shares: its isolation was neither proven nor accepted.
+fn no_shares(gpu: &Gpu) -> String {
+    format!(
+        "GPU {} offers no shares: its isolation is {} (the node's probe has not proven its \
+         limits there; see the plugin's log, its metrics or `tessera inspect`); delete the pod \
+         to allocate it elsewhere, or accept unverified isolation with \
+         --accept-unverified-isolation",
+        gpu.device_name(),
+        gpu.isolation
+    )
+}
+
 /// builder. Errors name the claim and what does not match the node.
 pub fn prepare_on_node(
     claim: &res::ResourceClaim,
@@ -188,22 +209,10 @@ pub fn prepare_on_node(
         // Fail closed: a share only where the node proved (or the admin accepted) isolation,
         // and over-committed memory only where the probe held (`crate::node::isolation`).
         if share.is_some() && !gpu.isolation.offers_shares() {
-            return Err(device_err(format!(
-                "GPU {} offers no shares: its isolation is {} (the node's probe has not proven \
-                 its limits there; see the plugin's log, its metrics or `tessera inspect`); \
-                 delete the pod to allocate it elsewhere, or accept unverified isolation with \
-                 --accept-unverified-isolation",
-                gpu.device_name(),
-                gpu.isolation
-            )));
+            return Err(device_err(no_shares(gpu)));
         }
         if memory_overcommitted && gpu.isolation != crate::node::isolation::Isolation::Verified {
-            return Err(device_err(format!(
-                "the share over-commits memory, which needs isolation proven on GPU {} (it \
-                 is {})",
-                gpu.device_name(),
-                gpu.isolation
-            )));
+            return Err(device_err(no_memory_overcommit(gpu)));
         }
         devices.push(PreparedDevice {
             request: result.request.clone(),
