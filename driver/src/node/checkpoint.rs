@@ -190,6 +190,29 @@ fn gpu_threads(devices: &[HeldDevice], gpu: &str) -> Option<(i64, bool)> {
         })
 }
 
+/// Per GPU UUID: the threads (compute) of every recorded claim's shares there, and how many of
+/// those claims guard the GPU's SMs (an online share), summed once per batch so the check of
+/// each claim costs its own GPUs, not the whole record.
+type SmUse = BTreeMap<String, (i64, u32)>;
+
+/// Adds (`sign` 1) or takes away (`sign` -1) what `devices` use of each GPU's SMs.
+fn count_sms(sms: &mut SmUse, devices: &[HeldDevice], sign: i64) {
+    let mut gpus: Vec<&str> = devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    for gpu in gpus {
+        if let Some((t, online)) = gpu_threads(devices, gpu) {
+            let e = sms.entry(gpu.to_owned()).or_insert((0, 0));
+            e.0 = e.0.saturating_add(sign.saturating_mul(t));
+            if sign > 0 {
+                e.1 = e.1.saturating_add(u32::from(online));
+            } else {
+                e.1 = e.1.saturating_sub(u32::from(online));
+            }
+        }
+    }
+}
+
 /// What [`Checkpoint::begin_prepare`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begin {
@@ -272,20 +295,22 @@ impl Checkpoint {
     /// indexed once, so each claim costs its own devices, not the whole record.
     pub fn batch(&mut self) -> PrepareBatch<'_> {
         let mut holdings = Holdings::default();
+        let mut sms = SmUse::new();
         for (uid, entry) in &self.claims {
             holdings.add(uid, &entry.devices);
+            count_sms(&mut sms, &entry.devices, 1);
         }
         PrepareBatch {
             record: self,
             holdings,
+            sms,
         }
     }
 
     /// Refuses claim `uid` holding `devices` when, on one of its shared GPUs, an online share
     /// is (or would be) and the compute of every recorded claim's shares there would pass 100
     /// (`overcommit::threads_fit`): the node's own check of what the allocator keeps.
-    fn check_sms(&self, claim: &PreparedClaim, devices: &[HeldDevice]) -> Result<()> {
-        let uid = claim.uid.as_str();
+    fn check_sms(&self, claim: &PreparedClaim, devices: &[HeldDevice], sms: &SmUse) -> Result<()> {
         let mut gpus: Vec<&str> = devices
             .iter()
             .filter(|d| d.share_compute_percent.is_some() && !d.mig)
@@ -297,15 +322,15 @@ impl Checkpoint {
             let Some(mine) = gpu_threads(devices, gpu) else {
                 continue;
             };
-            let (mut used, mut guarded) = (0_i64, 0_u32);
-            for (holder, entry) in &self.claims {
-                if holder == uid {
-                    continue;
-                }
-                if let Some((t, online)) = gpu_threads(&entry.devices, gpu) {
-                    used = used.saturating_add(t);
-                    guarded += u32::from(online);
-                }
+            // Every recorded claim's use of the GPU but this claim's own earlier record.
+            let (mut used, mut guarded) = sms.get(gpu).copied().unwrap_or((0, 0));
+            if let Some((t, online)) = self
+                .claims
+                .get(&claim.uid)
+                .and_then(|entry| gpu_threads(&entry.devices, gpu))
+            {
+                used = used.saturating_sub(t);
+                guarded = guarded.saturating_sub(u32::from(online));
             }
             if !overcommit::threads_fit(used, guarded, mine) {
                 return Err(Error::Prepare {
@@ -385,6 +410,7 @@ impl Checkpoint {
 pub struct PrepareBatch<'a> {
     record: &'a mut Checkpoint,
     holdings: Holdings,
+    sms: SmUse,
 }
 
 impl PrepareBatch<'_> {
@@ -408,8 +434,12 @@ impl PrepareBatch<'_> {
                 holder: holder.to_owned(),
             });
         }
-        self.record.check_sms(claim, &devices)?;
+        self.record.check_sms(claim, &devices, &self.sms)?;
         self.holdings.add(&claim.uid, &devices);
+        count_sms(&mut self.sms, &devices, 1);
+        if let Some(earlier) = self.record.claims.get(&claim.uid) {
+            count_sms(&mut self.sms, &earlier.devices, -1);
+        }
         self.record.claims.insert(
             claim.uid.clone(),
             ClaimEntry {
@@ -783,10 +813,11 @@ mod tests {
         let mut batch = record.batch();
         for i in 0..10_000 {
             let gpu = format!("GPU-{}", i % 8);
-            let share = claim(
-                &format!("u{i}"),
-                vec![device(&format!("gpu-{}", i % 8), &gpu, Some(1), false)],
-            );
+            // Batch shares: over-committing compute is allowed among them (online ones would
+            // pass 100% beside an online share, which the node refuses).
+            let mut d = device(&format!("gpu-{}", i % 8), &gpu, Some(1), false);
+            d.tier = crate::rules::config::Tier::Batch;
+            let share = claim(&format!("u{i}"), vec![d]);
             assert_eq!(
                 batch.begin_prepare(&share, Vec::new()).unwrap(),
                 Begin::Started
