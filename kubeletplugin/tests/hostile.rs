@@ -411,7 +411,12 @@ async fn a_failed_prepare_and_a_record_of_another_boot_leave_no_cdi_spec() {
 
     // Another boot: the record is dropped, and so is every spec it held.
     std::fs::write(node.path("boot_id"), "boot-2\n").unwrap();
-    let mut child = node.spawn(&["--enforcement", "none"]);
+    let mut child = node.spawn(&[
+        "--enforcement",
+        "none",
+        "--accept-unverified-isolation",
+        "true",
+    ]);
     let _dra = node.dra(&mut child).await;
     assert!(!node.spec(1).exists(), "another boot's spec stayed");
     stop(child);
@@ -435,7 +440,12 @@ async fn one_call_of_10000_claims_is_prepared_while_small_calls_answer_beside_it
     let (claims, refs) = big_call();
     let n = refs.len();
     let node = Node::new(&claims);
-    let mut child = node.spawn(&["--enforcement", "none"]);
+    let mut child = node.spawn(&[
+        "--enforcement",
+        "none",
+        "--accept-unverified-isolation",
+        "true",
+    ]);
     let mut dra = node.dra(&mut child).await;
     let mut registration = node.registration(&mut child).await;
 
@@ -589,7 +599,12 @@ async fn a_call_kubelet_gives_up_on_stops_its_work() {
     let (claims, refs) = big_call();
     let n = refs.len();
     let node = Node::new(&claims);
-    let mut child = node.spawn(&["--enforcement", "none"]);
+    let mut child = node.spawn(&[
+        "--enforcement",
+        "none",
+        "--accept-unverified-isolation",
+        "true",
+    ]);
     let mut dra = node.dra(&mut child).await;
     let mut request = tonic::Request::new(v1::NodePrepareResourcesRequest {
         claims: refs.clone(),
@@ -630,7 +645,12 @@ async fn an_answer_that_would_pass_4_mib_is_cut_to_fit() {
     // Claims that do not exist, with the longest names: each error repeats the name, so the
     // answer is larger than the request, which is just under the 4 MiB limit.
     let node = Node::new(&[claim(0)]);
-    let mut child = node.spawn(&["--enforcement", "none"]);
+    let mut child = node.spawn(&[
+        "--enforcement",
+        "none",
+        "--accept-unverified-isolation",
+        "true",
+    ]);
     let mut dra = node.dra(&mut child).await;
     let namespace = "n".repeat(63);
     let mut claims = Vec::new();
