@@ -21,6 +21,7 @@ use tracing::warn;
 use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
 use crate::error::{Error, Result};
+use crate::preparer::OneOutcome;
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// The content type of what `/metrics` serves: `prometheus_client` writes the text format of
@@ -412,15 +413,13 @@ impl ClaimPreparer for MeteredPreparer {
     async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
         self.prepare_all(vec![claim], Cancel::new())
             .await
-            .pop()
-            .unwrap_or_else(|| Err(crate::Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
         self.unprepare_all(vec![claim], Cancel::new())
             .await
-            .pop()
-            .unwrap_or_else(|| Err(crate::Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     async fn prepare_all(

@@ -117,6 +117,19 @@ pub trait ClaimPreparer: Send + Sync + 'static {
     }
 }
 
+/// The one outcome of a call made for one claim (`prepare_all(vec![claim])`, ...).
+pub(crate) trait OneOutcome<T> {
+    /// The outcome, or an error when the call answered none.
+    fn only_outcome(self) -> Result<T>;
+}
+
+impl<T> OneOutcome<T> for Vec<Result<T>> {
+    fn only_outcome(mut self) -> Result<T> {
+        self.pop()
+            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+    }
+}
+
 /// Where and how [`CdiPreparer`] works.
 #[derive(Debug, Clone)]
 pub struct CdiPreparerConfig {
@@ -382,8 +395,7 @@ impl CdiPreparer {
         object: &ResourceClaim,
     ) -> Result<Vec<KubeletDevice>> {
         self.prepare_fetched_all(&[(claim.clone(), object.clone())], &Cancel::new())
-            .pop()
-            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     /// Prepares the fetched claims of one call: one checkpoint write to record them started,
@@ -602,8 +614,7 @@ impl CdiPreparer {
     /// Unprepares a claim (one claim of [`CdiPreparer::unprepare_all_blocking`]). Blocking.
     pub fn unprepare_blocking(&self, claim: &ClaimRef) -> Result<()> {
         self.unprepare_all_blocking(std::slice::from_ref(claim), &Cancel::new())
-            .pop()
-            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     /// Unprepares the claims of one call: one write to record them started, their host
@@ -827,15 +838,13 @@ impl ClaimPreparer for CdiPreparer {
     async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
         self.prepare_all(vec![claim], Cancel::new())
             .await
-            .pop()
-            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
         self.unprepare_all(vec![claim], Cancel::new())
             .await
-            .pop()
-            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     async fn prepare_all(

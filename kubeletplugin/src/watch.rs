@@ -19,6 +19,7 @@ use crate::claims::ClaimRef;
 use crate::discovery::GpuDiscovery;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::preparer::OneOutcome;
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// A running watcher.
@@ -205,8 +206,7 @@ impl ClaimPreparer for WakeOnRelease {
     async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
         self.unprepare_all(vec![claim], Cancel::new())
             .await
-            .pop()
-            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
+            .only_outcome()
     }
 
     async fn prepare_all(
