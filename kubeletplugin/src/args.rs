@@ -242,13 +242,6 @@ pub struct Args {
 impl Args {
     /// Parses the command line and runs the plugin until SIGTERM or SIGINT.
     pub fn parse_and_run() -> anyhow::Result<()> {
-        if std::env::args_os()
-            .nth(1)
-            .is_some_and(|a| a == crate::isolation::SUBCOMMAND)
-        {
-            // The isolation probe's child (`crate::isolation`): no flags, no logs, no runtime.
-            std::process::exit(crate::isolation::run_child());
-        }
         let args = Self::parse();
         init_logs(args.log_format);
         // A node agent serves a handful of kubelet calls: two workers and a small blocking

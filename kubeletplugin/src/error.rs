@@ -101,6 +101,11 @@ pub enum Error {
         message: String,
     },
 
+    /// A mount namespace could not be set up (a step of `tessera-mps exec` or of the
+    /// isolation probe's child failed).
+    #[error("mount namespace: {0}")]
+    Namespace(String),
+
     /// An MPS control daemon could not be started or stopped.
     #[error("MPS: {0}")]
     Mps(String),

@@ -36,6 +36,8 @@ use crate::node::prepare::{GpuNode, PreparedClaim, PreparedDevice};
 use crate::rules::config::Tier;
 use crate::rules::share::PerDeviceShare;
 
+pub mod namespace;
+
 /// The memory limit the probe runs under: 1 GiB.
 pub const PROBE_LIMIT_BYTES: u64 = 1 << 30;
 /// The UID prefix of a probe's claim (the rest is the GPU's index); names its CDI environment.
@@ -53,6 +55,10 @@ pub const REASON_UNDER_LIMIT_REFUSED: &str = "under-limit-refused";
 pub const REASON_TIMED_OUT: &str = "probe-timed-out";
 /// Reason code: the probe could not run or report (its daemon, its child, its CUDA).
 pub const REASON_DID_NOT_RUN: &str = "probe-did-not-run";
+/// The plugin binary's subcommand that runs the probe (and, with arguments, first applies the
+/// claim's mounts: [`namespace`]).
+pub const PROBE_SUBCOMMAND: &str = "isolation-probe";
+
 /// Reason code: the node enforces nothing (`none`).
 pub const REASON_NO_ENFORCEMENT: &str = "no-enforcement";
 
@@ -380,25 +386,20 @@ pub struct ProbeCommand {
     pub env: Vec<(String, String)>,
 }
 
-/// The script that applies a spec's bind mounts in a fresh mount namespace, then runs the
-/// probe: its arguments are `source target` pairs, `--`, and the command. Paths are passed as
-/// arguments, never spliced into the script. A mount that fails ends it with status 97.
-const MOUNT_SCRIPT: &str = "while [ \"$1\" != -- ]; do \
-    if [ -d \"$1\" ]; then mkdir -p \"$2\"; else mkdir -p \"$(dirname \"$2\")\" && { [ -e \"$2\" ] || : > \"$2\"; }; fi; \
-    mount --bind \"$1\" \"$2\" || exit 97; shift 2; done; shift; exec \"$@\"";
-
 /// The command that runs `program args` the way a container gets `edits` (a claim's CDI
-/// container edits): every bind mount applied in a mount namespace of its own (`unshare`,
-/// `mount`, `CAP_SYS_ADMIN`) and exactly the spec's environment, plus `PATH` and
-/// `LD_LIBRARY_PATH` of `inherited` (what an image would carry), the spec's values winning.
-/// Without `namespace` the mounts are left out (tests; a backend that needs them then fails
-/// its probe, which fails closed).
+/// container edits): exactly the spec's environment, plus `PATH` and `LD_LIBRARY_PATH` of
+/// `inherited` (what an image would carry), the spec's values winning; and every bind mount
+/// applied in a mount namespace of its own by `launcher`, the plugin's own binary, as
+/// `launcher isolation-probe --bind SOURCE TARGET OPTIONS ... -- program args`
+/// ([`namespace`]; it needs `CAP_SYS_ADMIN`, and no shell, `unshare` or `mount`). Without a
+/// `launcher` the mounts are left out (tests; a backend that needs them then fails its probe,
+/// which fails closed).
 pub fn probe_command(
     edits: &crate::node::cdi::ContainerEdits,
     program: &str,
     args: &[String],
     inherited: &[(String, String)],
-    namespace: bool,
+    launcher: Option<&str>,
 ) -> ProbeCommand {
     let mut env: Vec<(String, String)> = inherited
         .iter()
@@ -411,37 +412,21 @@ pub fn probe_command(
             env.push((k.to_owned(), v.to_owned()));
         }
     }
-    if !namespace || edits.mounts.is_empty() {
-        return ProbeCommand {
+    match launcher {
+        Some(launcher) if !edits.mounts.is_empty() => {
+            let mut out = vec![PROBE_SUBCOMMAND.to_owned()];
+            out.extend(namespace::arguments(&edits.mounts, program, args));
+            ProbeCommand {
+                program: launcher.to_owned(),
+                args: out,
+                env,
+            }
+        }
+        _ => ProbeCommand {
             program: program.to_owned(),
             args: args.to_vec(),
             env,
-        };
-    }
-    let mut out: Vec<String> = [
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "/bin/sh",
-        "-c",
-        MOUNT_SCRIPT,
-        "tessera-probe",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    for m in &edits.mounts {
-        out.push(m.host_path.clone());
-        out.push(m.container_path.clone());
-    }
-    out.push("--".to_owned());
-    out.push(program.to_owned());
-    out.extend(args.iter().cloned());
-    ProbeCommand {
-        program: "unshare".to_owned(),
-        args: out,
-        env,
+        },
     }
 }
 

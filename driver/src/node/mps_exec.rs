@@ -13,6 +13,9 @@
 //!
 //! Every step happens in the wrapper's private mount namespace: nothing it mounts is seen by
 //! the host or by the container it runs in.
+//!
+//! The isolation probe sets up its claim's mounts with the same [`Step`]s
+//! (`crate::node::isolation::namespace::plan`), applied by the same code in the plugin.
 
 use std::fmt;
 
@@ -26,6 +29,9 @@ pub enum Step {
     MakePrivate,
     /// Creates a directory (a mount point) when it is missing.
     CreateDir(String),
+    /// Creates an empty file (the mount point of a file) when nothing is there; its directory
+    /// must exist.
+    CreateFile(String),
     /// Binds `source` onto `target` (with its submounts when `recursive`).
     Bind {
         /// What is bound.
@@ -35,11 +41,25 @@ pub enum Step {
         /// Whether submounts come along (`MS_REC`).
         recursive: bool,
     },
+    /// Sets the per-mount flags of the bind mount at `target` (`MS_REMOUNT | MS_BIND`), as a
+    /// container runtime applies a mount's `ro`, `nosuid`, `nodev` and `noexec` options.
+    Remount {
+        /// The bind mount.
+        target: String,
+        /// `MS_RDONLY`.
+        read_only: bool,
+        /// `MS_NOSUID`.
+        nosuid: bool,
+        /// `MS_NODEV`.
+        nodev: bool,
+        /// `MS_NOEXEC`.
+        noexec: bool,
+    },
     /// Changes root into the directory, and the working directory to its `/`.
     ChangeRoot(String),
 }
 
-/// A wrapper argument that cannot be planned.
+/// An argument that cannot be planned (of `tessera-mps exec`, or of the isolation probe).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanError {
     /// The argument.
@@ -52,17 +72,15 @@ pub struct PlanError {
 
 impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "tessera-mps exec: {} {:?} {}",
-            self.argument, self.value, self.rule
-        )
+        write!(f, "{} {:?} {}", self.argument, self.value, self.rule)
     }
 }
 
 impl std::error::Error for PlanError {}
 
-fn checked(argument: &'static str, value: &str) -> Result<String, PlanError> {
+/// `value` as an absolute path without `..` and without a trailing `/`, or the error that names
+/// `argument`.
+pub(crate) fn checked(argument: &'static str, value: &str) -> Result<String, PlanError> {
     let error = |rule| PlanError {
         argument,
         value: value.to_owned(),

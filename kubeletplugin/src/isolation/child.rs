@@ -1,26 +1,89 @@
 //! The probe child: the plugin's own binary run as `tessera-kubelet-plugin isolation-probe` in
-//! the environment of a 1 GiB share's claim (`runner` sets it up). Through the CUDA driver API
+//! the environment of a 1 GiB share's claim (`runner` starts it). Through the CUDA driver API
 //! (`libcuda.so.1`, loaded at run time by cudarc; nothing of CUDA is needed to build), on the
 //! first device the environment lets it see, it allocates half the limit (must be served), then
 //! one and a half times the limit (must be refused), touching every byte so nothing is merely
 //! reserved, and prints one JSON [`ProbeReport`] on stdout. The limit is read from
 //! `TESSERA_GPU_MEMORY_LIMIT_BYTES`, the variable the claim's CDI spec gives every container.
 //!
+//! With arguments (`--bind SOURCE TARGET OPTIONS ... -- PROGRAM ARGS`,
+//! `tessera_driver::node::isolation::namespace`) it first gives itself the claim's mounts: in
+//! this still single-threaded process (`main` dispatches here before any runtime or thread
+//! starts; `unshare(CLONE_NEWNS)` refuses a multi-threaded one) it makes a mount namespace of
+//! its own and applies the steps in Rust, as `tessera-mps exec` does, then replaces itself
+//! with `PROGRAM ARGS` (the plugin's binary in probe mode), so that what the environment
+//! preloads (HAMi-core's `LD_PRELOAD`) is loaded from the mounted path, as in a container.
+//!
 //! Exit status: 0 with a report; 2 when the environment holds no limit; 3 when CUDA cannot be
-//! used at all (no `libcuda.so.1`, no device, no MPS server), with the reason on stderr.
+//! used at all (no `libcuda.so.1`, no device, no MPS server); 4 when the mounts could not be
+//! applied (bad arguments, a missing source, a refused namespace or mount); the reason on
+//! stderr.
 
+use std::ffi::OsString;
 use std::io::Write as _;
+use std::os::unix::process::CommandExt as _;
+use std::process::Command;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use tessera_driver::node::cdi::MEMORY_LIMIT_ENV;
-use tessera_driver::node::isolation::{Allocation, ProbeReport};
+use tessera_driver::node::isolation::namespace::{self, Bind, Invocation};
+use tessera_driver::node::isolation::{Allocation, PROBE_SUBCOMMAND, ProbeReport};
+
+use crate::mps::exec::apply_steps;
 
 /// The first argument that runs the binary as the probe child.
-pub const SUBCOMMAND: &str = "isolation-probe";
+pub const SUBCOMMAND: &str = PROBE_SUBCOMMAND;
 
-/// Runs the probe child; returns the process's exit status.
-pub fn run_child() -> i32 {
+/// The exit status of a child whose mounts could not be applied.
+const MOUNTS_FAILED: i32 = 4;
+
+/// Runs the probe child with `args` (those after the subcommand); returns the process's exit
+/// status, or does not return when it replaced itself with the probe's command.
+pub fn run_child(args: Vec<OsString>) -> i32 {
+    match contain(args) {
+        Ok(()) => probe(),
+        Err(message) => {
+            let _ = writeln!(std::io::stderr(), "isolation probe: {message}");
+            MOUNTS_FAILED
+        }
+    }
+}
+
+/// With mounts in `args`, applies them and replaces this process with the probe's command, so
+/// it returns only why that failed; without (no arguments), `Ok`: this process is the probe.
+fn contain(args: Vec<OsString>) -> Result<(), String> {
+    let args = args
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| format!("argument {} is not UTF-8", a.display()))
+        })
+        .collect::<Result<Vec<String>, String>>()?;
+    let (mounts, command) = match namespace::parse(&args).map_err(|e| e.to_string())? {
+        Invocation::Probe => return Ok(()),
+        Invocation::Contained { binds, command } => (binds, command),
+    };
+    let mut binds = Vec::with_capacity(mounts.len());
+    for mount in mounts {
+        let source = std::fs::metadata(&mount.host_path)
+            .map_err(|e| format!("the mount source {}: {e}", mount.host_path))?;
+        binds.push(Bind {
+            mount,
+            source_is_dir: source.is_dir(),
+        });
+    }
+    let steps = namespace::plan(&binds).map_err(|e| e.to_string())?;
+    apply_steps("applying the claim's mounts", &steps).map_err(|e| e.to_string())?;
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| "no program to run".to_owned())?;
+    let error = Command::new(program).args(args).exec();
+    Err(format!("running {program}: {error}"))
+}
+
+/// The probe itself, in this process.
+fn probe() -> i32 {
     let Some(limit) = std::env::var(MEMORY_LIMIT_ENV)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())

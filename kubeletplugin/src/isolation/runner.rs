@@ -2,8 +2,9 @@
 //! (`isolation::probe_claim`) exactly as a claim is rendered (`cdi::render`), makes what the
 //! backend needs (MPS: the GPU's control daemon, through the plugin's supervisor, released
 //! after; HAMi-core: the claim's host directories, removed after), runs the probe child with
-//! the spec's mounts and environment (`isolation::probe_command`), kills it after the timeout,
-//! and judges its report.
+//! the spec's mounts and environment (`isolation::probe_command`: the plugin's own binary
+//! applies the mounts in a mount namespace of its own, then runs the probe), kills it after the
+//! timeout, and judges its report.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::cdi::{self, Enforcement};
+use tessera_driver::node::cdi::{self, ContainerEdits, Enforcement};
 use tessera_driver::node::inventory::{Gpu, NodeInventory};
 use tessera_driver::node::isolation::{
     self, ProbeOutcome, ProbeReport, REASON_DID_NOT_RUN, REASON_TIMED_OUT,
@@ -33,9 +34,10 @@ pub struct ChildProbe {
     pub mps: Option<Arc<dyn DaemonKeeper>>,
     /// How long the child may take before it is killed (and the GPU stays unverified).
     pub timeout: Duration,
-    /// Whether the spec's mounts are applied in a mount namespace (`unshare`), as a container
-    /// gets them; off only in tests.
-    pub namespace: bool,
+    /// The binary whose `isolation-probe` subcommand applies the spec's mounts in a mount
+    /// namespace of its own before it runs `program`, as a container gets them (the plugin's
+    /// own); `None` leaves the mounts out (tests only).
+    pub launcher: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ChildProbe {
@@ -55,13 +57,14 @@ impl ChildProbe {
         mps: Option<Arc<dyn DaemonKeeper>>,
         timeout: Duration,
     ) -> std::io::Result<Self> {
+        let program = std::env::current_exe()?;
         Ok(Self {
-            program: std::env::current_exe()?,
+            launcher: Some(program.clone()),
+            program,
             args: vec![super::SUBCOMMAND.to_owned()],
             enforcement,
             mps,
             timeout,
-            namespace: true,
         })
     }
 
@@ -69,16 +72,17 @@ impl ChildProbe {
         ProbeOutcome::failed(REASON_DID_NOT_RUN, message)
     }
 
-    /// Runs the child in `rendered`'s environment and judges what it reports.
-    fn run(&self, rendered: &cdi::Rendered) -> ProbeOutcome {
-        let edits = rendered.spec.container_edits.clone().unwrap_or_default();
+    /// Runs the child with `edits` (a spec's container edits: its mounts and environment) and
+    /// judges what it reports.
+    pub fn run(&self, edits: &ContainerEdits) -> ProbeOutcome {
         let inherited: Vec<(String, String)> = std::env::vars().collect();
+        let launcher = self.launcher.as_ref().map(|l| l.display().to_string());
         let command = isolation::probe_command(
-            &edits,
+            edits,
             &self.program.display().to_string(),
             &self.args,
             &inherited,
-            self.namespace,
+            launcher.as_deref(),
         );
         let child = Command::new(&command.program)
             .args(&command.args)
@@ -164,7 +168,7 @@ impl IsolationProbe for ChildProbe {
             }
             _ => None,
         };
-        let outcome = self.run(&rendered);
+        let outcome = self.run(&rendered.spec.container_edits.clone().unwrap_or_default());
         if let Some(mps) = daemon
             && let Err(e) = mps.release(&claim.uid)
         {
@@ -200,7 +204,7 @@ mod tests {
             enforcement: Enforcement::None,
             mps: None,
             timeout,
-            namespace: false,
+            launcher: None,
         }
     }
 

@@ -296,16 +296,29 @@ fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
         ("LD_PRELOAD".to_owned(), "/evil.so".to_owned()),
     ];
     let args = vec!["isolation-probe".to_owned()];
-    let cmd = probe_command(&edits, "/plugin", &args, &inherited, true);
-    assert_eq!(cmd.program, "unshare");
+    let cmd = probe_command(&edits, "/plugin", &args, &inherited, Some("/plugin"));
+    // The plugin's own binary applies the mounts: no shell, `unshare` or `mount`.
+    assert_eq!(cmd.program, "/plugin");
+    assert_eq!(cmd.args[0], PROBE_SUBCOMMAND);
     let at = |s: &str| cmd.args.iter().position(|a| a == s).unwrap();
-    // The library is bind-mounted where LD_PRELOAD names it, then the probe runs.
+    // The library is bind-mounted read-only where LD_PRELOAD names it, each path an argument
+    // of its own; then the probe runs.
     let lib = at("/usr/local/vgpu/libvgpu.so");
+    assert_eq!(cmd.args[lib - 1], namespace::BIND);
     assert_eq!(cmd.args[lib + 1], "/usr/local/tessera/hami/libvgpu.so");
+    assert_eq!(cmd.args[lib + 2], "ro,nosuid,nodev,bind");
     assert_eq!(
         &cmd.args[cmd.args.len() - 3..],
         ["--", "/plugin", "isolation-probe"]
     );
+    // The child reads back exactly the spec's mounts and the probe's command.
+    let namespace::Invocation::Contained { binds, command } =
+        namespace::parse(&cmd.args[1..]).unwrap()
+    else {
+        panic!("the mounts are applied before the probe runs");
+    };
+    assert_eq!(binds, edits.mounts);
+    assert_eq!(command, ["/plugin", "isolation-probe"]);
     let env: BTreeMap<_, _> = cmd.env.iter().cloned().collect();
     assert_eq!(
         env["LD_PRELOAD"], "/usr/local/tessera/hami/libvgpu.so",
@@ -318,8 +331,9 @@ fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
         !env.contains_key("HOME"),
         "nothing else of the plugin's environment"
     );
-    // Without a namespace: the program itself, the same environment.
-    let plain = probe_command(&edits, "/plugin", &args, &inherited, false);
+    // Without a launcher: the program itself, the same environment.
+    let plain = probe_command(&edits, "/plugin", &args, &inherited, None);
     assert_eq!(plain.program, "/plugin");
+    assert_eq!(plain.args, args);
     assert_eq!(plain.env, cmd.env);
 }
