@@ -3,8 +3,9 @@
 //!
 //! [`Verified`] wraps the node's discovery: at every discovery it probes each shared GPU that
 //! [`isolation::due`] names (at start, and when the driver version or the backend changed),
-//! through an [`IsolationProbe`], then stamps each shared GPU's `isolation` into the inventory
-//! so the slices, the preparer and the health stream all see it. A verdict that changes is
+//! through an [`IsolationProbe`], the GPUs side by side (up to [`PARALLEL_PROBES`] at once),
+//! then stamps each shared GPU's `isolation` into the inventory so the slices, the preparer and
+//! the health stream all see it. A verdict that changes is
 //! logged once (with its reason) and exported as `tessera_gpu_isolation`.
 //!
 //! The probe is host behaviour behind [`IsolationProbe`]: [`ChildProbe`] runs the plugin's own
@@ -16,6 +17,7 @@ mod child;
 mod runner;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tessera_driver::node::inventory::{Gpu, NodeInventory};
@@ -49,7 +51,8 @@ impl FakeProbe {
         Self::default()
     }
 
-    /// The GPUs probed so far (device names), in order.
+    /// The GPUs probed so far (device names), in the order their probes started (the GPUs of
+    /// one discovery are probed side by side, in no fixed order).
     pub fn probed(&self) -> Vec<String> {
         self.probes.lock().map(|p| p.clone()).unwrap_or_default()
     }
@@ -70,6 +73,53 @@ impl IsolationProbe for FakeProbe {
             )
         }
     }
+}
+
+/// How many probes run at once: a node's GPUs are probed side by side (each probe is a child
+/// process, mostly waiting on its GPU), so a node's start costs about one probe's time.
+pub const PARALLEL_PROBES: usize = 8;
+
+/// Probes `gpus` of `node`, up to [`PARALLEL_PROBES`] at once, each on a thread of its own
+/// (scoped: all are done when this returns); the outcomes in `gpus`' order. A probe that
+/// panicked did not run, and its GPU stays unverified.
+fn probe_all(
+    probe: &dyn IsolationProbe,
+    node: &NodeInventory,
+    gpus: &[Gpu],
+    backend: &str,
+) -> Vec<ProbeOutcome> {
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<ProbeOutcome>>> = gpus.iter().map(|_| Mutex::new(None)).collect();
+    let worker = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let (Some(gpu), Some(slot)) = (gpus.get(i), slots.get(i)) else {
+                break;
+            };
+            info!(gpu = %gpu.device_name(), backend = %backend, driver = %gpu.driver_version, "probing share isolation");
+            let outcome = probe.probe(node, gpu);
+            if let Ok(mut slot) = slot.lock() {
+                *slot = Some(outcome);
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..gpus.len().min(PARALLEL_PROBES))
+            .map(|_| scope.spawn(worker))
+            .collect();
+        for w in workers {
+            // Joined here, a panic stays this worker's: its GPU's slot stays empty.
+            let _ = w.join();
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner().ok().flatten().unwrap_or_else(|| {
+                ProbeOutcome::failed(isolation::REASON_DID_NOT_RUN, "the probe panicked")
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Default)]
@@ -144,14 +194,13 @@ impl GpuDiscovery for Verified {
             .into_iter()
             .cloned()
             .collect();
-        for gpu in due {
-            info!(gpu = %gpu.device_name(), backend = %self.backend, driver = %gpu.driver_version, "probing share isolation");
-            let outcome = self.probe.probe(&node, &gpu);
+        let outcomes = probe_all(self.probe.as_ref(), &node, &due, &self.backend);
+        for (gpu, outcome) in due.into_iter().zip(outcomes) {
             state.records.insert(
-                gpu.uuid.clone(),
+                gpu.uuid,
                 ProbeRecord {
                     backend: self.backend.clone(),
-                    driver_version: gpu.driver_version.clone(),
+                    driver_version: gpu.driver_version,
                     outcome,
                 },
             );

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::RwLock;
+use std::sync::{Condvar, RwLock};
+use std::time::Duration;
 
 use tessera_driver::node::gpu_mode::ModeChoice;
 use tessera_driver::node::inventory::GpuMode;
@@ -36,6 +37,11 @@ fn verified(s: &Setup, backend: &str, accept: bool) -> Verified {
     )
 }
 
+fn sorted(mut names: Vec<String>) -> Vec<String> {
+    names.sort();
+    names
+}
+
 fn states(node: &NodeInventory) -> Vec<(GpuMode, Isolation)> {
     node.gpus.iter().map(|g| (g.mode, g.isolation)).collect()
 }
@@ -46,7 +52,7 @@ fn shared_gpus_are_probed_once_and_only_a_held_probe_verifies() {
     let d = verified(&s, "mps", false);
     let node = d.discover().unwrap();
     assert_eq!(
-        s.probe.probed(),
+        sorted(s.probe.probed()),
         ["gpu-0", "gpu-1"],
         "the exclusive GPU is not probed"
     );
@@ -76,7 +82,10 @@ fn a_new_driver_version_is_probed_again() {
     )
     .unwrap();
     d.discover().unwrap();
-    assert_eq!(s.probe.probed(), ["gpu-0", "gpu-1", "gpu-0", "gpu-1"]);
+    assert_eq!(
+        sorted(s.probe.probed()),
+        ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
+    );
 }
 
 #[test]
@@ -123,4 +132,128 @@ fn a_gpu_switched_to_shared_is_probed_then() {
     let node = d.discover().unwrap();
     assert_eq!(s.probe.probed(), ["gpu-0"]);
     assert_eq!(node.gpus[0].isolation, Isolation::Verified);
+}
+
+/// A probe that records how many probes are inside it at once. With `rendezvous`, each waits
+/// (at most `patience`, so a test that fails still ends) until that many have come in; GPUs
+/// named in `panics` panic. Odd GPUs fail, even ones hold.
+struct Overlap {
+    rendezvous: usize,
+    patience: Duration,
+    panics: Vec<String>,
+    seen: Mutex<Seen>,
+    arrived_cv: Condvar,
+}
+
+#[derive(Default)]
+struct Seen {
+    arrived: usize,
+    inside: usize,
+    most_inside: usize,
+}
+
+impl Overlap {
+    fn new(rendezvous: usize, patience: Duration, panics: &[&str]) -> Self {
+        Self {
+            rendezvous,
+            patience,
+            panics: panics.iter().map(|p| (*p).to_owned()).collect(),
+            seen: Mutex::new(Seen::default()),
+            arrived_cv: Condvar::new(),
+        }
+    }
+
+    fn most_inside(&self) -> usize {
+        self.seen.lock().unwrap().most_inside
+    }
+}
+
+impl IsolationProbe for Overlap {
+    fn probe(&self, _node: &NodeInventory, gpu: &Gpu) -> ProbeOutcome {
+        let mut seen = self.seen.lock().unwrap();
+        seen.arrived += 1;
+        seen.inside += 1;
+        seen.most_inside = seen.most_inside.max(seen.inside);
+        self.arrived_cv.notify_all();
+        let (mut seen, _) = self
+            .arrived_cv
+            .wait_timeout_while(seen, self.patience, |s| s.arrived < self.rendezvous)
+            .unwrap();
+        seen.inside -= 1;
+        drop(seen);
+        assert!(
+            !self.panics.contains(&gpu.device_name()),
+            "this probe panics"
+        );
+        if gpu.index.is_multiple_of(2) {
+            ProbeOutcome::Held
+        } else {
+            ProbeOutcome::failed(isolation::REASON_LIMIT_NOT_ENFORCED, "odd GPUs leak")
+        }
+    }
+}
+
+fn shared_gpus(n: usize) -> String {
+    format!("nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n    count: {n}\n")
+}
+
+fn reasons(node: &NodeInventory) -> Vec<(&str, Isolation)> {
+    node.gpus
+        .iter()
+        .map(|g| (g.isolation_reason.as_str(), g.isolation))
+        .collect()
+}
+
+#[test]
+fn the_gpus_of_a_node_are_probed_side_by_side_and_judged_in_their_order() {
+    let s = setup(&shared_gpus(4));
+    // Each probe waits until all four are inside: one after another, none would get there.
+    let probe = Arc::new(Overlap::new(4, Duration::from_secs(30), &[]));
+    let d = Verified::new(
+        Arc::new(FakeDiscovery::new(&s.file, "n")),
+        Arc::clone(&probe) as Arc<dyn IsolationProbe>,
+        "mps",
+        false,
+    );
+    let node = d.discover().unwrap();
+    assert_eq!(probe.most_inside(), 4, "all four probes ran at once");
+    let held = (isolation::REASON_PROBE_HELD, Isolation::Verified);
+    let leaked = (isolation::REASON_LIMIT_NOT_ENFORCED, Isolation::Unverified);
+    assert_eq!(reasons(&node), [held, leaked, held, leaked]);
+}
+
+#[test]
+fn at_most_the_bound_probe_at_once_and_a_panicking_probe_leaves_its_gpu_unverified() {
+    let gpus = PARALLEL_PROBES + 3;
+    let s = setup(&shared_gpus(gpus));
+    // Each probe waits (a second at most) for all of them: unbounded, all would be inside at
+    // once; bounded, the first ones give up waiting and make room for the rest.
+    let probe = Arc::new(Overlap::new(gpus, Duration::from_secs(1), &["gpu-2"]));
+    let d = Verified::new(
+        Arc::new(FakeDiscovery::new(&s.file, "n")),
+        Arc::clone(&probe) as Arc<dyn IsolationProbe>,
+        "hami-core",
+        false,
+    );
+    let node = d.discover().unwrap();
+    assert!(
+        probe.most_inside() <= PARALLEL_PROBES,
+        "{} probes at once",
+        probe.most_inside()
+    );
+    assert_eq!(probe.seen.lock().unwrap().arrived, gpus, "every GPU probed");
+    let got = reasons(&node);
+    assert_eq!(
+        got[2],
+        (isolation::REASON_DID_NOT_RUN, Isolation::Unverified),
+        "the panicking probe fails closed"
+    );
+    for (i, verdict) in got.iter().enumerate().filter(|(i, _)| *i != 2) {
+        let want = if i.is_multiple_of(2) {
+            isolation::REASON_PROBE_HELD
+        } else {
+            isolation::REASON_LIMIT_NOT_ENFORCED
+        };
+        assert_eq!(verdict.0, want, "gpu-{i}");
+    }
 }
