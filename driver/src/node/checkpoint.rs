@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::node::cdi::{self, MpsDaemon};
 use crate::node::prepare::PreparedClaim;
 use crate::rules::config::Tier;
-use crate::rules::overcommit;
 
 mod holdings;
 
@@ -173,46 +172,6 @@ pub fn held_devices(claim: &PreparedClaim) -> Vec<HeldDevice> {
         .collect()
 }
 
-/// The compute a claim's shares of GPU `gpu` may use together (the node gives one claim one
-/// budget per GPU) and whether any of them is online, over `devices` of one claim; `None` when
-/// the claim holds no share of it.
-fn gpu_threads(devices: &[HeldDevice], gpu: &str) -> Option<(i64, bool)> {
-    devices
-        .iter()
-        .filter(|d| d.gpu_uuid == gpu && !d.mig)
-        .filter_map(|d| Some((d.share_compute_percent?, d.share_tier.unwrap_or_default())))
-        .fold(None, |acc, (compute, tier)| {
-            let (t, online) = acc.unwrap_or((0, false));
-            Some((
-                t.saturating_add(overcommit::threads(compute)),
-                online || overcommit::guards_sms(tier, compute),
-            ))
-        })
-}
-
-/// Per GPU UUID: the threads (compute) of every recorded claim's shares there, and how many of
-/// those claims guard the GPU's SMs (an online share), summed once per batch so the check of
-/// each claim costs its own GPUs, not the whole record.
-type SmUse = BTreeMap<String, (i64, u32)>;
-
-/// Adds (`sign` 1) or takes away (`sign` -1) what `devices` use of each GPU's SMs.
-fn count_sms(sms: &mut SmUse, devices: &[HeldDevice], sign: i64) {
-    let mut gpus: Vec<&str> = devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
-    gpus.sort_unstable();
-    gpus.dedup();
-    for gpu in gpus {
-        if let Some((t, online)) = gpu_threads(devices, gpu) {
-            let e = sms.entry(gpu.to_owned()).or_insert((0, 0));
-            e.0 = e.0.saturating_add(sign.saturating_mul(t));
-            if sign > 0 {
-                e.1 = e.1.saturating_add(u32::from(online));
-            } else {
-                e.1 = e.1.saturating_sub(u32::from(online));
-            }
-        }
-    }
-}
-
 /// What [`Checkpoint::begin_prepare`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begin {
@@ -295,58 +254,13 @@ impl Checkpoint {
     /// indexed once, so each claim costs its own devices, not the whole record.
     pub fn batch(&mut self) -> PrepareBatch<'_> {
         let mut holdings = Holdings::default();
-        let mut sms = SmUse::new();
         for (uid, entry) in &self.claims {
-            holdings.add(uid, &entry.devices);
-            count_sms(&mut sms, &entry.devices, 1);
+            holdings.add(uid, &entry.devices, None);
         }
         PrepareBatch {
             record: self,
             holdings,
-            sms,
         }
-    }
-
-    /// Refuses claim `uid` holding `devices` when, on one of its shared GPUs, an online share
-    /// is (or would be) and the compute of every recorded claim's shares there would pass 100
-    /// (`overcommit::threads_fit`): the node's own check of what the allocator keeps.
-    fn check_sms(&self, claim: &PreparedClaim, devices: &[HeldDevice], sms: &SmUse) -> Result<()> {
-        let mut gpus: Vec<&str> = devices
-            .iter()
-            .filter(|d| d.share_compute_percent.is_some() && !d.mig)
-            .map(|d| d.gpu_uuid.as_str())
-            .collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        for gpu in gpus {
-            let Some(mine) = gpu_threads(devices, gpu) else {
-                continue;
-            };
-            // Every recorded claim's use of the GPU but this claim's own earlier record.
-            let (mut used, mut guarded) = sms.get(gpu).copied().unwrap_or((0, 0));
-            if let Some((t, online)) = self
-                .claims
-                .get(&claim.uid)
-                .and_then(|entry| gpu_threads(&entry.devices, gpu))
-            {
-                used = used.saturating_sub(t);
-                guarded = guarded.saturating_sub(u32::from(online));
-            }
-            if !overcommit::threads_fit(used, guarded, mine) {
-                return Err(Error::Prepare {
-                    claim: format!("{}/{}", claim.namespace, claim.name),
-                    message: format!(
-                        "its shares of GPU {gpu} may use {}% compute beside {used}% of the claims \
-                         prepared there, past 100% while an online share is on the GPU: online work \
-                         keeps the SMs it was promised (batch compute is over-committed only among \
-                         batch shares); the allocation was not made by Tessera's allocator under this \
-                         rule — delete the pod to allocate it again",
-                        mine.0
-                    ),
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Records the MPS daemon a started claim needs, so a restarted plugin starts it again;
@@ -410,7 +324,6 @@ impl Checkpoint {
 pub struct PrepareBatch<'a> {
     record: &'a mut Checkpoint,
     holdings: Holdings,
-    sms: SmUse,
 }
 
 impl PrepareBatch<'_> {
@@ -434,12 +347,13 @@ impl PrepareBatch<'_> {
                 holder: holder.to_owned(),
             });
         }
-        self.record.check_sms(claim, &devices, &self.sms)?;
-        self.holdings.add(&claim.uid, &devices);
-        count_sms(&mut self.sms, &devices, 1);
-        if let Some(earlier) = self.record.claims.get(&claim.uid) {
-            count_sms(&mut self.sms, &earlier.devices, -1);
-        }
+        let earlier = self
+            .record
+            .claims
+            .get(&claim.uid)
+            .map(|entry| entry.devices.as_slice());
+        self.holdings.check_sms(claim, &devices, earlier)?;
+        self.holdings.add(&claim.uid, &devices, earlier);
         self.record.claims.insert(
             claim.uid.clone(),
             ClaimEntry {
@@ -503,15 +417,25 @@ mod tests {
         }
     }
 
+    /// Claim `uid` holding the one device [`device`] makes of the other arguments.
+    fn one(uid: &str, name: &str, gpu: &str, share: Option<u64>, mig: bool) -> PreparedClaim {
+        claim(uid, vec![device(name, gpu, share, mig)])
+    }
+
+    /// Begins `claim` in `record`, with no host directories.
+    fn begin(record: &mut Checkpoint, claim: &PreparedClaim) -> Result<Begin> {
+        record.begin_prepare(claim, Vec::new())
+    }
+
+    /// Why `record` refuses to begin `claim`.
+    fn refusal(record: &mut Checkpoint, claim: &PreparedClaim) -> String {
+        begin(record, claim).unwrap_err().to_string()
+    }
+
     #[test]
     fn encode_then_decode_round_trips() {
         let mut record = Checkpoint::new("boot-1");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
         record.complete_prepare("u1").unwrap();
         let bytes = record.encode().unwrap();
         assert_eq!(Checkpoint::decode(&bytes, "boot-1").unwrap(), record);
@@ -520,12 +444,7 @@ mod tests {
     #[test]
     fn record_from_another_boot_is_dropped() {
         let mut record = Checkpoint::new("boot-1");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
         let decoded = Checkpoint::decode(&record.encode().unwrap(), "boot-2").unwrap();
         assert_eq!(decoded, Checkpoint::new("boot-2"));
     }
@@ -533,12 +452,7 @@ mod tests {
     #[test]
     fn damaged_record_is_refused() {
         let mut record = Checkpoint::new("boot-1");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
         let text = String::from_utf8(record.encode().unwrap()).unwrap();
         let damaged = text.replace("gpu-0", "gpu-1");
         let err = Checkpoint::decode(damaged.as_bytes(), "boot-1").unwrap_err();
@@ -562,15 +476,12 @@ mod tests {
     #[test]
     fn prepare_is_idempotent_for_completed_claim() {
         let mut record = Checkpoint::new("b");
-        let c = claim("u1", vec![device("gpu-0", "GPU-0", None, false)]);
-        assert_eq!(
-            record.begin_prepare(&c, Vec::new()).unwrap(),
-            Begin::Started
-        );
+        let c = one("u1", "gpu-0", "GPU-0", None, false);
+        assert_eq!(begin(&mut record, &c).unwrap(), Begin::Started);
         let held = record.complete_prepare("u1").unwrap();
         assert_eq!(held[0].cdi_ids, vec!["k8s.gpu.tessera.dev/claim=u1-gpu-0"]);
         assert_eq!(
-            record.begin_prepare(&c, Vec::new()).unwrap(),
+            begin(&mut record, &c).unwrap(),
             Begin::AlreadyPrepared(held)
         );
     }
@@ -578,12 +489,9 @@ mod tests {
     #[test]
     fn started_claim_starts_again() {
         let mut record = Checkpoint::new("b");
-        let c = claim("u1", vec![device("gpu-0", "GPU-0", None, false)]);
-        record.begin_prepare(&c, Vec::new()).unwrap();
-        assert_eq!(
-            record.begin_prepare(&c, Vec::new()).unwrap(),
-            Begin::Started
-        );
+        let c = one("u1", "gpu-0", "GPU-0", None, false);
+        begin(&mut record, &c).unwrap();
+        assert_eq!(begin(&mut record, &c).unwrap(), Begin::Started);
     }
 
     fn share(uid: &str, compute: i64, tier: crate::rules::config::Tier) -> PreparedClaim {
@@ -600,62 +508,32 @@ mod tests {
     fn beside_an_online_share_the_node_refuses_compute_past_the_gpu() {
         use crate::rules::config::Tier::{Batch, Online};
         let mut record = Checkpoint::new("b");
-        record
-            .begin_prepare(&share("o", 70, Online), Vec::new())
-            .unwrap();
-        record
-            .begin_prepare(&share("b1", 30, Batch), Vec::new())
-            .unwrap();
-        let err = record
-            .begin_prepare(&share("b2", 5, Batch), Vec::new())
-            .unwrap_err()
-            .to_string();
+        begin(&mut record, &share("o", 70, Online)).unwrap();
+        begin(&mut record, &share("b1", 30, Batch)).unwrap();
+        let err = refusal(&mut record, &share("b2", 5, Batch));
         assert!(
             err.contains("claim ns/claim-b2 cannot be prepared"),
             "{err}"
         );
         assert!(err.contains("may use 5% compute beside 100%"), "{err}");
         // A re-prepare of a recorded claim does not count itself.
-        record
-            .begin_prepare(&share("b1", 30, Batch), Vec::new())
-            .unwrap();
+        begin(&mut record, &share("b1", 30, Batch)).unwrap();
         // Among batch shares the node leaves over-commit to the allocator's factor.
         let mut batch = Checkpoint::new("b");
-        batch
-            .begin_prepare(&share("b1", 80, Batch), Vec::new())
-            .unwrap();
-        batch
-            .begin_prepare(&share("b2", 60, Batch), Vec::new())
-            .unwrap();
-        let err = batch
-            .begin_prepare(&share("o", 5, Online), Vec::new())
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("may use 5% compute beside 140%"),
-            "{err}"
-        );
+        begin(&mut batch, &share("b1", 80, Batch)).unwrap();
+        begin(&mut batch, &share("b2", 60, Batch)).unwrap();
+        let err = refusal(&mut batch, &share("o", 5, Online));
+        assert!(err.contains("may use 5% compute beside 140%"), "{err}");
         // Once the online share is gone, the GPU is batch-only again.
         record.remove("o");
-        record
-            .begin_prepare(&share("b2", 80, Batch), Vec::new())
-            .unwrap();
+        begin(&mut record, &share("b2", 80, Batch)).unwrap();
     }
 
     #[test]
     fn device_held_whole_refuses_another_claim() {
         let mut record = Checkpoint::new("b");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
-        let err = record
-            .begin_prepare(
-                &claim("u2", vec![device("gpu-0", "GPU-0", Some(4), false)]),
-                Vec::new(),
-            )
-            .unwrap_err();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
+        let err = begin(&mut record, &one("u2", "gpu-0", "GPU-0", Some(4), false)).unwrap_err();
         assert_eq!(
             err,
             Error::DeviceHeld {
@@ -669,72 +547,33 @@ mod tests {
     #[test]
     fn shares_of_one_gpu_coexist() {
         let mut record = Checkpoint::new("b");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", Some(4), false)]),
-                Vec::new(),
-            )
-            .unwrap();
-        record
-            .begin_prepare(
-                &claim("u2", vec![device("gpu-0", "GPU-0", Some(8), false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", Some(4), false)).unwrap();
+        begin(&mut record, &one("u2", "gpu-0", "GPU-0", Some(8), false)).unwrap();
         assert_eq!(record.claims.len(), 2);
     }
 
     #[test]
     fn whole_gpu_and_its_mig_instance_exclude_each_other() {
         let mut record = Checkpoint::new("b");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0-mig-1", "GPU-0", None, true)]),
-                Vec::new(),
-            )
-            .unwrap();
-        assert!(
-            record
-                .begin_prepare(
-                    &claim("u2", vec![device("gpu-0", "GPU-0", Some(4), false)]),
-                    Vec::new()
-                )
-                .is_err()
-        );
-        record
-            .begin_prepare(
-                &claim("u3", vec![device("gpu-0-mig-2", "GPU-0", None, true)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0-mig-1", "GPU-0", None, true)).unwrap();
+        assert!(begin(&mut record, &one("u2", "gpu-0", "GPU-0", Some(4), false)).is_err());
+        begin(&mut record, &one("u3", "gpu-0-mig-2", "GPU-0", None, true)).unwrap();
     }
 
     #[test]
     fn removed_claim_frees_its_devices() {
         let mut record = Checkpoint::new("b");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
         assert!(record.remove("u1"));
         assert!(!record.remove("u1"));
-        record
-            .begin_prepare(
-                &claim("u2", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u2", "gpu-0", "GPU-0", None, false)).unwrap();
     }
 
     #[test]
     fn half_done_claims_are_unfinished() {
         let mut record = Checkpoint::new("b");
         for (uid, gpu) in [("u1", "gpu-0"), ("u2", "gpu-1"), ("u3", "gpu-2")] {
-            record
-                .begin_prepare(&claim(uid, vec![device(gpu, gpu, None, false)]), Vec::new())
-                .unwrap();
+            begin(&mut record, &one(uid, gpu, gpu, None, false)).unwrap();
         }
         record.complete_prepare("u2").unwrap();
         record.complete_prepare("u3").unwrap();
@@ -753,56 +592,31 @@ mod tests {
     #[test]
     fn a_batch_checks_each_claim_against_the_record_and_the_batch() {
         let mut record = Checkpoint::new("boot-1");
-        record
-            .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", None, false)]),
-                Vec::new(),
-            )
-            .unwrap();
+        begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
         let mut batch = record.batch();
+        let mut in_batch = |claim: PreparedClaim| batch.begin_prepare(&claim, Vec::new());
         // Held whole before the batch.
-        let err = batch
-            .begin_prepare(
-                &claim("u2", vec![device("gpu-0", "GPU-0", Some(1), false)]),
-                Vec::new(),
-            )
-            .unwrap_err();
+        let err = in_batch(one("u2", "gpu-0", "GPU-0", Some(1), false)).unwrap_err();
         assert!(
             matches!(err, Error::DeviceHeld { ref holder, .. } if holder == "u1"),
             "{err}"
         );
         // Shares of one GPU begun in the batch do not exclude each other...
         for uid in ["s1", "s2"] {
-            let share = claim(uid, vec![device("gpu-1", "GPU-1", Some(1), false)]);
-            assert_eq!(
-                batch.begin_prepare(&share, Vec::new()).unwrap(),
-                Begin::Started
-            );
+            let share = one(uid, "gpu-1", "GPU-1", Some(1), false);
+            assert_eq!(in_batch(share).unwrap(), Begin::Started);
         }
         // ...but exclude a whole claim, and a MIG instance of their GPU.
-        let err = batch
-            .begin_prepare(
-                &claim("w", vec![device("gpu-1", "GPU-1", None, false)]),
-                Vec::new(),
-            )
-            .unwrap_err();
+        let err = in_batch(one("w", "gpu-1", "GPU-1", None, false)).unwrap_err();
         assert!(matches!(err, Error::DeviceHeld { .. }), "{err}");
-        let err = batch
-            .begin_prepare(
-                &claim("m", vec![device("gpu-1-mig", "GPU-1", None, true)]),
-                Vec::new(),
-            )
-            .unwrap_err();
+        let err = in_batch(one("m", "gpu-1-mig", "GPU-1", None, true)).unwrap_err();
         assert!(
             matches!(err, Error::DeviceHeld { ref device, .. } if device == "node-a/gpu-1-mig"),
             "{err}"
         );
         // A claim begun again is not its own holder.
-        let again = claim("s1", vec![device("gpu-1", "GPU-1", Some(1), false)]);
-        assert_eq!(
-            batch.begin_prepare(&again, Vec::new()).unwrap(),
-            Begin::Started
-        );
+        let again = one("s1", "gpu-1", "GPU-1", Some(1), false);
+        assert_eq!(in_batch(again).unwrap(), Begin::Started);
         assert_eq!(record.claims.len(), 3);
     }
 
@@ -831,7 +645,7 @@ mod tests {
         let mut record = Checkpoint::new("boot-1");
         record
             .begin_prepare(
-                &claim("u1", vec![device("gpu-0", "GPU-0", Some(2), false)]),
+                &one("u1", "gpu-0", "GPU-0", Some(2), false),
                 vec!["/run/tessera/hami/u1".to_owned()],
             )
             .unwrap();

@@ -63,6 +63,9 @@ pub enum GpuMode {
 }
 
 impl GpuMode {
+    /// Every mode, in declaration order.
+    pub const ALL: [Self; 3] = [Self::Exclusive, Self::Shared, Self::Mig];
+
     /// The mode as written in inventory files and plugin configuration.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -82,15 +85,13 @@ impl fmt::Display for GpuMode {
 impl std::str::FromStr for GpuMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "exclusive" => Ok(Self::Exclusive),
-            "shared" => Ok(Self::Shared),
-            "mig" => Ok(Self::Mig),
-            other => Err(Error::Inventory {
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == s)
+            .ok_or_else(|| Error::Inventory {
                 field: "mode".into(),
-                message: format!("unknown mode {other:?}; expected exclusive, shared or mig"),
-            }),
-        }
+                message: format!("unknown mode {s:?}; expected exclusive, shared or mig"),
+            })
     }
 }
 

@@ -254,30 +254,32 @@ mod tests {
         }
     }
 
-    fn entry(daemon: Option<MpsDaemon>) -> ClaimEntry {
-        ClaimEntry {
-            namespace: "ns".to_owned(),
-            name: "c".to_owned(),
-            state: PrepareState::PrepareCompleted,
-            devices: Vec::new(),
-            host_dirs: Vec::new(),
-            mps_daemon: daemon,
+    /// A record of the claims `uid → GPU set`, each with the daemon of its set (none for an
+    /// empty set: a claim of whole GPUs).
+    fn record(claims: &[(&str, &[&str])]) -> Checkpoint {
+        let mut record = Checkpoint::new("b");
+        for (uid, gpus) in claims {
+            let entry = ClaimEntry {
+                namespace: "ns".to_owned(),
+                name: "c".to_owned(),
+                state: PrepareState::PrepareCompleted,
+                devices: Vec::new(),
+                host_dirs: Vec::new(),
+                mps_daemon: (!gpus.is_empty()).then(|| daemon(gpus)),
+            };
+            record.claims.insert((*uid).to_owned(), entry);
         }
+        record
     }
 
     #[test]
     fn claims_on_the_same_gpu_set_share_one_daemon() {
-        let mut record = Checkpoint::new("b");
-        record
-            .claims
-            .insert("a".to_owned(), entry(Some(daemon(&["GPU-1"]))));
-        record
-            .claims
-            .insert("b".to_owned(), entry(Some(daemon(&["GPU-1"]))));
-        record
-            .claims
-            .insert("c".to_owned(), entry(Some(daemon(&["GPU-1", "GPU-2"]))));
-        record.claims.insert("whole".to_owned(), entry(None));
+        let record = record(&[
+            ("a", &["GPU-1"]),
+            ("b", &["GPU-1"]),
+            ("c", &["GPU-1", "GPU-2"]),
+            ("whole", &[]),
+        ]);
         let wanted = wanted_daemons(&record);
         assert_eq!(wanted.len(), 2);
         let one = &wanted[&crate::node::cdi::mps_daemon_id(["GPU-1"])];
@@ -370,11 +372,7 @@ mod tests {
 
     #[test]
     fn the_host_ensures_recorded_claims_and_releases_the_rest() {
-        let mut record = Checkpoint::new("b");
-        record
-            .claims
-            .insert("a".to_owned(), entry(Some(daemon(&["GPU-1"]))));
-        record.claims.insert("whole".to_owned(), entry(None));
+        let record = record(&[("a", &["GPU-1"]), ("whole", &[])]);
         let supervised = BTreeSet::from(["a".to_owned(), "gone".to_owned()]);
         let step = reconcile(&record, &supervised);
         assert_eq!(

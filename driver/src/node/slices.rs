@@ -218,39 +218,41 @@ fn capacity(q: Quantity) -> DeviceCapacity {
     }
 }
 
+/// A map of attributes or capacities from `(name, value)` rows.
+fn named<V>(rows: impl IntoIterator<Item = (&'static str, V)>) -> BTreeMap<String, V> {
+    rows.into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect()
+}
+
 /// Attributes a GPU and its MIG instances share.
 fn common_attributes(gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
-    let mut a = BTreeMap::new();
-    a.insert(
-        names::ATTR_PRODUCT_NAME.to_owned(),
-        string(&gpu.product_name),
-    );
-    a.insert(names::ATTR_MODEL.to_owned(), string(&gpu.model));
-    a.insert(names::ATTR_BRAND.to_owned(), string(&gpu.brand));
-    a.insert(
-        names::ATTR_ARCHITECTURE.to_owned(),
-        string(&gpu.architecture),
-    );
-    a.insert(
-        names::ATTR_CUDA_COMPUTE_CAPABILITY.to_owned(),
-        version(&gpu.compute_capability),
-    );
-    a.insert(
-        names::ATTR_DRIVER_VERSION.to_owned(),
-        version(&gpu.driver_version),
-    );
-    a.insert(
-        names::ATTR_CUDA_DRIVER_VERSION.to_owned(),
-        version(&gpu.cuda_driver_version),
-    );
-    if let Some(domain) = &gpu.nvlink_domain {
-        a.insert(names::ATTR_NVLINK_DOMAIN.to_owned(), string(domain));
-    }
-    if let Some(numa) = gpu.numa_node {
-        a.insert(names::ATTR_NUMA_NODE.to_owned(), int(numa));
-    }
-    a.insert(names::ATTR_STD_PCIE_ROOT.to_owned(), string(&gpu.pcie_root));
-    a
+    let optional = [
+        gpu.nvlink_domain
+            .as_deref()
+            .map(|domain| (names::ATTR_NVLINK_DOMAIN, string(domain))),
+        gpu.numa_node.map(|numa| (names::ATTR_NUMA_NODE, int(numa))),
+    ];
+    named(
+        [
+            (names::ATTR_PRODUCT_NAME, string(&gpu.product_name)),
+            (names::ATTR_MODEL, string(&gpu.model)),
+            (names::ATTR_BRAND, string(&gpu.brand)),
+            (names::ATTR_ARCHITECTURE, string(&gpu.architecture)),
+            (
+                names::ATTR_CUDA_COMPUTE_CAPABILITY,
+                version(&gpu.compute_capability),
+            ),
+            (names::ATTR_DRIVER_VERSION, version(&gpu.driver_version)),
+            (
+                names::ATTR_CUDA_DRIVER_VERSION,
+                version(&gpu.cuda_driver_version),
+            ),
+            (names::ATTR_STD_PCIE_ROOT, string(&gpu.pcie_root)),
+        ]
+        .into_iter()
+        .chain(optional.into_iter().flatten()),
+    )
 }
 
 /// The taints of a GPU's devices: unhealthy, and draining (value: the mode it switches to).
@@ -277,22 +279,21 @@ fn taints(gpu: &Gpu) -> Option<Vec<DeviceTaint>> {
 fn gpu_device(gpu: &Gpu, opts: &RenderOptions) -> Device {
     let shared = gpu.mode == GpuMode::Shared;
     let mut a = common_attributes(gpu);
-    a.insert(names::ATTR_TYPE.to_owned(), string(names::TYPE_GPU));
-    a.insert(names::ATTR_UUID.to_owned(), string(&gpu.uuid));
-    a.insert(names::ATTR_INDEX.to_owned(), int(gpu.index));
-    a.insert(names::ATTR_MIG_CAPABLE.to_owned(), boolean(gpu.mig_capable));
-    a.insert(
-        names::ATTR_SHARING.to_owned(),
-        string(if shared {
-            names::SHARING_SHARED
-        } else {
-            names::SHARING_EXCLUSIVE
-        }),
-    );
-    a.insert(
-        names::ATTR_STD_PCI_BUS_ID.to_owned(),
-        string(&gpu.pci_bus_id),
-    );
+    a.extend(named([
+        (names::ATTR_TYPE, string(names::TYPE_GPU)),
+        (names::ATTR_UUID, string(&gpu.uuid)),
+        (names::ATTR_INDEX, int(gpu.index)),
+        (names::ATTR_MIG_CAPABLE, boolean(gpu.mig_capable)),
+        (
+            names::ATTR_SHARING,
+            string(if shared {
+                names::SHARING_SHARED
+            } else {
+                names::SHARING_EXCLUSIVE
+            }),
+        ),
+        (names::ATTR_STD_PCI_BUS_ID, string(&gpu.pci_bus_id)),
+    ]));
     if let Some(enforcement) = opts.enforcement.as_deref().filter(|_| shared) {
         a.insert(names::ATTR_ENFORCEMENT.to_owned(), string(enforcement));
     }
@@ -366,28 +367,28 @@ fn policy(
 
 fn mig_device(gpu: &Gpu, mig: &MigInstance) -> Device {
     let mut a = common_attributes(gpu);
-    a.insert(names::ATTR_TYPE.to_owned(), string(names::TYPE_MIG));
-    a.insert(names::ATTR_UUID.to_owned(), string(&mig.uuid));
-    a.insert(names::ATTR_MIG_PROFILE.to_owned(), string(&mig.profile));
-    a.insert(names::ATTR_PARENT_UUID.to_owned(), string(&gpu.uuid));
-    a.insert(names::ATTR_PARENT_INDEX.to_owned(), int(gpu.index));
-    a.insert(
-        names::ATTR_SHARING.to_owned(),
-        string(names::SHARING_EXCLUSIVE),
-    );
-    let mut c = BTreeMap::new();
-    c.insert(
-        names::CAP_MEMORY.to_owned(),
-        capacity(Quantity::from_bytes(mig.memory_bytes)),
-    );
-    c.insert(
-        names::CAP_COMPUTE.to_owned(),
-        capacity(Quantity::from_units(i64::from(mig.compute_percent))),
-    );
-    c.insert(
-        names::CAP_MULTIPROCESSORS.to_owned(),
-        capacity(Quantity::from_units(i64::from(mig.multiprocessors))),
-    );
+    a.extend(named([
+        (names::ATTR_TYPE, string(names::TYPE_MIG)),
+        (names::ATTR_UUID, string(&mig.uuid)),
+        (names::ATTR_MIG_PROFILE, string(&mig.profile)),
+        (names::ATTR_PARENT_UUID, string(&gpu.uuid)),
+        (names::ATTR_PARENT_INDEX, int(gpu.index)),
+        (names::ATTR_SHARING, string(names::SHARING_EXCLUSIVE)),
+    ]));
+    let c = named([
+        (
+            names::CAP_MEMORY,
+            capacity(Quantity::from_bytes(mig.memory_bytes)),
+        ),
+        (
+            names::CAP_COMPUTE,
+            capacity(Quantity::from_units(i64::from(mig.compute_percent))),
+        ),
+        (
+            names::CAP_MULTIPROCESSORS,
+            capacity(Quantity::from_units(i64::from(mig.multiprocessors))),
+        ),
+    ]);
     Device {
         name: mig.device_name(gpu.index),
         attributes: Some(a),
@@ -400,6 +401,17 @@ fn mig_device(gpu: &Gpu, mig: &MigInstance) -> Device {
 /// Checks one device against the API's per-device rules.
 fn check_device(d: &Device, object: &str) -> Result<()> {
     let field = |rest: &str| format!("spec.devices[{}]{rest}", d.name);
+    // `count` of `what` at `rest` past the API's `limit`.
+    let at_most = |count: usize, limit: usize, what: &str, rest: &str| {
+        if count > limit {
+            return Err(Error::invalid(
+                object,
+                field(rest),
+                format!("{count} {what}; at most {limit} are allowed"),
+            ));
+        }
+        Ok(())
+    };
     if !limits::is_dns_label(&d.name) {
         return Err(Error::invalid(
             object,
@@ -413,17 +425,12 @@ fn check_device(d: &Device, object: &str) -> Result<()> {
     }
     let attributes = d.attributes.as_ref();
     let capacities = d.capacity.as_ref();
-    let total = attributes.map_or(0, BTreeMap::len) + capacities.map_or(0, BTreeMap::len);
-    if total > limits::MAX_ATTRIBUTES_AND_CAPACITIES {
-        return Err(Error::invalid(
-            object,
-            field(""),
-            format!(
-                "{total} attributes and capacities; at most {} are allowed",
-                limits::MAX_ATTRIBUTES_AND_CAPACITIES
-            ),
-        ));
-    }
+    at_most(
+        attributes.map_or(0, BTreeMap::len) + capacities.map_or(0, BTreeMap::len),
+        limits::MAX_ATTRIBUTES_AND_CAPACITIES,
+        "attributes and capacities",
+        "",
+    )?;
     for (name, value) in attributes.into_iter().flatten() {
         let f = || field(&format!(".attributes[{name}]"));
         limits::check_qualified_name(name).map_err(|m| Error::invalid(object, f(), m))?;
@@ -460,18 +467,12 @@ fn check_device(d: &Device, object: &str) -> Result<()> {
             ));
         }
     }
-    let taints = d.taints.as_ref().map_or(0, Vec::len);
-    if taints > limits::MAX_TAINTS_PER_DEVICE {
-        return Err(Error::invalid(
-            object,
-            field(".taints"),
-            format!(
-                "{taints} taints; at most {} are allowed",
-                limits::MAX_TAINTS_PER_DEVICE
-            ),
-        ));
-    }
-    Ok(())
+    at_most(
+        d.taints.as_ref().map_or(0, Vec::len),
+        limits::MAX_TAINTS_PER_DEVICE,
+        "taints",
+        ".taints",
+    )
 }
 
 #[cfg(test)]

@@ -65,23 +65,26 @@ pub enum Enforcement {
 impl Enforcement {
     /// Checks the admin's paths: absolute, normalised, and made of plain characters only.
     pub(super) fn validate(&self, claim: &str) -> Result<()> {
-        match self {
+        let paths = match self {
             Self::Mps {
                 pipe_dir_root,
                 log_dir_root,
-            } => {
-                check::host_path(claim, "mps.pipeDirRoot", pipe_dir_root)?;
-                check::host_path(claim, "mps.logDirRoot", log_dir_root)
-            }
+            } => [
+                ("mps.pipeDirRoot", pipe_dir_root),
+                ("mps.logDirRoot", log_dir_root),
+            ],
             Self::HamiCore {
                 library_path,
                 cache_dir,
-            } => {
-                check::host_path(claim, "hamiCore.libraryPath", library_path)?;
-                check::host_path(claim, "hamiCore.cacheDir", cache_dir)
-            }
-            Self::None => Ok(()),
-        }
+            } => [
+                ("hamiCore.libraryPath", library_path),
+                ("hamiCore.cacheDir", cache_dir),
+            ],
+            Self::None => return Ok(()),
+        };
+        paths
+            .into_iter()
+            .try_for_each(|(field, path)| check::host_path(claim, field, path))
     }
 }
 
@@ -96,7 +99,12 @@ pub struct MpsDaemon {
     pub devices: Vec<String>,
     /// Host pipe directory (`CUDA_MPS_PIPE_DIRECTORY` of the daemon).
     pub pipe_dir: String,
-    /// Host directory the daemon must use as its `/dev/shm` (a tmpfs the plugin mounts).
+    /// Host directory the daemon and its clients share as `/dev/shm`: a plain directory beside
+    /// the pipe directory that the plugin creates ([`crate::node::mps::daemon_dirs`]); nothing
+    /// mounts a filesystem on it. The claim's containers get it bound over `/dev/shm` by the
+    /// CDI spec, and the daemon by the `tessera-mps exec` wrapper in its own mount namespace
+    /// ([`crate::node::mps_exec`]); a daemon started without the wrapper keeps its own
+    /// `/dev/shm`.
     pub shm_dir: String,
     /// Host log directory (`CUDA_MPS_LOG_DIRECTORY` of the daemon).
     pub log_dir: String,

@@ -260,6 +260,10 @@ mod tests {
         })
     }
 
+    fn drifted(verdict: Verdict) -> bool {
+        matches!(verdict, Verdict::Drifted(_))
+    }
+
     fn record() -> SliceRecord {
         SliceRecord::from_stored(&[
             slice("n-0", "10", 3, &["gpu-0"]),
@@ -314,24 +318,15 @@ mod tests {
         );
         let mut unlabelled = slice("n-0", "15", 3, &["gpu-0"]);
         unlabelled["metadata"]["labels"] = json!({});
-        assert!(matches!(
-            judge(Some(&r), SliceEvent::Applied(&unlabelled)),
-            Verdict::Drifted(_)
-        ));
+        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&unlabelled))));
         let stranger = slice("n-7", "16", 3, &[]);
-        assert!(matches!(
-            judge(Some(&r), SliceEvent::Applied(&stranger)),
-            Verdict::Drifted(_)
-        ));
+        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&stranger))));
         let listing = [
             slice("n-0", "10", 3, &["gpu-0"]),
             slice("n-1", "11", 3, &["gpu-1"]),
             stranger,
         ];
-        assert!(matches!(
-            judge(Some(&r), SliceEvent::Listed(&listing)),
-            Verdict::Drifted(_)
-        ));
+        assert!(drifted(judge(Some(&r), SliceEvent::Listed(&listing))));
     }
 
     #[test]
@@ -349,10 +344,7 @@ mod tests {
         );
         // Someone's edit of it while the publication is still in flight.
         let edited = slice("n-0", "24", 4, &[]);
-        assert!(matches!(
-            judge(Some(&r), SliceEvent::Applied(&edited)),
-            Verdict::Drifted(_)
-        ));
+        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&edited))));
         // Its own deletion of the slice it no longer needs.
         let surplus = slice("n-1", "21", 3, &["gpu-1"]);
         assert_eq!(
@@ -361,15 +353,9 @@ mod tests {
         );
         // Someone else's generation is not its own.
         let foreign = slice("n-0", "22", 9, &[]);
-        assert!(matches!(
-            judge(Some(&r), SliceEvent::Applied(&foreign)),
-            Verdict::Drifted(_)
-        ));
+        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&foreign))));
         let kept = slice("n-0", "23", 4, &["gpu-0", "gpu-1"]);
-        assert!(matches!(
-            judge(Some(&r), SliceEvent::Deleted(&kept)),
-            Verdict::Drifted(_)
-        ));
+        assert!(drifted(judge(Some(&r), SliceEvent::Deleted(&kept))));
     }
 
     #[test]
