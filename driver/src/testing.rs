@@ -74,6 +74,14 @@ pub fn k8s_node(name: &str) -> Node {
     }
 }
 
+/// A map of labels or annotations from `(key, value)` pairs.
+pub fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
 /// A Kubernetes quantity, as written.
 pub fn quantity(s: &str) -> K8sQuantity {
     K8sQuantity(s.into())

@@ -173,18 +173,12 @@ impl ModeChoice {
 mod tests {
 
     use super::*;
+    use crate::testing::string_map as labels;
 
     fn node() -> NodeInventory {
         crate::testing::node_inventory(
             "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    count: 3\n  - model: a100-80g\n    mode: mig\n    mig:\n    - profile: 7g.80gb\n",
         )
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
     }
 
     #[test]

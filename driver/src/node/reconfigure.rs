@@ -153,6 +153,12 @@ mod tests {
         record
     }
 
+    /// Asserts that `out` takes `wanted` as it is, refusing nothing.
+    fn assert_taken(out: &Reconfigured, wanted: &NodeInventory) {
+        assert_eq!(&out.inventory, wanted);
+        assert!(out.refusals.is_empty());
+    }
+
     fn switched(node: &NodeInventory, index: usize) -> NodeInventory {
         let mut next = node.clone();
         next.gpus[index].mode = if next.gpus[index].mode == GpuMode::Shared {
@@ -168,8 +174,7 @@ mod tests {
         let old = node();
         let new = switched(&old, 1);
         let out = reconfigure(&old, &new, &holding("u1", &old.gpus[0]));
-        assert_eq!(out.inventory, new);
-        assert!(out.refusals.is_empty());
+        assert_taken(&out, &new);
     }
 
     #[test]
@@ -205,8 +210,7 @@ mod tests {
         assert_eq!(again.inventory, draining);
         // Released: the change is taken and the mark goes.
         let released = reconfigure(&draining, &new, &Checkpoint::new("b"));
-        assert_eq!(released.inventory, new);
-        assert!(released.refusals.is_empty());
+        assert_taken(&released, &new);
         // The admin changed their mind while it drained: the mark goes too.
         let reverted = reconfigure(&draining, &old, &holding("u1", &old.gpus[0]));
         assert_eq!(reverted.inventory, old);
@@ -235,8 +239,7 @@ mod tests {
     fn unchanged_inventory_is_taken_as_is() {
         let old = node();
         let out = reconfigure(&old, &old, &holding("u1", &old.gpus[0]));
-        assert_eq!(out.inventory, old);
-        assert!(out.refusals.is_empty());
+        assert_taken(&out, &old);
     }
 
     #[test]

@@ -103,13 +103,7 @@ pub(super) fn annotation_problems(annotations: &BTreeMap<String, String>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::testing::string_map as map;
 
     #[test]
     fn annotations_up_to_256_kib_in_all_are_accepted_and_one_byte_more_is_not() {

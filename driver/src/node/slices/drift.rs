@@ -260,7 +260,7 @@ mod tests {
         })
     }
 
-    fn drifted(verdict: Verdict) -> bool {
+    fn drifted(verdict: &Verdict) -> bool {
         matches!(verdict, Verdict::Drifted(_))
     }
 
@@ -318,15 +318,15 @@ mod tests {
         );
         let mut unlabelled = slice("n-0", "15", 3, &["gpu-0"]);
         unlabelled["metadata"]["labels"] = json!({});
-        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&unlabelled))));
+        assert!(drifted(&judge(Some(&r), SliceEvent::Applied(&unlabelled))));
         let stranger = slice("n-7", "16", 3, &[]);
-        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&stranger))));
+        assert!(drifted(&judge(Some(&r), SliceEvent::Applied(&stranger))));
         let listing = [
             slice("n-0", "10", 3, &["gpu-0"]),
             slice("n-1", "11", 3, &["gpu-1"]),
             stranger,
         ];
-        assert!(drifted(judge(Some(&r), SliceEvent::Listed(&listing))));
+        assert!(drifted(&judge(Some(&r), SliceEvent::Listed(&listing))));
     }
 
     #[test]
@@ -344,7 +344,7 @@ mod tests {
         );
         // Someone's edit of it while the publication is still in flight.
         let edited = slice("n-0", "24", 4, &[]);
-        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&edited))));
+        assert!(drifted(&judge(Some(&r), SliceEvent::Applied(&edited))));
         // Its own deletion of the slice it no longer needs.
         let surplus = slice("n-1", "21", 3, &["gpu-1"]);
         assert_eq!(
@@ -353,9 +353,9 @@ mod tests {
         );
         // Someone else's generation is not its own.
         let foreign = slice("n-0", "22", 9, &[]);
-        assert!(drifted(judge(Some(&r), SliceEvent::Applied(&foreign))));
+        assert!(drifted(&judge(Some(&r), SliceEvent::Applied(&foreign))));
         let kept = slice("n-0", "23", 4, &["gpu-0", "gpu-1"]);
-        assert!(drifted(judge(Some(&r), SliceEvent::Deleted(&kept))));
+        assert!(drifted(&judge(Some(&r), SliceEvent::Deleted(&kept))));
     }
 
     #[test]
