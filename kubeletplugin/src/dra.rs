@@ -73,18 +73,20 @@ pub fn cut_error(error: &mut String, limit: usize) {
     error.push_str(" … (cut to fit the answer; the plugin's log has it all)");
 }
 
-/// The answer, if it fits one gRPC message; `cut` shortens its errors to a limit, first
-/// [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`], while it does not.
+/// The answer, if it fits one gRPC message; while it does not, the claims' `errors` are cut
+/// to a limit, first [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`].
 fn fit<M: prost::Message>(
     mut answer: M,
     claims: usize,
-    cut: impl Fn(&mut M, usize),
+    errors: impl Fn(&mut M) -> Vec<&mut String>,
 ) -> Result<tonic::Response<M>, tonic::Status> {
     for limit in [ERROR_BYTES, SHORT_ERROR_BYTES] {
         if answer.encoded_len() <= MAX_MESSAGE_BYTES {
             break;
         }
-        cut(&mut answer, limit);
+        for error in errors(&mut answer) {
+            cut_error(error, limit);
+        }
     }
     let size = answer.encoded_len();
     if size > MAX_MESSAGE_BYTES {
@@ -111,55 +113,73 @@ impl DraService {
     /// Prepares every claim; one outcome per distinct UID, in request order. Dropping the
     /// future cancels the claims not done yet.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Outcome<Vec<KubeletDevice>> {
-        let claims = distinct(claims);
-        let cancel = Cancel::new();
-        let guard = cancel.on_drop();
-        let results = Arc::clone(&self.preparer)
-            .prepare_all(claims.clone(), cancel)
-            .await;
-        guard.finish();
-        outcome(claims, results)
+        self.call(claims, ClaimPreparer::prepare_all).await
     }
 
     /// Unprepares every claim; one outcome per distinct UID, in request order. Dropping the
     /// future cancels the claims not done yet.
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Outcome<()> {
+        self.call(claims, ClaimPreparer::unprepare_all).await
+    }
+
+    /// One call of `work` for the distinct claims, cancelled if the future is dropped.
+    async fn call<T, F>(
+        &self,
+        claims: Vec<ClaimRef>,
+        work: impl FnOnce(Arc<dyn ClaimPreparer>, Vec<ClaimRef>, Cancel) -> F,
+    ) -> Outcome<T>
+    where
+        F: Future<Output = Vec<crate::Result<T>>>,
+    {
         let claims = distinct(claims);
         let cancel = Cancel::new();
         let guard = cancel.on_drop();
-        let results = Arc::clone(&self.preparer)
-            .unprepare_all(claims.clone(), cancel)
-            .await;
+        let results = work(Arc::clone(&self.preparer), claims.clone(), cancel).await;
         guard.finish();
         outcome(claims, results)
     }
 }
 
 /// Implements one API version's `DRAPlugin` trait on [`DraService`]; the versions' messages
-/// are identical but distinct types.
+/// are the same but distinct types, except that a version's `Device` may carry the `shareID`
+/// (then named as the second argument, its field).
 macro_rules! dra_version {
-    ($pb:path, $device:ident) => {
+    ($pb:path $(, $share_id:ident)?) => {
         use $pb as pb;
+
+        /// A prepared device as the answer carries it.
+        fn device(d: KubeletDevice) -> pb::Device {
+            pb::Device {
+                request_names: d.requests,
+                pool_name: d.pool,
+                device_name: d.device,
+                cdi_device_ids: d.cdi_ids,
+                $($share_id: d.share_id,)?
+            }
+        }
+
+        /// The claims of a request.
+        fn claim_refs(claims: Vec<pb::Claim>) -> Vec<ClaimRef> {
+            claims
+                .into_iter()
+                .map(|c| ClaimRef::new(c.namespace, c.name, c.uid))
+                .collect()
+        }
+
         #[tonic::async_trait]
         impl pb::dra_plugin_server::DraPlugin for DraService {
             async fn node_prepare_resources(
                 &self,
                 request: tonic::Request<pb::NodePrepareResourcesRequest>,
             ) -> Result<tonic::Response<pb::NodePrepareResourcesResponse>, tonic::Status> {
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef::new(c.namespace, c.name, c.uid))
-                    .collect();
-                let outcomes = self.prepare(claims).await;
+                let outcomes = self.prepare(claim_refs(request.into_inner().claims)).await;
                 let count = outcomes.len();
                 let claims = outcomes
                     .into_iter()
                     .map(|(uid, result)| {
                         let answer = match result {
                             Ok(devices) => pb::NodePrepareResourceResponse {
-                                devices: devices.into_iter().map($device).collect(),
+                                devices: devices.into_iter().map(device).collect(),
                                 error: String::new(),
                             },
                             Err(error) => pb::NodePrepareResourceResponse {
@@ -173,11 +193,7 @@ macro_rules! dra_version {
                 fit(
                     pb::NodePrepareResourcesResponse { claims },
                     count,
-                    |answer, limit| {
-                        for claim in answer.claims.values_mut() {
-                            super::cut_error(&mut claim.error, limit);
-                        }
-                    },
+                    |answer| answer.claims.values_mut().map(|c| &mut c.error).collect(),
                 )
             }
 
@@ -185,13 +201,9 @@ macro_rules! dra_version {
                 &self,
                 request: tonic::Request<pb::NodeUnprepareResourcesRequest>,
             ) -> Result<tonic::Response<pb::NodeUnprepareResourcesResponse>, tonic::Status> {
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef::new(c.namespace, c.name, c.uid))
-                    .collect();
-                let outcomes = self.unprepare(claims).await;
+                let outcomes = self
+                    .unprepare(claim_refs(request.into_inner().claims))
+                    .await;
                 let count = outcomes.len();
                 let claims = outcomes
                     .into_iter()
@@ -203,11 +215,7 @@ macro_rules! dra_version {
                 fit(
                     pb::NodeUnprepareResourcesResponse { claims },
                     count,
-                    |answer, limit| {
-                        for claim in answer.claims.values_mut() {
-                            super::cut_error(&mut claim.error, limit);
-                        }
-                    },
+                    |answer| answer.claims.values_mut().map(|c| &mut c.error).collect(),
                 )
             }
         }
@@ -217,32 +225,13 @@ macro_rules! dra_version {
 mod v1 {
     use super::{ClaimRef, DraService, KubeletDevice, fit};
 
-    /// v1 answers carry the device's `shareID` (Kubernetes 1.34+).
-    fn device(d: KubeletDevice) -> pb::Device {
-        pb::Device {
-            request_names: d.requests,
-            pool_name: d.pool,
-            device_name: d.device,
-            cdi_device_ids: d.cdi_ids,
-            share_id: d.share_id,
-        }
-    }
-
-    dra_version!(tessera_proto::dra::v1, device);
+    // v1 answers carry the device's `shareID` (Kubernetes 1.34+).
+    dra_version!(tessera_proto::dra::v1, share_id);
 }
 
 mod v1beta1 {
     use super::{ClaimRef, DraService, KubeletDevice, fit};
 
-    /// v1beta1 has no `shareID`.
-    fn device(d: KubeletDevice) -> pb::Device {
-        pb::Device {
-            request_names: d.requests,
-            pool_name: d.pool,
-            device_name: d.device,
-            cdi_device_ids: d.cdi_ids,
-        }
-    }
-
-    dra_version!(tessera_proto::dra::v1beta1, device);
+    // v1beta1 has no `shareID`.
+    dra_version!(tessera_proto::dra::v1beta1);
 }

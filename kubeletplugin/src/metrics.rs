@@ -21,7 +21,6 @@ use tracing::warn;
 use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
 use crate::error::{Error, Result};
-use crate::preparer::OneOutcome;
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// The content type of what `/metrics` serves: `prometheus_client` writes the text format of
@@ -410,18 +409,6 @@ impl MeteredPreparer {
 
 #[tonic::async_trait]
 impl ClaimPreparer for MeteredPreparer {
-    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        self.prepare_all(vec![claim], Cancel::new())
-            .await
-            .only_outcome()
-    }
-
-    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
-        self.unprepare_all(vec![claim], Cancel::new())
-            .await
-            .only_outcome()
-    }
-
     async fn prepare_all(
         self: Arc<Self>,
         claims: Vec<ClaimRef>,

@@ -74,46 +74,38 @@ pub struct KubeletDevice {
 
 /// Prepares and unprepares claims on this node. Both calls are idempotent per claim UID and
 /// safe to call concurrently for different claims; blocking work runs off the async runtime.
+/// A call takes the claims kubelet sent together; one claim alone is a call for one.
 #[tonic::async_trait]
 pub trait ClaimPreparer: Send + Sync + 'static {
-    /// Makes the claim's devices ready for containers; returns them with their CDI ids.
-    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>>;
-    /// Undoes [`ClaimPreparer::prepare`]; a claim that is not prepared is fine.
-    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()>;
-
-    /// Prepares the claims of one call: one outcome per claim, in order. Once `cancel` is set
-    /// the claims not done yet are answered [`Error::Cancelled`]. By default one after another.
+    /// Prepares the claims of one call: makes their devices ready for containers and returns
+    /// them with their CDI ids, one outcome per claim, in order. Once `cancel` is set the
+    /// claims not done yet are answered [`Error::Cancelled`].
     async fn prepare_all(
         self: Arc<Self>,
         claims: Vec<ClaimRef>,
         cancel: Cancel,
-    ) -> Vec<Result<Vec<KubeletDevice>>> {
-        let mut out = Vec::with_capacity(claims.len());
-        for claim in claims {
-            if cancel.is_cancelled() {
-                out.push(Err(Error::Cancelled));
-            } else {
-                out.push(Arc::clone(&self).prepare(claim).await);
-            }
-        }
-        out
-    }
+    ) -> Vec<Result<Vec<KubeletDevice>>>;
 
-    /// Unprepares the claims of one call, as [`ClaimPreparer::prepare_all`] prepares them.
+    /// Undoes [`ClaimPreparer::prepare_all`] for the claims of one call, as it prepares them;
+    /// a claim that is not prepared is fine.
     async fn unprepare_all(
         self: Arc<Self>,
         claims: Vec<ClaimRef>,
         cancel: Cancel,
-    ) -> Vec<Result<()>> {
-        let mut out = Vec::with_capacity(claims.len());
-        for claim in claims {
-            if cancel.is_cancelled() {
-                out.push(Err(Error::Cancelled));
-            } else {
-                out.push(Arc::clone(&self).unprepare(claim).await);
-            }
-        }
-        out
+    ) -> Vec<Result<()>>;
+
+    /// Prepares one claim (a call of [`ClaimPreparer::prepare_all`] for it alone).
+    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
+        self.prepare_all(vec![claim], Cancel::new())
+            .await
+            .only_outcome()
+    }
+
+    /// Unprepares one claim (a call of [`ClaimPreparer::unprepare_all`] for it alone).
+    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
+        self.unprepare_all(vec![claim], Cancel::new())
+            .await
+            .only_outcome()
     }
 }
 
@@ -181,6 +173,15 @@ fn shared(error: &Error) -> Error {
         Error::Cancelled => Error::Cancelled,
         other => Error::Shared(other.to_string()),
     }
+}
+
+/// The call's outcomes when a step shared by its claims failed with `error`: each claim not
+/// answered yet gets it.
+fn fail_unanswered<T>(mut outcomes: Outcomes<T>, error: &Error) -> Vec<Result<T>> {
+    for o in outcomes.iter_mut().filter(|o| o.is_none()) {
+        *o = Some(Err(shared(error)));
+    }
+    finish(outcomes)
 }
 
 /// The host directories of `dirs` not inside another of them: removing these removes all.
@@ -411,12 +412,7 @@ impl CdiPreparer {
         let mut out: Outcomes<Vec<KubeletDevice>> = claims.iter().map(|_| None).collect();
         let started = match self.begin_all(claims, cancel, &mut out) {
             Ok(started) => started,
-            Err(e) => {
-                for o in out.iter_mut().filter(|o| o.is_none()) {
-                    *o = Some(Err(shared(&e)));
-                }
-                return finish(out);
-            }
+            Err(e) => return fail_unanswered(out, &e),
         };
         if started.is_empty() {
             return finish(out);
@@ -626,12 +622,7 @@ impl CdiPreparer {
         let begun = self.begin_unprepare_all(claims, cancel, &mut out);
         let removing = match begun {
             Ok(removing) => removing,
-            Err(e) => {
-                for o in out.iter_mut().filter(|o| o.is_none()) {
-                    *o = Some(Err(shared(&e)));
-                }
-                return finish(out);
-            }
+            Err(e) => return fail_unanswered(out, &e),
         };
         if removing.is_empty() {
             return finish(out);
@@ -835,18 +826,6 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 
 #[tonic::async_trait]
 impl ClaimPreparer for CdiPreparer {
-    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        self.prepare_all(vec![claim], Cancel::new())
-            .await
-            .only_outcome()
-    }
-
-    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
-        self.unprepare_all(vec![claim], Cancel::new())
-            .await
-            .only_outcome()
-    }
-
     async fn prepare_all(
         self: Arc<Self>,
         claims: Vec<ClaimRef>,

@@ -19,7 +19,6 @@ use crate::claims::ClaimRef;
 use crate::discovery::GpuDiscovery;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::preparer::OneOutcome;
 use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// A running watcher.
@@ -199,16 +198,6 @@ impl WakeOnRelease {
 
 #[tonic::async_trait]
 impl ClaimPreparer for WakeOnRelease {
-    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        Arc::clone(&self.inner).prepare(claim).await
-    }
-
-    async fn unprepare(self: Arc<Self>, claim: ClaimRef) -> Result<()> {
-        self.unprepare_all(vec![claim], Cancel::new())
-            .await
-            .only_outcome()
-    }
-
     async fn prepare_all(
         self: Arc<Self>,
         claims: Vec<ClaimRef>,
@@ -294,13 +283,18 @@ mod tests {
     const ONE: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n";
     const SHARED: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n";
 
-    /// A preparer for what `discovery` finds, keeping its files under `dir`.
-    fn preparer(
+    /// A poller of the inventory file `dir/inventory.yaml`, holding [`ONE`], over a preparer
+    /// for what it lists and `claims`, keeping its files under `dir`; and the file and the
+    /// preparer.
+    fn poller(
         dir: &std::path::Path,
-        discovery: &FakeDiscovery,
         claims: FakeClaimSource,
-    ) -> Arc<CdiPreparer> {
-        Arc::new(
+        metrics: Arc<Metrics>,
+    ) -> (PathBuf, Arc<CdiPreparer>, InventoryPoller) {
+        let file = dir.join("inventory.yaml");
+        std::fs::write(&file, ONE).unwrap();
+        let discovery = FakeDiscovery::new(&file, "n");
+        let preparer = Arc::new(
             CdiPreparer::new(
                 CdiPreparerConfig {
                     driver_name: "gpu.tessera.dev".to_owned(),
@@ -313,23 +307,22 @@ mod tests {
                 Arc::new(claims),
             )
             .unwrap(),
-        )
+        );
+        let poller = InventoryPoller::new(
+            Some(file.clone()),
+            Box::new(discovery),
+            Arc::clone(&preparer),
+            metrics,
+        );
+        (file, preparer, poller)
     }
 
     #[test]
     fn poll_takes_changes_and_keeps_the_inventory_on_bad_files() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("inventory.yaml");
-        std::fs::write(&file, ONE).unwrap();
-        let discovery = FakeDiscovery::new(&file, "n");
-        let preparer = preparer(dir.path(), &discovery, FakeClaimSource::new());
         let metrics = Arc::new(Metrics::new());
-        let mut poller = InventoryPoller::new(
-            Some(file.clone()),
-            Box::new(discovery),
-            Arc::clone(&preparer),
-            Arc::clone(&metrics),
-        );
+        let (file, preparer, mut poller) =
+            poller(dir.path(), FakeClaimSource::new(), Arc::clone(&metrics));
         assert_eq!(poller.poll(), Poll::Unchanged);
 
         std::fs::write(&file, "nodes: [").unwrap();
@@ -372,18 +365,9 @@ status:
     #[test]
     fn an_unprepare_that_frees_a_draining_gpu_wakes_the_watcher() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("inventory.yaml");
-        std::fs::write(&file, ONE).unwrap();
-        let discovery = FakeDiscovery::new(&file, "n");
-        let preparer = preparer(
+        let (file, preparer, mut poller) = poller(
             dir.path(),
-            &discovery,
             FakeClaimSource::from_yaml(WHOLE_GPU_0, "claims").unwrap(),
-        );
-        let mut poller = InventoryPoller::new(
-            Some(file.clone()),
-            Box::new(discovery),
-            Arc::clone(&preparer),
             Arc::new(Metrics::new()),
         );
         let wake = Arc::new(Notify::new());

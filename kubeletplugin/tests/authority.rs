@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message as _;
+use tessera_kubelet_plugin::cancel::Cancel;
 use tessera_kubelet_plugin::claims::ClaimRef;
 use tessera_kubelet_plugin::preparer::{ClaimPreparer, KubeletDevice};
 use tessera_kubelet_plugin::server::{self, PluginConfig};
@@ -28,15 +29,28 @@ struct NoClaims;
 
 #[tonic::async_trait]
 impl ClaimPreparer for NoClaims {
-    async fn prepare(self: Arc<Self>, claim: ClaimRef) -> Result<Vec<KubeletDevice>> {
-        Err(Error::ClaimNotFound {
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-        })
+    async fn prepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        _cancel: Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
+        claims
+            .into_iter()
+            .map(|claim| {
+                Err(Error::ClaimNotFound {
+                    namespace: claim.namespace,
+                    name: claim.name,
+                })
+            })
+            .collect()
     }
 
-    async fn unprepare(self: Arc<Self>, _claim: ClaimRef) -> Result<()> {
-        Ok(())
+    async fn unprepare_all(
+        self: Arc<Self>,
+        claims: Vec<ClaimRef>,
+        _cancel: Cancel,
+    ) -> Vec<Result<()>> {
+        claims.iter().map(|_| Ok(())).collect()
     }
 }
 
