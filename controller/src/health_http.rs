@@ -3,20 +3,19 @@
 //! header-read timeout). `/readyz` is ready once every reflector has listed its resource (a
 //! standby replica is ready too: it only waits for the Lease).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::body::Bytes;
+use hyper::{Method, Response};
+use hyper_util::rt::TokioTimer;
 use tessera_kubeapi::probes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
@@ -47,33 +46,12 @@ impl OpsServer {
         let bind_error = |e: std::io::Error| Error::Config(format!("binding {addr}: {e}"));
         let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
-        let task = tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, peer)) => {
-                        let metrics = Arc::clone(&metrics);
-                        let synced = synced.clone();
-                        tokio::spawn(async move {
-                            let service = hyper::service::service_fn(move |req| {
-                                let answer = respond(&req, &metrics, &synced);
-                                async move { Ok::<_, Infallible>(answer) }
-                            });
-                            let conn = hyper::server::conn::http1::Builder::new()
-                                .timer(TokioTimer::new())
-                                .header_read_timeout(READ_TIMEOUT)
-                                .serve_connection(TokioIo::new(stream), service);
-                            if let Err(e) = conn.await {
-                                debug!(%peer, error = %e, "operations connection ended with an error");
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "accepting an operations connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        });
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(READ_TIMEOUT);
+        let task = tokio::spawn(probes::serve(listener, http, move |method, path| {
+            respond(method, path, &metrics, &synced)
+        }));
         info!(%addr, "serving /metrics, /healthz and /readyz");
         Ok(Self { addr, task })
     }
@@ -84,15 +62,16 @@ impl OpsServer {
     }
 }
 
-/// The answer to one request.
+/// The answer to a request for `path` with `method`.
 fn respond(
-    req: &Request<Incoming>,
+    method: &Method,
+    path: &str,
     metrics: &Metrics,
     synced: &watch::Receiver<bool>,
 ) -> Response<Full<Bytes>> {
     probes::respond(
-        req.method(),
-        req.uri().path(),
+        method,
+        path,
         metrics::CONTENT_TYPE,
         || metrics.encode().map_err(|e| e.to_string()),
         || {

@@ -3,7 +3,6 @@
 //! is closed after the answer; the request head is bounded in size and time and no request
 //! body is read, so a stuck or hostile client cannot hold the plugin's memory.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,12 +10,12 @@ use std::time::Duration;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tessera_kubeapi::probes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
@@ -72,37 +71,18 @@ impl OpsServer {
             .local_addr()
             .map_err(|e| Error::io("binding", addr.to_string(), e))?;
         let (stop, mut stopped) = watch::channel(false);
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(READ_TIMEOUT)
+            .max_buf_size(MAX_REQUEST_BYTES)
+            .keep_alive(false);
+        let serve = probes::serve(listener, http, move |method, path| {
+            respond(method, path, &metrics, &readiness)
+        });
         let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, peer)) => {
-                            let metrics = Arc::clone(&metrics);
-                            let readiness = readiness.clone();
-                            tokio::spawn(async move {
-                                let service = hyper::service::service_fn(move |req| {
-                                    let answer =
-                                        respond(req.method(), req.uri().path(), &metrics, &readiness);
-                                    async move { Ok::<_, Infallible>(answer) }
-                                });
-                                let conn = hyper::server::conn::http1::Builder::new()
-                                    .timer(TokioTimer::new())
-                                    .header_read_timeout(READ_TIMEOUT)
-                                    .max_buf_size(MAX_REQUEST_BYTES)
-                                    .keep_alive(false)
-                                    .serve_connection(TokioIo::new(stream), service);
-                                if let Err(e) = conn.await {
-                                    debug!(%peer, error = %e, "operations connection ended with an error");
-                                }
-                            });
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "accepting an operations connection failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    },
-                }
+            tokio::select! {
+                _ = stopped.changed() => {}
+                () = serve => {}
             }
         });
         info!(%addr, "serving /metrics, /healthz and /readyz");
