@@ -4,8 +4,9 @@
 //!
 //! Each host part is a small seam with a deterministic fake:
 //!
-//! * [`GpuProcesses`]: the processes NVML lists on each GPU ([`NvmlProcesses`], both
-//!   `nvmlDeviceGetComputeRunningProcesses` and `nvmlDeviceGetMPSComputeRunningProcesses`);
+//! * [`GpuProcesses`]: the processes NVML lists on each GPU ([`crate::nvml::WrapperLibrary`],
+//!   the discovery's NVML handle: both `nvmlDeviceGetComputeRunningProcesses` and
+//!   `nvmlDeviceGetMPSComputeRunningProcesses`);
 //! * [`HostProcesses`]: a process's cgroup and start time, and `SIGKILL` ([`ProcFs`], through a
 //!   pidfd so that a reused pid is never hit);
 //! * [`MpsControl`]: the daemon's `get_server_list`, `get_client_list` and `terminate_client`
@@ -40,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
 pub use events::{EventSink, FakeEvents, KubeEvents, event_object};
-pub use gpu_processes::{FakeGpu, GpuProcesses, NvmlProcesses, ProcessUse};
+pub use gpu_processes::{FakeGpu, GpuProcesses, ProcessUse};
 pub use mps_control::{BinaryMpsControl, FakeMpsControl, FakeMpsDaemon, MpsControl};
 pub use procfs::{FakeHostProcesses, HostProcesses, ProcFs};
 

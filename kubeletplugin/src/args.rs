@@ -18,11 +18,13 @@ use tracing::{info, warn};
 /// A background task of the plugin, aborted at shutdown.
 type Task = JoinHandle<()>;
 
-/// The NVML library and the GPUs' health, shared by discovery and the event watcher.
-pub type NvmlParts = (Arc<dyn NvmlLibrary>, Arc<Mutex<GpuHealthTracker>>);
+/// The NVML library and the GPUs' health, shared by discovery and the event watcher (the
+/// library also by the accounting: one NVML handle in the process).
+pub type NvmlParts = (Arc<WrapperLibrary>, Arc<Mutex<GpuHealthTracker>>);
 
 use crate::accounting::{
-    Accountant, BinaryMpsControl, EventSink, KubeEvents, NvmlProcesses, ProcFs, Seams,
+    Accountant, BinaryMpsControl, EventSink, GpuProcesses, KubeEvents, PreparedClaims, ProcFs,
+    Seams,
 };
 use crate::apiserver::ApiClaimSource;
 use crate::claims::{ClaimSource, FakeClaimSource};
@@ -306,10 +308,12 @@ impl Args {
     pub fn discovery(&self) -> anyhow::Result<(Arc<dyn GpuDiscovery>, Option<NvmlParts>)> {
         match self.gpu_backend {
             GpuBackend::Nvml => {
-                let lib: Arc<dyn NvmlLibrary> =
-                    Arc::new(WrapperLibrary::open(&self.nvml_library_path()?)?);
-                let discovery =
-                    NvmlDiscovery::new(Arc::clone(&lib), self.node_name.clone(), &self.sysfs_root);
+                let lib = Arc::new(WrapperLibrary::open(&self.nvml_library_path()?)?);
+                let discovery = NvmlDiscovery::new(
+                    Arc::clone(&lib) as Arc<dyn NvmlLibrary>,
+                    self.node_name.clone(),
+                    &self.sysfs_root,
+                );
                 let health = discovery.health();
                 Ok((Arc::new(discovery), Some((lib, health))))
             }
@@ -489,10 +493,12 @@ impl Args {
         Ok((Arc::new(preparer), watchdog))
     }
 
-    /// The GPU memory accounting loop (`--accounting-interval-seconds`), on NVML nodes.
+    /// The GPU memory accounting loop (`--accounting-interval-seconds`), on NVML nodes, with
+    /// the discovery's NVML handle (`nvml`, none with `--gpu-backend fake`).
     fn accounting(
         &self,
-        preparer: Arc<CdiPreparer>,
+        nvml: Option<&NvmlParts>,
+        preparer: &Arc<CdiPreparer>,
         claims: Arc<dyn ClaimSource>,
         client: Option<&kube::Client>,
         metrics: &Arc<Metrics>,
@@ -501,10 +507,10 @@ impl Args {
             info!("GPU memory accounting is off (--accounting-interval-seconds 0)");
             return Ok(None);
         }
-        if self.gpu_backend == GpuBackend::Fake {
+        let Some((lib, _)) = nvml else {
             info!("GPU memory accounting is off: --gpu-backend fake has no GPU processes");
             return Ok(None);
-        }
+        };
         let events: Option<Arc<dyn EventSink>> = if let Some(client) = client {
             Some(Arc::new(KubeEvents::new(
                 client.clone(),
@@ -515,9 +521,9 @@ impl Args {
             None
         };
         let seams = Seams {
-            prepared: preparer,
+            prepared: Arc::clone(preparer) as Arc<dyn PreparedClaims>,
             claims,
-            gpus: Arc::new(NvmlProcesses::open(&self.nvml_library_path()?)?),
+            gpus: Arc::clone(lib) as Arc<dyn GpuProcesses>,
             host: Arc::new(ProcFs::default()),
             mps: Arc::new(if self.enforcement == EnforcementKind::Mps {
                 // As the daemons run: from the driver root, through `tessera-mps exec`.
@@ -557,7 +563,7 @@ impl Args {
         let plugin_dir = self.plugin_dir();
         let (preparer, watchdog) = self.preparer(node, Arc::clone(&source), &plugin_dir)?;
         let accounting =
-            self.accounting(Arc::clone(&preparer), source, client.as_ref(), &metrics)?;
+            self.accounting(nvml.as_ref(), &preparer, source, client.as_ref(), &metrics)?;
         let health = HealthReporter::spawn(inventory_tx.subscribe());
         // Wakes the inventory watcher: NVML events, mode label changes, and unprepares that
         // free a draining GPU.

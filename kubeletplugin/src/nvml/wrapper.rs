@@ -1,17 +1,21 @@
 //! The NVML traits implemented with `nvml-wrapper`, which loads `libnvidia-ml.so.1` at run
-//! time.
+//! time; and the processes NVML lists ([`GpuProcesses`]) through the same handle.
 
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use tracing::warn;
 
 use super::{NvmlDevice, NvmlEvents, NvmlLibrary, XidEvent};
+use crate::accounting::{GpuProcesses, ProcessUse};
 use crate::error::{Error, NvmlErrorKind, Result};
 
 fn kind_of(e: &NvmlError) -> NvmlErrorKind {
@@ -200,7 +204,7 @@ impl NvmlLibrary for WrapperLibrary {
     fn events(&self) -> Result<Box<dyn NvmlEvents + '_>> {
         // A GPU that cannot report XIDs is left out; registering it would spoil the set.
         let count = self.device_count()?;
-        let mut skip = std::collections::BTreeSet::new();
+        let mut skip = BTreeSet::new();
         'retry: loop {
             let mut set = self
                 .nvml
@@ -222,5 +226,40 @@ impl NvmlLibrary for WrapperLibrary {
             }
             return Ok(Box::new(WrapperEvents { set }));
         }
+    }
+}
+
+fn used(info: &ProcessInfo) -> u64 {
+    match info.used_gpu_memory {
+        UsedGpuMemory::Used(bytes) => bytes,
+        // Only Windows' WDDM reports no value.
+        UsedGpuMemory::Unavailable => 0,
+    }
+}
+
+impl GpuProcesses for WrapperLibrary {
+    fn list(&self, gpus: &BTreeSet<String>) -> Result<Vec<ProcessUse>> {
+        let mut out = Vec::new();
+        for uuid in gpus {
+            let device = self
+                .nvml
+                .device_by_uuid(uuid.as_str())
+                .map_err(nvml_err("nvmlDeviceGetHandleByUUID"))?;
+            let mut infos = device
+                .running_compute_processes()
+                .map_err(nvml_err("nvmlDeviceGetComputeRunningProcesses"))?;
+            // MPS clients; a GPU or driver without MPS says "not supported".
+            match device.mps_running_compute_processes() {
+                Ok(mps) => infos.extend(mps),
+                Err(NvmlError::NotSupported | NvmlError::FunctionNotFound) => {}
+                Err(e) => return Err(nvml_err("nvmlDeviceGetMPSComputeRunningProcesses")(e)),
+            }
+            out.extend(infos.iter().map(|info| ProcessUse {
+                gpu_uuid: uuid.clone(),
+                pid: info.pid,
+                used_bytes: used(info),
+            }));
+        }
+        Ok(out)
     }
 }
