@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 
 /// Finds the node's GPUs: NVML on real nodes (`crate::nvml::NvmlDiscovery`), an inventory file
 /// in tests and demos ([`FakeDiscovery`]).
-pub trait GpuDiscovery: Send + Sync {
+pub trait GpuDiscovery: Send + Sync + std::fmt::Debug {
     /// The node's GPUs and MIG instances as of now.
     fn discover(&self) -> Result<NodeInventory>;
 }
@@ -61,19 +61,11 @@ impl<D: GpuDiscovery + ?Sized> GpuDiscovery for Arc<D> {
 
 /// What a backend discovers, with the admin's choice of modes applied
 /// (`tessera_driver::node::gpu_mode`); the choice is shared with whoever follows the node's labels.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ChosenModes {
     inner: Arc<dyn GpuDiscovery>,
     choice: Arc<RwLock<ModeChoice>>,
     reported: Arc<Mutex<Vec<String>>>,
-}
-
-impl std::fmt::Debug for ChosenModes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChosenModes")
-            .field("choice", &self.choice)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ChosenModes {

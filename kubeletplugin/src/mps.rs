@@ -93,17 +93,10 @@ pub trait DaemonKeeper: Send + Sync {
 
 /// Daemons run by the node's `tessera-mps host`, which follows the checkpoint: the plugin
 /// only waits until a claim's daemon answers on its control socket.
+#[derive(Debug)]
 pub struct HostedDaemons {
     host: Arc<dyn ProcessHost>,
     ready_timeout: Duration,
-}
-
-impl std::fmt::Debug for HostedDaemons {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostedDaemons")
-            .field("ready_timeout", &self.ready_timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl HostedDaemons {
@@ -159,18 +152,11 @@ impl DaemonKeeper for MpsSupervisor {
 }
 
 /// Keeps one MPS control daemon running per GPU set that prepared claims use.
+#[derive(Debug)]
 pub struct MpsSupervisor {
     config: MpsConfig,
     host: Arc<dyn ProcessHost>,
     daemons: Mutex<BTreeMap<String, Supervised>>,
-}
-
-impl std::fmt::Debug for MpsSupervisor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MpsSupervisor")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
 }
 
 impl MpsSupervisor {
@@ -468,6 +454,29 @@ mod tests {
         MpsSupervisor::new(config, Arc::clone(host) as Arc<dyn ProcessHost>)
     }
 
+    /// A prepared claim `name` using `daemon`.
+    fn entry(name: &str, daemon: MpsDaemon) -> ClaimEntry {
+        ClaimEntry {
+            namespace: "ns".to_owned(),
+            name: name.to_owned(),
+            state: PrepareState::PrepareCompleted,
+            devices: Vec::new(),
+            host_dirs: Vec::new(),
+            mps_daemon: Some(daemon),
+        }
+    }
+
+    /// A host where an earlier run left the daemon of `GPU-1` (its socket answering, or not),
+    /// and a supervisor on it that has ensured that daemon for claim `a`.
+    fn ensured_over_leftover(answers: bool) -> (Arc<FakeProcessHost>, MpsDaemon, MpsSupervisor) {
+        let host = Arc::new(FakeProcessHost::new());
+        let d = daemon(&["GPU-1"]);
+        host.leftover_daemon(&d.pipe_dir, answers);
+        let sup = supervisor(&host);
+        sup.ensure("a", &d).unwrap();
+        (host, d, sup)
+    }
+
     fn spawns(host: &FakeProcessHost) -> Vec<(ProcessSpec, u32)> {
         host.calls()
             .into_iter()
@@ -589,17 +598,7 @@ mod tests {
             ("a", daemon(&["GPU-1"])),
             ("b", daemon(&["GPU-1", "GPU-2"])),
         ] {
-            record.claims.insert(
-                uid.to_owned(),
-                ClaimEntry {
-                    namespace: "ns".to_owned(),
-                    name: uid.to_owned(),
-                    state: PrepareState::PrepareCompleted,
-                    devices: Vec::new(),
-                    host_dirs: Vec::new(),
-                    mps_daemon: Some(d),
-                },
-            );
+            record.claims.insert(uid.to_owned(), entry(uid, d));
         }
         sup.restore(&record).unwrap();
         assert_eq!(spawns(&host).len(), 2);
@@ -610,11 +609,7 @@ mod tests {
 
     #[test]
     fn a_daemon_an_earlier_run_left_is_adopted_when_it_answers() {
-        let host = Arc::new(FakeProcessHost::new());
-        let d = daemon(&["GPU-1"]);
-        host.leftover_daemon(&d.pipe_dir, true);
-        let sup = supervisor(&host);
-        sup.ensure("a", &d).unwrap();
+        let (host, d, sup) = ensured_over_leftover(true);
         sup.ensure("b", &d).unwrap();
         assert!(spawns(&host).is_empty(), "its clients keep their server");
         assert_eq!(
@@ -635,11 +630,7 @@ mod tests {
 
     #[test]
     fn a_dead_daemons_socket_is_removed_without_quit_and_a_new_daemon_starts() {
-        let host = Arc::new(FakeProcessHost::new());
-        let d = daemon(&["GPU-1"]);
-        host.leftover_daemon(&d.pipe_dir, false);
-        let sup = supervisor(&host);
-        sup.ensure("a", &d).unwrap();
+        let (host, d, _sup) = ensured_over_leftover(false);
         assert_eq!(quits(&host), 0);
         assert!(
             host.calls()
@@ -652,11 +643,7 @@ mod tests {
 
     #[test]
     fn an_adopted_daemon_that_stops_answering_is_restarted() {
-        let host = Arc::new(FakeProcessHost::new());
-        let d = daemon(&["GPU-1"]);
-        host.leftover_daemon(&d.pipe_dir, true);
-        let sup = supervisor(&host);
-        sup.ensure("a", &d).unwrap();
+        let (host, _d, sup) = ensured_over_leftover(true);
         host.kill(1);
         let t0 = Instant::now();
         sup.check(t0).unwrap();
@@ -670,17 +657,9 @@ mod tests {
         host.fail_spawns(true);
         let sup = supervisor(&host);
         let mut record = Checkpoint::new("b");
-        record.claims.insert(
-            "a".to_owned(),
-            ClaimEntry {
-                namespace: "ns".to_owned(),
-                name: "a".to_owned(),
-                state: PrepareState::PrepareCompleted,
-                devices: Vec::new(),
-                host_dirs: Vec::new(),
-                mps_daemon: Some(daemon(&["GPU-1"])),
-            },
-        );
+        record
+            .claims
+            .insert("a".to_owned(), entry("a", daemon(&["GPU-1"])));
         let t0 = Instant::now();
         sup.restore(&record).unwrap();
         host.fail_spawns(false);

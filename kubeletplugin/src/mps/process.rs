@@ -25,7 +25,7 @@ pub struct ProcessSpec {
 }
 
 /// The host's processes and files, as the supervisor uses them.
-pub trait ProcessHost: Send + Sync {
+pub trait ProcessHost: Send + Sync + std::fmt::Debug {
     /// Starts a long-running process; returns its id.
     fn spawn(&self, spec: &ProcessSpec) -> Result<u32>;
     /// Whether the process `pid` (one [`ProcessHost::spawn`] started) has exited.
