@@ -210,6 +210,17 @@ mod tests {
         .remove(0)
     }
 
+    /// Asserts that `message` reports `count` devices, all healthy.
+    fn assert_all_healthy(message: &pb::NodeWatchResourcesResponse, count: usize) {
+        assert_eq!(message.devices.len(), count);
+        assert!(
+            message
+                .devices
+                .iter()
+                .all(|d| d.health() == pb::HealthStatus::Healthy)
+        );
+    }
+
     /// A kubelet's health stream from `reporter`, repeated every `refresh`.
     async fn open_stream(reporter: &HealthReporter, refresh: Duration) -> WatchStream {
         reporter
@@ -222,22 +233,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_reports_everything_then_each_change() {
-        let mut node =
-            Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: 2\n")
-                .unwrap()
-                .nodes
-                .remove(0);
+        let mut node = one_node(2);
         let (tx, rx) = watch::channel(node.clone());
         let reporter = HealthReporter::spawn(rx);
         let mut stream = open_stream(&reporter, Duration::from_hours(1)).await;
         let first = stream.next().await.unwrap().unwrap();
-        assert_eq!(first.devices.len(), 2);
-        assert!(
-            first
-                .devices
-                .iter()
-                .all(|d| d.health() == pb::HealthStatus::Healthy)
-        );
+        assert_all_healthy(&first, 2);
 
         node.gpus[1].healthy = false;
         tx.send_replace(node.clone());
@@ -271,23 +272,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_quiet_stream_repeats_the_whole_board_every_refresh() {
-        let node =
-            Inventory::from_yaml("nodes:\n- name: n\n  gpus:\n  - model: t4-16g\n    count: 2\n")
-                .unwrap()
-                .nodes
-                .remove(0);
+        let node = one_node(2);
         let (_tx, rx) = watch::channel(node);
         let reporter = HealthReporter::spawn(rx);
         let mut stream = open_stream(&reporter, Duration::from_millis(20)).await;
         for _ in 0..3 {
-            let message = stream.next().await.unwrap().unwrap();
-            assert_eq!(message.devices.len(), 2);
-            assert!(
-                message
-                    .devices
-                    .iter()
-                    .all(|d| d.health() == pb::HealthStatus::Healthy)
-            );
+            assert_all_healthy(&stream.next().await.unwrap().unwrap(), 2);
         }
     }
 }

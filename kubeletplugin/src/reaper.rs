@@ -298,10 +298,11 @@ mod tests {
             .unwrap()
     }
 
-    /// A chain of `depth` nested directories under `root`, built relative to an open
-    /// descriptor (the full path is far longer than `PATH_MAX`), with a file and a symlink
-    /// out of the tree at the bottom.
+    /// `root` (created with its parents) with a chain of `depth` nested directories under it,
+    /// built relative to an open descriptor (the full path is far longer than `PATH_MAX`),
+    /// with a file and a symlink out of the tree at the bottom.
     fn deep_tree(root: &Path, depth: usize) {
+        std::fs::create_dir_all(root).unwrap();
         let mut dir =
             rustix::fs::openat(CWD, root, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
                 .unwrap();
@@ -324,7 +325,6 @@ mod tests {
     fn a_tree_20000_levels_deep_is_removed_without_recursion() {
         let dir = scratch();
         let tree = dir.path().join("uid-1");
-        std::fs::create_dir(&tree).unwrap();
         deep_tree(&tree, 20_000);
         // On a small thread: the removal must not use stack per level.
         let path = tree.clone();
@@ -364,7 +364,6 @@ mod tests {
     fn a_discarded_tree_is_gone_at_once_and_removed_in_the_background() {
         let dir = scratch();
         let tree = dir.path().join("uid-1");
-        std::fs::create_dir(&tree).unwrap();
         deep_tree(&tree, 2_000);
         let reaper = Reaper::start().unwrap();
         assert!(reaper.discard(&tree).unwrap());
@@ -381,7 +380,6 @@ mod tests {
     fn what_an_earlier_run_left_aside_is_removed_on_resume() {
         let dir = scratch();
         let left = dir.path().join(REAP_DIR).join("uid-1.1.0");
-        std::fs::create_dir_all(&left).unwrap();
         deep_tree(&left, 100);
         let reaper = Reaper::start().unwrap();
         reaper.resume(dir.path());
