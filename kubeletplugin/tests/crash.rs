@@ -7,19 +7,17 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
-use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
+use tessera_driver::node::checkpoint::PrepareState;
 use tessera_kubelet_plugin::crash;
 use tessera_proto::dra::v1;
 use tonic::transport::Channel;
 
 mod support;
-use support::{NODE, Plugin, claim};
-
-const BOOT: &str = "boot-1";
+use support::{NODE, NodeDir, Plugin, claim};
 /// The claim the crash hits.
 const VICTIM: usize = 0;
 /// A claim prepared before the crash, which must come through untouched.
@@ -33,54 +31,27 @@ fn claim_ref(i: usize) -> v1::Claim {
     }
 }
 
-/// A running plugin process; killed when dropped, so a failing test leaves no process behind.
 /// A node's directories: claims file, boot id, sockets, CDI and state.
 struct Node {
-    dir: tempfile::TempDir,
+    dir: NodeDir,
 }
 
 impl Node {
     fn new(claims: usize) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let mut yaml = String::new();
-        for i in 0..claims {
-            yaml.push_str("---\n");
-            yaml.push_str(&serde_json::to_string(&claim(i)).unwrap());
-            yaml.push('\n');
+        let claims: Vec<_> = (0..claims).map(claim).collect();
+        Self {
+            dir: NodeDir::new(tempfile::tempdir().unwrap(), &claims),
         }
-        std::fs::write(dir.path().join("claims.yaml"), yaml).unwrap();
-        std::fs::write(dir.path().join("boot_id"), format!("{BOOT}\n")).unwrap();
-        Self { dir }
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.dir.path(name)
     }
 
     fn spawn(&self, crash_at: Option<(&str, u64)>) -> Plugin {
-        let inventory =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/inventory/demo-cluster.yaml");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"));
-        command
-            .env("NODE_NAME", NODE)
-            .env_remove(crash::CRASH_AT_ENV)
-            .env_remove(crash::CRASH_SKIP_ENV)
-            .env("RUST_LOG", "warn")
-            .args(["--gpu-backend", "fake", "--enforcement", "none"])
-            .arg("--fake-inventory")
-            .arg(&inventory)
-            .arg("--fake-claims")
-            .arg(self.path("claims.yaml"))
-            .arg("--registration-dir")
-            .arg(self.path("registry"))
-            .arg("--plugin-dir")
-            .arg(self.path("plugin"))
-            .arg("--cdi-dir")
-            .arg(self.path("cdi"))
-            .arg("--boot-id-file")
-            .arg(self.path("boot_id"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+        let mut command = self
+            .dir
+            .plugin_command(NODE, &[("--enforcement", "none")], &[]);
         if let Some((point, skip)) = crash_at {
             command
                 .env(crash::CRASH_AT_ENV, point)
@@ -92,23 +63,8 @@ impl Node {
     /// Connects to the DRA socket of the plugin that serves now (a stale socket refuses).
     async fn connect(&self, child: &mut Plugin) -> v1::dra_plugin_client::DraPluginClient<Channel> {
         let socket = self.path("plugin").join("dra.sock");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            assert!(child.0.try_wait().unwrap().is_none(), "the plugin exited");
-            if let Ok(channel) = support::dial(&socket).await {
-                return v1::dra_plugin_client::DraPluginClient::new(channel);
-            }
-            assert!(Instant::now() < deadline, "the plugin did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn checkpoint(&self) -> Checkpoint {
-        match std::fs::read(self.path("plugin").join("checkpoint.json")) {
-            Ok(bytes) => Checkpoint::decode(&bytes, BOOT).unwrap(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint::new(BOOT),
-            Err(e) => panic!("{e}"),
-        }
+        let channel = support::dial_until_up(child, &socket, Duration::from_secs(20)).await;
+        v1::dra_plugin_client::DraPluginClient::new(channel)
     }
 
     fn spec(&self, i: usize) -> Option<serde_json::Value> {
@@ -135,7 +91,7 @@ impl Node {
                 "{context}: temp files left in {dir}: {temps:?}"
             );
         }
-        let record = self.checkpoint();
+        let record = self.dir.checkpoint();
         let uid = format!("uid-{i}");
         match (record.get(&uid), self.spec(i)) {
             (Some(entry), Some(spec)) => {

@@ -21,16 +21,14 @@ use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::Channel;
 
 mod support;
-use support::{DRIVER, NODE, Plugin, claim, share_claim};
-
-const BOOT: &str = "boot-1";
+use support::{BOOT, DRIVER, NODE, NodeDir, Plugin, claim, share_claim};
 
 type Dra = v1::dra_plugin_client::DraPluginClient<Channel>;
 
 /// A node's directories, on a tmpfs where there is one (as `/run` and the CDI directory are in
 /// production; on a disk mounted with `discard` every `rmdir` waits for a TRIM).
 struct Node {
-    dir: tempfile::TempDir,
+    dir: NodeDir,
 }
 
 impl Node {
@@ -38,55 +36,25 @@ impl Node {
         let dir = tempfile::tempdir_in("/dev/shm")
             .or_else(|_| tempfile::tempdir())
             .unwrap();
-        let mut yaml = String::new();
-        for c in claims {
-            yaml.push_str("---\n");
-            yaml.push_str(&serde_json::to_string(c).unwrap());
-            yaml.push('\n');
+        Self {
+            dir: NodeDir::new(dir, claims),
         }
-        std::fs::write(dir.path().join("claims.yaml"), yaml).unwrap();
-        std::fs::write(dir.path().join("boot_id"), format!("{BOOT}\n")).unwrap();
-        Self { dir }
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.dir.path(name)
     }
 
     /// The plugin's command: fake inventory and claims, every GPU shared, HAMi-core; a flag
     /// in `args` replaces the same flag's default.
     fn command(&self, args: &[&str]) -> Command {
-        let inventory =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/inventory/demo-cluster.yaml");
-        let path = |name: &str| self.path(name).display().to_string();
+        let hami = self.path("hami").display().to_string();
         let defaults = [
-            ("--gpu-backend", "fake".to_owned()),
-            ("--gpu-mode", "shared".to_owned()),
-            ("--enforcement", "hami-core".to_owned()),
-            ("--hami-cache-dir", path("hami")),
-            ("--fake-inventory", inventory.display().to_string()),
-            ("--fake-claims", path("claims.yaml")),
-            ("--registration-dir", path("registry")),
-            ("--plugin-dir", path("plugin")),
-            ("--cdi-dir", path("cdi")),
-            ("--boot-id-file", path("boot_id")),
+            ("--gpu-mode", "shared"),
+            ("--enforcement", "hami-core"),
+            ("--hami-cache-dir", hami.as_str()),
         ];
-        let mut command = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"));
-        command
-            .env("NODE_NAME", NODE)
-            .env_remove(crash::CRASH_AT_ENV)
-            .env_remove(crash::CRASH_SKIP_ENV)
-            .env("RUST_LOG", "warn");
-        for (flag, value) in defaults {
-            if !args.contains(&flag) {
-                command.arg(flag).arg(value);
-            }
-        }
-        command
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        command
+        self.dir.plugin_command(NODE, &defaults, args)
     }
 
     fn spawn(&self, args: &[&str]) -> Plugin {
@@ -94,15 +62,7 @@ impl Node {
     }
 
     async fn dial(&self, child: &mut Plugin, socket: &Path) -> Channel {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            assert!(child.0.try_wait().unwrap().is_none(), "the plugin exited");
-            if let Ok(channel) = support::dial(socket).await {
-                return channel;
-            }
-            assert!(Instant::now() < deadline, "the plugin did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        support::dial_until_up(child, socket, Duration::from_secs(30)).await
     }
 
     async fn dra(&self, child: &mut Plugin) -> Dra {
@@ -119,11 +79,7 @@ impl Node {
     }
 
     fn checkpoint(&self) -> Checkpoint {
-        match std::fs::read(self.path("plugin").join("checkpoint.json")) {
-            Ok(bytes) => Checkpoint::decode(&bytes, BOOT).unwrap(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Checkpoint::new(BOOT),
-            Err(e) => panic!("{e}"),
-        }
+        self.dir.checkpoint()
     }
 
     fn spec(&self, i: usize) -> PathBuf {

@@ -20,7 +20,7 @@ use tessera_proto::dra::v1;
 use tonic::transport::Channel;
 
 mod support;
-use support::{DRIVER, Plugin};
+use support::{DRIVER, NodeDir, Plugin};
 
 const NODE: &str = "t4-node";
 const UID: &str = "uid-share";
@@ -79,7 +79,7 @@ impl Drop for Reaped {
 }
 
 struct Node {
-    dir: tempfile::TempDir,
+    dir: NodeDir,
     /// Daemon pids seen in control logs, killed at the end (they outlive their parents).
     daemons: Vec<i32>,
 }
@@ -97,53 +97,37 @@ impl Drop for Node {
 
 impl Node {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let yaml = serde_json::to_string(&share_claim()).unwrap();
-        std::fs::write(dir.path().join("claims.yaml"), format!("---\n{yaml}\n")).unwrap();
-        std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
         Self {
-            dir,
+            dir: NodeDir::new(tempfile::tempdir().unwrap(), &[share_claim()]),
             daemons: Vec::new(),
         }
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.dir.path(name)
     }
 
     fn plugin(&self, daemons: &str) -> Plugin {
-        let inventory =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/inventory/demo-cluster.yaml");
-        let child = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"))
-            .env("NODE_NAME", NODE)
-            .env("RUST_LOG", "info")
-            .args(["--gpu-backend", "fake", "--enforcement", "mps"])
-            .arg(format!("--mps-daemons={daemons}"))
-            .arg("--mps-shm-namespace=false")
-            .arg("--mps-ready-seconds=20")
-            .arg("--mps-control-binary")
-            .arg(FAKE_MPS)
-            .arg("--mps-pipe-dir-root")
-            .arg(self.path("mps"))
-            .arg("--mps-log-dir-root")
-            .arg(self.path("mps-log"))
-            .arg("--fake-inventory")
-            .arg(&inventory)
-            .arg("--fake-claims")
-            .arg(self.path("claims.yaml"))
-            .arg("--registration-dir")
-            .arg(self.path("registry"))
-            .arg("--plugin-dir")
-            .arg(self.path("plugin"))
-            .arg("--cdi-dir")
-            .arg(self.path("cdi"))
-            .arg("--boot-id-file")
-            .arg(self.path("boot_id"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        Plugin(child)
+        let pipe_root = self.path("mps").display().to_string();
+        let log_root = self.path("mps-log").display().to_string();
+        let mut command = self.dir.plugin_command(
+            NODE,
+            &[],
+            &[
+                "--enforcement",
+                "mps",
+                &format!("--mps-daemons={daemons}"),
+                "--mps-shm-namespace=false",
+                "--mps-ready-seconds=20",
+                "--mps-control-binary",
+                FAKE_MPS,
+                "--mps-pipe-dir-root",
+                &pipe_root,
+                "--mps-log-dir-root",
+                &log_root,
+            ],
+        );
+        Plugin(command.env("RUST_LOG", "info").spawn().unwrap())
     }
 
     fn host(&self) -> Reaped {
@@ -176,15 +160,8 @@ impl Node {
         plugin: &mut Plugin,
     ) -> v1::dra_plugin_client::DraPluginClient<Channel> {
         let socket = self.path("plugin").join("dra.sock");
-        let deadline = Instant::now() + Duration::from_mins(1);
-        loop {
-            assert!(plugin.0.try_wait().unwrap().is_none(), "the plugin exited");
-            if let Ok(channel) = support::dial(&socket).await {
-                return v1::dra_plugin_client::DraPluginClient::new(channel);
-            }
-            assert!(Instant::now() < deadline, "the plugin did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let channel = support::dial_until_up(plugin, &socket, Duration::from_mins(1)).await;
+        v1::dra_plugin_client::DraPluginClient::new(channel)
     }
 
     /// The one daemon's directory under the pipe root.
