@@ -466,15 +466,20 @@ mod tests {
         }
     }
 
-    /// A host where an earlier run left the daemon of `GPU-1` (its socket answering, or not),
-    /// and a supervisor on it that has ensured that daemon for claim `a`.
-    fn ensured_over_leftover(answers: bool) -> (Arc<FakeProcessHost>, MpsDaemon, MpsSupervisor) {
+    /// A host where an earlier run left the daemon of `GPU-1`, its socket answering or not.
+    fn with_leftover(answers: bool) -> Arc<FakeProcessHost> {
         let host = Arc::new(FakeProcessHost::new());
+        host.leftover_daemon(&daemon(&["GPU-1"]).pipe_dir, answers);
+        host
+    }
+
+    /// A supervisor on `host` that has ensured the daemon of `GPU-1` for claim `a`; and that
+    /// daemon.
+    fn ensured_for_a(host: &Arc<FakeProcessHost>) -> (MpsDaemon, MpsSupervisor) {
+        let sup = supervisor(host);
         let d = daemon(&["GPU-1"]);
-        host.leftover_daemon(&d.pipe_dir, answers);
-        let sup = supervisor(&host);
         sup.ensure("a", &d).unwrap();
-        (host, d, sup)
+        (d, sup)
     }
 
     fn spawns(host: &FakeProcessHost) -> Vec<(ProcessSpec, u32)> {
@@ -497,9 +502,7 @@ mod tests {
     #[test]
     fn the_first_claim_starts_the_daemon_and_the_last_one_stops_it() {
         let host = Arc::new(FakeProcessHost::new());
-        let sup = supervisor(&host);
-        let d = daemon(&["GPU-1"]);
-        sup.ensure("a", &d).unwrap();
+        let (d, sup) = ensured_for_a(&host);
         sup.ensure("b", &d).unwrap();
         let started = spawns(&host);
         assert_eq!(started.len(), 1, "one daemon per GPU set");
@@ -556,9 +559,7 @@ mod tests {
     #[test]
     fn a_daemon_that_dies_is_restarted_after_its_backoff() {
         let host = Arc::new(FakeProcessHost::new());
-        let sup = supervisor(&host);
-        let d = daemon(&["GPU-1"]);
-        sup.ensure("a", &d).unwrap();
+        let (_d, sup) = ensured_for_a(&host);
         let pid = spawns(&host)[0].1;
         host.kill(pid);
         let t0 = Instant::now();
@@ -609,7 +610,8 @@ mod tests {
 
     #[test]
     fn a_daemon_an_earlier_run_left_is_adopted_when_it_answers() {
-        let (host, d, sup) = ensured_over_leftover(true);
+        let host = with_leftover(true);
+        let (d, sup) = ensured_for_a(&host);
         sup.ensure("b", &d).unwrap();
         assert!(spawns(&host).is_empty(), "its clients keep their server");
         assert_eq!(
@@ -630,7 +632,8 @@ mod tests {
 
     #[test]
     fn a_dead_daemons_socket_is_removed_without_quit_and_a_new_daemon_starts() {
-        let (host, d, _sup) = ensured_over_leftover(false);
+        let host = with_leftover(false);
+        let (d, _sup) = ensured_for_a(&host);
         assert_eq!(quits(&host), 0);
         assert!(
             host.calls()
@@ -643,7 +646,8 @@ mod tests {
 
     #[test]
     fn an_adopted_daemon_that_stops_answering_is_restarted() {
-        let (host, _d, sup) = ensured_over_leftover(true);
+        let host = with_leftover(true);
+        let (_d, sup) = ensured_for_a(&host);
         host.kill(1);
         let t0 = Instant::now();
         sup.check(t0).unwrap();
