@@ -12,7 +12,7 @@ use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::Channel;
 
 mod support;
-use support::{DRIVER, NODE, claim};
+use support::{DRIVER, NODE, claim, claim_ref};
 
 const GPUS: usize = 8;
 
@@ -87,13 +87,7 @@ async fn binary_serves_kubelet_and_stops_on_sigterm() {
         .unwrap();
     let mut dra =
         v1::dra_plugin_client::DraPluginClient::new(connect(Path::new(&info.endpoint)).await);
-    let claims: Vec<v1::Claim> = (0..GPUS)
-        .map(|i| v1::Claim {
-            namespace: "default".to_owned(),
-            name: format!("claim-{i}"),
-            uid: format!("uid-{i}"),
-        })
-        .collect();
+    let claims: Vec<v1::Claim> = (0..GPUS).map(claim_ref).collect();
     let mut peak = 0;
     for _ in 0..25 {
         let prepared = dra

@@ -8,7 +8,6 @@
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use tessera_driver::node::checkpoint::PrepareState;
@@ -17,19 +16,11 @@ use tessera_proto::dra::v1;
 use tonic::transport::Channel;
 
 mod support;
-use support::{NODE, NodeDir, Plugin, claim};
+use support::{NODE, NodeDir, Plugin, claim, claim_ref, stop};
 /// The claim the crash hits.
 const VICTIM: usize = 0;
 /// A claim prepared before the crash, which must come through untouched.
 const BYSTANDER: usize = 1;
-
-fn claim_ref(i: usize) -> v1::Claim {
-    v1::Claim {
-        namespace: "default".to_owned(),
-        name: format!("claim-{i}"),
-        uid: format!("uid-{i}"),
-    }
-}
 
 /// A node's directories: claims file, boot id, sockets, CDI and state.
 struct Node {
@@ -141,15 +132,6 @@ async fn unprepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>, i:
         .into_inner();
     let one = &answer.claims[&format!("uid-{i}")];
     assert!(one.error.is_empty(), "{}", one.error);
-}
-
-fn stop(mut child: Plugin) {
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert!(child.0.wait().unwrap().success());
 }
 
 /// The CDI specs of claims `0..n` as a run without crashes writes them.

@@ -21,7 +21,7 @@ use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::Channel;
 
 mod support;
-use support::{BOOT, DRIVER, NODE, NodeDir, Plugin, claim, share_claim};
+use support::{BOOT, DRIVER, NODE, NodeDir, Plugin, claim, claim_ref, share_claim, stop};
 
 type Dra = v1::dra_plugin_client::DraPluginClient<Channel>;
 
@@ -111,14 +111,6 @@ impl Node {
     }
 }
 
-fn claim_ref(i: usize) -> v1::Claim {
-    v1::Claim {
-        namespace: "default".to_owned(),
-        name: format!("claim-{i}"),
-        uid: format!("uid-{i}"),
-    }
-}
-
 async fn prepare(dra: &mut Dra, claims: Vec<v1::Claim>) -> v1::NodePrepareResourcesResponse {
     dra.node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
         .await
@@ -131,15 +123,6 @@ async fn unprepare(dra: &mut Dra, claims: Vec<v1::Claim>) -> v1::NodeUnprepareRe
         .await
         .unwrap()
         .into_inner()
-}
-
-fn stop(mut child: Plugin) {
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert!(child.0.wait().unwrap().success());
 }
 
 /// A chain of `depth` nested directories in `root`, built as a container would (relative to

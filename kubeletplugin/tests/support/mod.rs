@@ -12,6 +12,7 @@ use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::node::checkpoint::Checkpoint;
 use tessera_kubelet_plugin::crash;
+use tessera_proto::dra::v1;
 use tonic::transport::{Channel, Endpoint};
 
 pub const DRIVER: &str = "gpu.tessera.dev";
@@ -45,6 +46,15 @@ pub fn claim(i: usize) -> res::ResourceClaim {
             }),
             ..res::ResourceClaimStatus::default()
         }),
+    }
+}
+
+/// Kubelet's reference to [`claim`]`(i)` in a prepare or unprepare call.
+pub fn claim_ref(i: usize) -> v1::Claim {
+    v1::Claim {
+        namespace: "default".to_owned(),
+        name: format!("claim-{i}"),
+        uid: format!("uid-{i}"),
     }
 }
 
@@ -183,6 +193,16 @@ impl NodeDir {
 
 /// The plugin's process, killed and reaped when the test lets go of it.
 pub struct Plugin(pub Child);
+
+/// Stops the plugin as a pod's shutdown does (`SIGTERM`); it must exit cleanly.
+pub fn stop(mut plugin: Plugin) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &plugin.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(plugin.0.wait().unwrap().success());
+}
 
 impl Drop for Plugin {
     fn drop(&mut self) {
