@@ -25,6 +25,15 @@ use support::{BOOT, DRIVER, NODE, NodeDir, Plugin, claim, claim_ref, share_claim
 
 type Dra = v1::dra_plugin_client::DraPluginClient<Channel>;
 
+/// A plugin that enforces nothing: `none` is never verified, so it offers shares only when it
+/// accepts unverified isolation explicitly.
+const NO_ENFORCEMENT: &[&str] = &[
+    "--enforcement",
+    "none",
+    "--accept-unverified-isolation",
+    "true",
+];
+
 /// A node's directories, on a tmpfs where there is one (as `/run` and the CDI directory are in
 /// production; on a disk mounted with `discard` every `rmdir` waits for a TRIM).
 struct Node {
@@ -350,12 +359,7 @@ async fn a_failed_prepare_and_a_record_of_another_boot_leave_no_cdi_spec() {
 
     // Another boot: the record is dropped, and so is every spec it held.
     std::fs::write(node.path("boot_id"), "boot-2\n").unwrap();
-    let mut child = node.spawn(&[
-        "--enforcement",
-        "none",
-        "--accept-unverified-isolation",
-        "true",
-    ]);
+    let mut child = node.spawn(NO_ENFORCEMENT);
     let _dra = node.dra(&mut child).await;
     assert!(!node.spec(1).exists(), "another boot's spec stayed");
     stop(child);
@@ -379,12 +383,7 @@ async fn one_call_of_10000_claims_is_prepared_while_small_calls_answer_beside_it
     let (claims, refs) = big_call();
     let n = refs.len();
     let node = Node::new(&claims);
-    let mut child = node.spawn(&[
-        "--enforcement",
-        "none",
-        "--accept-unverified-isolation",
-        "true",
-    ]);
+    let mut child = node.spawn(NO_ENFORCEMENT);
     let mut dra = node.dra(&mut child).await;
     let mut registration = node.registration(&mut child).await;
 
@@ -538,12 +537,7 @@ async fn a_call_kubelet_gives_up_on_stops_its_work() {
     let (claims, refs) = big_call();
     let n = refs.len();
     let node = Node::new(&claims);
-    let mut child = node.spawn(&[
-        "--enforcement",
-        "none",
-        "--accept-unverified-isolation",
-        "true",
-    ]);
+    let mut child = node.spawn(NO_ENFORCEMENT);
     let mut dra = node.dra(&mut child).await;
     let mut request = tonic::Request::new(v1::NodePrepareResourcesRequest {
         claims: refs.clone(),
@@ -584,12 +578,7 @@ async fn an_answer_that_would_pass_4_mib_is_cut_to_fit() {
     // Claims that do not exist, with the longest names: each error repeats the name, so the
     // answer is larger than the request, which is just under the 4 MiB limit.
     let node = Node::new(&[claim(0)]);
-    let mut child = node.spawn(&[
-        "--enforcement",
-        "none",
-        "--accept-unverified-isolation",
-        "true",
-    ]);
+    let mut child = node.spawn(NO_ENFORCEMENT);
     let mut dra = node.dra(&mut child).await;
     let namespace = "n".repeat(63);
     let mut claims = Vec::new();
