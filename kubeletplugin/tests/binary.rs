@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tessera_proto::dra::v1;
@@ -12,7 +12,7 @@ use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::Channel;
 
 mod support;
-use support::{DRIVER, NODE, claim, claim_ref};
+use support::{DRIVER, NODE, NodeDir, claim, claim_ref};
 
 const GPUS: usize = 8;
 
@@ -31,40 +31,13 @@ fn vm_rss_kib(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_serves_kubelet_and_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut yaml = String::new();
-    for i in 0..GPUS {
-        yaml.push_str("---\n");
-        yaml.push_str(&serde_json::to_string(&claim(i)).unwrap());
-        yaml.push('\n');
-    }
-    std::fs::write(dir.path().join("claims.yaml"), yaml).unwrap();
-    std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
-    let inventory =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/inventory/demo-cluster.yaml");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"))
-        .env("NODE_NAME", NODE)
-        .args(["--gpu-backend", "fake", "--enforcement", "none"])
-        .arg("--fake-inventory")
-        .arg(&inventory)
-        .arg("--fake-claims")
-        .arg(dir.path().join("claims.yaml"))
-        .arg("--registration-dir")
-        .arg(dir.path().join("registry"))
-        .arg("--plugin-dir")
-        .arg(dir.path().join("plugin"))
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .arg("--boot-id-file")
-        .arg(dir.path().join("boot_id"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+    let claims: Vec<_> = (0..GPUS).map(claim).collect();
+    let node = NodeDir::new(tempfile::tempdir().unwrap(), &claims);
+    let mut child = node
+        .plugin_command(NODE, &[("--enforcement", "none")], &[])
         .spawn()
         .unwrap();
-    let reg_socket = dir
-        .path()
-        .join("registry")
-        .join(format!("{DRIVER}-reg.sock"));
+    let reg_socket = node.path("registry").join(format!("{DRIVER}-reg.sock"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !reg_socket.exists() {
         assert!(Instant::now() < deadline, "the plugin did not start");

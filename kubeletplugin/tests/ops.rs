@@ -6,7 +6,7 @@
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tessera_proto::dra::v1;
@@ -14,7 +14,7 @@ use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::Channel;
 
 mod support;
-use support::{DRIVER, NODE, Plugin, claim};
+use support::{DRIVER, NODE, NodeDir, Plugin, claim};
 
 const INVENTORY: &str = "nodes:\n- name: a100-node\n  gpus:\n  - model: a100-80g\n    count: 2\n";
 /// Both GPUs switched to MIG mode, seven instances each.
@@ -83,48 +83,31 @@ fn free_port() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // Reason: one scenario, read top to bottom.
 async fn metrics_health_readiness_and_inventory_watch() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut yaml = String::new();
-    for i in 0..2 {
-        yaml.push_str("---\n");
-        yaml.push_str(&serde_json::to_string(&claim(i)).unwrap());
-        yaml.push('\n');
-    }
-    std::fs::write(dir.path().join("claims.yaml"), yaml).unwrap();
-    std::fs::write(dir.path().join("boot_id"), "boot-1\n").unwrap();
-    let inventory = dir.path().join("inventory.yaml");
+    let node = NodeDir::new(tempfile::tempdir().unwrap(), &[claim(0), claim(1)]);
+    let inventory = node.path("inventory.yaml");
     std::fs::write(&inventory, INVENTORY).unwrap();
-    let log = std::fs::File::create(dir.path().join("log.json")).unwrap();
+    let log = std::fs::File::create(node.path("log.json")).unwrap();
     let addr = free_port();
+    let addr_arg = addr.to_string();
+    let inventory_arg = inventory.display().to_string();
+    let args = [
+        "--log-format",
+        "json",
+        "--inventory-poll-seconds",
+        "1",
+        "--metrics-addr",
+        &addr_arg,
+        "--fake-inventory",
+        &inventory_arg,
+    ];
     let _plugin = Plugin(
-        Command::new(env!("CARGO_BIN_EXE_tessera-kubelet-plugin"))
-            .env("NODE_NAME", NODE)
+        node.plugin_command(NODE, &[("--enforcement", "none")], &args)
             .env("RUST_LOG", "info")
-            .args(["--gpu-backend", "fake", "--enforcement", "none"])
-            .args(["--log-format", "json", "--inventory-poll-seconds", "1"])
-            .arg("--metrics-addr")
-            .arg(addr.to_string())
-            .arg("--fake-inventory")
-            .arg(&inventory)
-            .arg("--fake-claims")
-            .arg(dir.path().join("claims.yaml"))
-            .arg("--registration-dir")
-            .arg(dir.path().join("registry"))
-            .arg("--plugin-dir")
-            .arg(dir.path().join("plugin"))
-            .arg("--cdi-dir")
-            .arg(dir.path().join("cdi"))
-            .arg("--boot-id-file")
-            .arg(dir.path().join("boot_id"))
-            .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap(),
     );
-    let reg_socket = dir
-        .path()
-        .join("registry")
-        .join(format!("{DRIVER}-reg.sock"));
+    let reg_socket = node.path("registry").join(format!("{DRIVER}-reg.sock"));
     let mut registration =
         reg::registration_client::RegistrationClient::new(connect(&reg_socket).await);
     // The endpoint starts right after the sockets.
@@ -188,7 +171,7 @@ async fn metrics_health_readiness_and_inventory_watch() {
     assert_eq!(get(addr, "/readyz").0, 200);
 
     let mut dra = v1::dra_plugin_client::DraPluginClient::new(
-        connect(&dir.path().join("plugin").join("dra.sock")).await,
+        connect(&node.path("plugin").join("dra.sock")).await,
     );
     let answer = dra
         .node_prepare_resources(v1::NodePrepareResourcesRequest {
@@ -296,7 +279,7 @@ async fn metrics_health_readiness_and_inventory_watch() {
     let metrics = wait_for_sample(addr, &format!("{p}published_devices "), 14.0).await;
     assert_eq!(sample(&metrics, &format!("{p}prepared_claims ")), Some(0.0));
 
-    let log = std::fs::read_to_string(dir.path().join("log.json")).unwrap();
+    let log = std::fs::read_to_string(node.path("log.json")).unwrap();
     let lines: Vec<serde_json::Value> = log
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
