@@ -250,8 +250,9 @@ impl Checkpoint {
         self.batch().begin_prepare(claim, host_dirs)
     }
 
-    /// A batch of [`Checkpoint::begin_prepare`]s against this record: who holds what is
-    /// indexed once, so each claim costs its own devices, not the whole record.
+    /// A batch of [`Checkpoint::begin_prepare`]s against this record: who holds what, and how
+    /// much of each GPU's SMs, is indexed once, so each claim costs its own devices, not the
+    /// whole record.
     pub fn batch(&mut self) -> PrepareBatch<'_> {
         let mut holdings = Holdings::default();
         for (uid, entry) in &self.claims {

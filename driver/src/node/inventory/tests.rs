@@ -199,3 +199,18 @@ fn mig_compute_percent_rounds_down_to_steps_of_five() {
     assert_eq!(MigInstance::compute_percent_of(1, 4), 25);
     assert_eq!(MigInstance::compute_percent_of(1, 0), 0);
 }
+
+#[test]
+fn each_mode_parses_from_its_name_and_nothing_else_does() {
+    for mode in GpuMode::ALL {
+        assert_eq!(mode.as_str().parse::<GpuMode>().unwrap(), mode);
+        assert_eq!(mode.to_string(), mode.as_str());
+    }
+    assert_eq!(
+        "Shared".parse::<GpuMode>().unwrap_err(),
+        Error::Inventory {
+            field: "mode".into(),
+            message: "unknown mode \"Shared\"; expected exclusive, shared or mig".into(),
+        }
+    );
+}
