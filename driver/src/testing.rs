@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::{Value, json};
 
 use crate::names;
+use crate::node::cdi::{MpsDaemon, mps_daemon_id};
 use crate::node::inventory::{Inventory, NodeInventory};
 
 /// The driver name every fixture publishes and configures under.
@@ -71,6 +72,19 @@ pub fn k8s_node(name: &str) -> Node {
             ..ObjectMeta::default()
         },
         ..Node::default()
+    }
+}
+
+/// The MPS daemon of the GPU set `uuids` (in that device order), under the default
+/// `/run/tessera/mps` pipe root and `/var/log/tessera/mps` log root.
+pub fn mps_daemon(uuids: &[&str]) -> MpsDaemon {
+    let id = mps_daemon_id(uuids);
+    MpsDaemon {
+        pipe_dir: format!("/run/tessera/mps/{id}/pipe"),
+        shm_dir: format!("/run/tessera/mps/{id}/shm"),
+        log_dir: format!("/var/log/tessera/mps/{id}"),
+        id,
+        devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
     }
 }
 

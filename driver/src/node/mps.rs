@@ -242,17 +242,7 @@ mod tests {
 
     use super::*;
     use crate::node::checkpoint::{ClaimEntry, PrepareState};
-
-    fn daemon(uuids: &[&str]) -> MpsDaemon {
-        let id = crate::node::cdi::mps_daemon_id(uuids);
-        MpsDaemon {
-            pipe_dir: format!("/run/tessera/mps/{id}/pipe"),
-            shm_dir: format!("/run/tessera/mps/{id}/shm"),
-            log_dir: format!("/var/log/tessera/mps/{id}"),
-            id,
-            devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
-        }
-    }
+    use crate::testing::mps_daemon as daemon;
 
     /// A record of the claims `uid → GPU set`, each with the daemon of its set (none for an
     /// empty set: a claim of whole GPUs).

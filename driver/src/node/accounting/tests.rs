@@ -1,18 +1,8 @@
 use super::*;
 use crate::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
+use crate::testing::mps_daemon as daemon;
 
 const GIB: u64 = 1 << 30;
-
-fn daemon(uuids: &[&str]) -> MpsDaemon {
-    let id = crate::node::cdi::mps_daemon_id(uuids);
-    MpsDaemon {
-        pipe_dir: format!("/run/tessera/mps/{id}/pipe"),
-        shm_dir: format!("/run/tessera/mps/{id}/shm"),
-        log_dir: format!("/var/log/tessera/mps/{id}"),
-        id,
-        devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
-    }
-}
 
 fn share(gpu: &str, gib: u64) -> HeldDevice {
     HeldDevice {
