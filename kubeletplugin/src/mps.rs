@@ -434,19 +434,9 @@ impl MpsSupervisor {
 mod tests {
 
     use tessera_driver::node::checkpoint::{ClaimEntry, PrepareState};
+    use tessera_driver::testing::mps_daemon as daemon;
 
     use super::*;
-
-    fn daemon(uuids: &[&str]) -> MpsDaemon {
-        let id = tessera_driver::node::cdi::mps_daemon_id(uuids);
-        MpsDaemon {
-            pipe_dir: format!("/run/mps/{id}/pipe"),
-            shm_dir: format!("/run/mps/{id}/shm"),
-            log_dir: format!("/var/log/mps/{id}"),
-            id,
-            devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
-        }
-    }
 
     fn supervisor(host: &Arc<FakeProcessHost>) -> MpsSupervisor {
         let mut config = MpsConfig::new("/usr/bin/nvidia-cuda-mps-control");
