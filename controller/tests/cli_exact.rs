@@ -145,6 +145,26 @@ fn validate_escapes_control_characters_in_names() {
 }
 
 #[test]
+fn validate_escapes_bidi_and_format_characters_in_names() {
+    // A right-to-left override (U+202E) would make `gpu-\u{202e}txt.exe` read as `gpu-exe.txt`;
+    // isolates (U+2067) and zero-width spaces (U+200B) reorder or hide text as well.
+    let dir = folder();
+    for c in ['\u{202e}', '\u{2067}', '\u{200b}'] {
+        let input = format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: \"gpu-\\u{:04x}txt.exe\", namespace: default}}\nspec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.tessera.dev}}}}]}}}}\n",
+            u32::from(c)
+        );
+        let path = write(dir.path(), "format.yaml", &input);
+        let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains(c), "{stdout:?}");
+        let escaped = format!("gpu-{}txt.exe", c.escape_unicode());
+        assert!(stdout.contains(&escaped), "{escaped} missing from {stdout}");
+    }
+}
+
+#[test]
 fn validate_reports_a_count_over_the_claim_limit_as_allocate_does() {
     let dir = folder();
     let input = format!(

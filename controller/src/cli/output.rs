@@ -9,6 +9,7 @@ use tessera_driver::Quantity;
 use tessera_driver::apiversion::{ApiVersion, encode_allocation, to_kubectl_yaml};
 use tessera_driver::rules::config::{self, TesseraConfig};
 use tessera_driver::tools::batch::ClaimOutcome;
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 
 use crate::cli::OutputFormat;
 use crate::cli::allocate::Answer;
@@ -183,13 +184,15 @@ fn consumed_text(r: &res::DeviceRequestAllocationResult) -> Option<String> {
     Some(format!(" ({})", parts.join(", ")))
 }
 
-/// `text` with every control character written as an escape (`\u{1b}`), so that names and
-/// reasons taken from input can never drive the terminal; `keep_newlines` keeps line breaks of
-/// multi-line messages.
+/// `text` with every control character (`\u{1b}`) and every format character (Unicode category
+/// Cf: bidi controls such as `\u{202e}`, zero-width joiners) written as an escape, so that names
+/// and reasons taken from input can never drive the terminal nor read other than they are;
+/// `keep_newlines` keeps line breaks of multi-line messages.
 pub fn printable(text: &str, keep_newlines: bool) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() && !(keep_newlines && c == '\n') {
+        let hidden = c.is_control() || c.general_category() == GeneralCategory::Format;
+        if hidden && !(keep_newlines && c == '\n') {
             out.extend(c.escape_unicode());
         } else {
             out.push(c);
@@ -270,5 +273,20 @@ mod tests {
     fn control_characters_are_escaped() {
         assert_eq!(printable("a\u{1b}[31mb", false), "a\\u{1b}[31mb");
         assert_eq!(printable("one\ntwo\r", true), "one\ntwo\\u{d}");
+    }
+
+    #[test]
+    fn bidi_and_other_format_characters_are_escaped() {
+        // A right-to-left override would show `gpu-\u{202e}txt.exe` as `gpu-exe.txt`.
+        assert_eq!(
+            printable("gpu-\u{202e}txt.exe", false),
+            "gpu-\\u{202e}txt.exe"
+        );
+        assert_eq!(
+            printable("a\u{2066}b\u{2069}\u{200b}\u{200d}\u{feff}\u{ad}", true),
+            "a\\u{2066}b\\u{2069}\\u{200b}\\u{200d}\\u{feff}\\u{ad}"
+        );
+        // Letters of right-to-left scripts are text, not format characters.
+        assert_eq!(printable("שלום", false), "שלום");
     }
 }

@@ -87,7 +87,8 @@ pub fn run(objects: &Objects, driver: &str, report: &mut String) -> Result<()> {
         }
     }
     // One line per finding, whatever the names in it hold: control characters (escape
-    // sequences, bells, line breaks) are written as escapes, as `allocate` writes them.
+    // sequences, bells, line breaks) and format characters (bidi overrides) are written as
+    // escapes, as `allocate` writes them.
     for line in &lines {
         let _ = writeln!(report, "error: {}", printable(line, false));
     }
