@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::names;
 use crate::node::cdi::{MpsDaemon, mps_daemon_id};
 use crate::node::inventory::{Inventory, NodeInventory};
+use crate::rules::config::AppliedConfig;
 
 /// The driver name every fixture publishes and configures under.
 pub const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
@@ -251,11 +252,30 @@ pub fn claim(
 pub fn opaque_config(parameters: Value) -> res::DeviceClaimConfiguration {
     res::DeviceClaimConfiguration {
         requests: None,
-        opaque: Some(res::OpaqueDeviceConfiguration {
-            driver: DRIVER.into(),
-            parameters: RawExtension(parameters),
-        }),
+        opaque: Some(opaque(parameters)),
     }
+}
+
+/// The opaque part of a config for this driver with `parameters`.
+pub fn opaque(parameters: Value) -> res::OpaqueDeviceConfiguration {
+    res::OpaqueDeviceConfiguration {
+        driver: DRIVER.into(),
+        parameters: RawExtension(parameters),
+    }
+}
+
+/// `list` as configs that apply to every request, each named `field` in messages.
+pub fn applied<'a>(
+    list: &'a [res::OpaqueDeviceConfiguration],
+    field: &'a str,
+) -> Vec<AppliedConfig<'a>> {
+    list.iter()
+        .map(|o| AppliedConfig {
+            requests: &[],
+            opaque: o,
+            field,
+        })
+        .collect()
 }
 
 /// The parameters of a `GpuShare` of `memory`.

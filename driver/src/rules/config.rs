@@ -259,6 +259,24 @@ impl AppliedConfig<'_> {
     }
 }
 
+/// Each config of `configs` that is for `driver` and applies to `request`, in order, decoded,
+/// with the field of its parameters (`….opaque.parameters`) for error messages; `Err` names a
+/// config that does not decode. Tier, patience, over-commit and the share rule all read their
+/// configs through this one walk.
+pub fn applying<'c, 'a: 'c>(
+    configs: impl IntoIterator<Item = &'c AppliedConfig<'a>> + 'c,
+    driver: &'c str,
+    request: &'c str,
+) -> impl Iterator<Item = Result<(TesseraConfig, String)>> + 'c {
+    configs
+        .into_iter()
+        .filter(move |c| c.opaque.driver == driver && c.applies_to(request))
+        .map(|c| {
+            let context = format!("{}.opaque.parameters", c.field);
+            decode(&c.opaque.parameters.0, &context).map(|config| (config, context))
+        })
+}
+
 /// The field names of a class's configs, for error messages (`DeviceClass x: spec.config[0]`).
 pub fn class_config_fields(class_name: &str, class: Option<&res::DeviceClass>) -> Vec<String> {
     let n = class

@@ -72,14 +72,8 @@ pub fn request_overcommit(
     class_configs: &[AppliedConfig<'_>],
 ) -> Result<Overcommit, Error> {
     let mut out = Overcommit::NONE;
-    for cfg in class_configs.iter().filter(|c| c.opaque.driver == driver) {
-        if !cfg.applies_to(request) {
-            continue;
-        }
-        let context = format!("{}.opaque.parameters", cfg.field);
-        if let TesseraConfig::TierPolicy(policy) =
-            config::decode(&cfg.opaque.parameters.0, &context)?
-        {
+    for decoded in config::applying(class_configs, driver, request) {
+        if let TesseraConfig::TierPolicy(policy) = decoded?.0 {
             if let Some(f) = policy.batch_compute_overcommit {
                 out.compute = f;
             }

@@ -43,12 +43,8 @@ pub fn request_patience(
 ) -> Result<Option<Patience>, Error> {
     let find = |configs: &[AppliedConfig<'_>]| -> Result<Option<Patience>, Error> {
         let mut found = None;
-        for cfg in configs.iter().filter(|c| c.opaque.driver == driver) {
-            if !cfg.applies_to(request) {
-                continue;
-            }
-            let context = format!("{}.opaque.parameters", cfg.field);
-            match config::decode(&cfg.opaque.parameters.0, &context)? {
+        for decoded in config::applying(configs, driver, request) {
+            match decoded?.0 {
                 TesseraConfig::TierPolicy(p) => found = p.patience.or(found),
                 TesseraConfig::GpuShare(s) => found = s.patience.or(found),
                 TesseraConfig::AllocatedShares(_) => {}
@@ -66,8 +62,8 @@ pub fn request_patience(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{applied, opaque};
     use k8s_openapi::api::resource::v1 as res;
-    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
     use serde_json::json;
 
     #[test]
@@ -117,26 +113,6 @@ mod tests {
             None
         );
         assert_eq!(waits_until(p, None, early), None);
-    }
-
-    fn opaque(parameters: serde_json::Value) -> res::OpaqueDeviceConfiguration {
-        res::OpaqueDeviceConfiguration {
-            driver: "gpu.tessera.dev".to_owned(),
-            parameters: RawExtension(parameters),
-        }
-    }
-
-    fn applied<'a>(
-        list: &'a [res::OpaqueDeviceConfiguration],
-        field: &'a str,
-    ) -> Vec<AppliedConfig<'a>> {
-        list.iter()
-            .map(|o| AppliedConfig {
-                requests: &[],
-                opaque: o,
-                field,
-            })
-            .collect()
     }
 
     fn resolve(

@@ -58,12 +58,8 @@ pub fn request_tier(
 ) -> Result<Tier, Error> {
     let mut class_tier = None;
     let mut allow_online = true;
-    for cfg in class_configs.iter().filter(|c| c.opaque.driver == driver) {
-        if !cfg.applies_to(request) {
-            continue;
-        }
-        let context = format!("{}.opaque.parameters", cfg.field);
-        match config::decode(&cfg.opaque.parameters.0, &context)? {
+    for decoded in config::applying(class_configs, driver, request) {
+        match decoded?.0 {
             TesseraConfig::TierPolicy(policy) => {
                 class_tier = policy.tier.or(class_tier);
                 if let Some(allow) = policy.allow_online {
@@ -75,12 +71,9 @@ pub fn request_tier(
         }
     }
     let mut claim_tier = None;
-    for cfg in claim_configs.iter().filter(|c| c.opaque.driver == driver) {
-        if !cfg.applies_to(request) {
-            continue;
-        }
-        let context = format!("{}.opaque.parameters", cfg.field);
-        match config::decode(&cfg.opaque.parameters.0, &context)? {
+    for decoded in config::applying(claim_configs, driver, request) {
+        let (parsed, context) = decoded?;
+        match parsed {
             TesseraConfig::TierPolicy(_) => {
                 return Err(rule(
                     format!("{context}.kind"),
@@ -124,18 +117,11 @@ pub fn request_tier(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{applied, opaque};
     use k8s_openapi::api::resource::v1 as res;
-    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
     use serde_json::json;
 
     const DRIVER: &str = "gpu.tessera.dev";
-
-    fn opaque(parameters: serde_json::Value) -> res::OpaqueDeviceConfiguration {
-        res::OpaqueDeviceConfiguration {
-            driver: DRIVER.to_owned(),
-            parameters: RawExtension(parameters),
-        }
-    }
 
     fn policy(tier: Option<&str>, allow_online: Option<bool>) -> serde_json::Value {
         let mut v = json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "TierPolicy"});
@@ -160,23 +146,13 @@ mod tests {
     fn resolve(class: &[serde_json::Value], claim: &[serde_json::Value]) -> Result<Tier, Error> {
         let class: Vec<_> = class.iter().cloned().map(opaque).collect();
         let claim: Vec<_> = claim.iter().cloned().map(opaque).collect();
-        let class_cfgs: Vec<_> = class
-            .iter()
-            .map(|o| AppliedConfig {
-                requests: &[],
-                opaque: o,
-                field: "DeviceClass batch: spec.config[0]",
-            })
-            .collect();
-        let claim_cfgs: Vec<_> = claim
-            .iter()
-            .map(|o| AppliedConfig {
-                requests: &[],
-                opaque: o,
-                field: "spec.devices.config[0]",
-            })
-            .collect();
-        request_tier(DRIVER, "gpu", "batch", &class_cfgs, &claim_cfgs)
+        request_tier(
+            DRIVER,
+            "gpu",
+            "batch",
+            &applied(&class, "DeviceClass batch: spec.config[0]"),
+            &applied(&claim, "spec.devices.config[0]"),
+        )
     }
 
     #[test]

@@ -82,16 +82,10 @@ pub fn request_share(
     capacity_rule: CapacityShares<'_>,
 ) -> Result<RequestShare, Error> {
     let mut gpu_share = None;
-    for cfg in class_configs
-        .iter()
-        .chain(claim_configs)
-        .filter(|c| c.opaque.driver == driver)
-    {
-        if !cfg.applies_to(input.request) {
-            continue;
-        }
-        let context = format!("{}.opaque.parameters", cfg.field);
-        match config::decode(&cfg.opaque.parameters.0, &context)? {
+    let configs = class_configs.iter().chain(claim_configs);
+    for decoded in config::applying(configs, driver, input.request) {
+        let (parsed, context) = decoded?;
+        match parsed {
             TesseraConfig::GpuShare(share) => gpu_share = Some((share, context)),
             // The tier is decided by `crate::rules::tier::request_tier`.
             TesseraConfig::TierPolicy(_) => {}
