@@ -20,38 +20,44 @@ pub(crate) static QUANTITY_TYPE: LazyLock<Type> =
 pub(crate) static SEMVER_TYPE: LazyLock<Type> =
     LazyLock::new(|| Type::new_opaque_type("kubernetes.Semver"));
 
+/// Makes `$val`, a one-field wrapper whose field compares with `==`, a CEL value of the opaque
+/// type `$ty`: equal to another `$val` holding an equal value, and to nothing else.
+macro_rules! opaque_val {
+    ($val:ident, $ty:ident) => {
+        impl Val for $val {
+            fn get_type(&self) -> &Type {
+                &$ty
+            }
+
+            fn cel_type() -> &'static Type {
+                &$ty
+            }
+
+            fn equals(&self, other: &dyn Val) -> bool {
+                other.downcast_ref::<$val>().is_some_and(|o| o.0 == self.0)
+            }
+
+            fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v>
+            where
+                Self: 'v,
+            {
+                Box::new(Clone::clone(self))
+            }
+
+            fn as_any(&self) -> Option<&dyn Any> {
+                Some(self)
+            }
+        }
+
+        impl StaticVal for $val {}
+    };
+}
+
 /// An exact Kubernetes quantity as a CEL value.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QuantityVal(pub(crate) Quantity);
 
-impl Val for QuantityVal {
-    fn get_type(&self) -> &Type {
-        &QUANTITY_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &QUANTITY_TYPE
-    }
-
-    fn equals(&self, other: &dyn Val) -> bool {
-        other
-            .downcast_ref::<QuantityVal>()
-            .is_some_and(|o| o.0 == self.0)
-    }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v>
-    where
-        Self: 'v,
-    {
-        Box::new(*self)
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
-    }
-}
-
-impl StaticVal for QuantityVal {}
+opaque_val!(QuantityVal, QUANTITY_TYPE);
 
 /// One dot-separated pre-release identifier; numeric ones order below alphanumeric ones.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -193,34 +199,7 @@ impl Semver {
 #[derive(Debug, Clone)]
 pub(crate) struct SemverVal(pub(crate) Semver);
 
-impl Val for SemverVal {
-    fn get_type(&self) -> &Type {
-        &SEMVER_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &SEMVER_TYPE
-    }
-
-    fn equals(&self, other: &dyn Val) -> bool {
-        other
-            .downcast_ref::<SemverVal>()
-            .is_some_and(|o| o.0 == self.0)
-    }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v>
-    where
-        Self: 'v,
-    {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
-    }
-}
-
-impl StaticVal for SemverVal {}
+opaque_val!(SemverVal, SEMVER_TYPE);
 
 /// `device.attributes` and `device.capacity`: a map from domain to inner map, where a domain
 /// the device lacks reads as an empty map, as upstream does, so `"x" in
