@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{NodeSelector, Pod};
+use k8s_openapi::api::core::v1::{NodeSelector, Pod, PodResourceClaim};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -58,6 +58,15 @@ pub fn is_done(pod: &Pod) -> bool {
             .is_some_and(|p| p == "Succeeded" || p == "Failed")
 }
 
+/// The pod's `spec.resourceClaims` entries.
+fn spec_claims(pod: &Pod) -> impl Iterator<Item = &PodResourceClaim> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+}
+
 /// The names of the claims `pod` uses, or what it still waits for: a claim from a template
 /// that kube-controller-manager has not created (and recorded in the pod's status) yet.
 pub fn claim_names(pod: &Pod) -> Result<Vec<String>, String> {
@@ -70,13 +79,7 @@ pub fn claim_names(pod: &Pod) -> Result<Vec<String>, String> {
         .map(|s| (s.name.as_str(), s.resource_claim_name.as_ref()))
         .collect();
     let mut out = Vec::new();
-    for entry in pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.resource_claims.as_ref())
-        .into_iter()
-        .flatten()
-    {
+    for entry in spec_claims(pod) {
         if let Some(name) = &entry.resource_claim_name {
             out.push(name.clone());
         } else if let Some(template) = &entry.resource_claim_template_name {
@@ -221,12 +224,7 @@ pub fn claim_users<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<Stri
             continue;
         }
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let mut names: BTreeSet<String> = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.resource_claims.as_ref())
-            .into_iter()
-            .flatten()
+        let mut names: BTreeSet<String> = spec_claims(pod)
             .filter_map(|c| c.resource_claim_name.clone())
             .collect();
         names.extend(
@@ -486,12 +484,17 @@ mod tests {
         );
     }
 
-    #[test]
-    fn already_allocated_claims_tie_the_pod_to_their_node() {
-        let p = gated(json!([
+    /// A gated pod using the claims `a` and `b`.
+    fn gated_with_a_and_b() -> Pod {
+        gated(json!([
             {"name": "gpu", "resourceClaimName": "a"},
             {"name": "more", "resourceClaimName": "b"},
-        ]));
+        ]))
+    }
+
+    #[test]
+    fn already_allocated_claims_tie_the_pod_to_their_node() {
+        let p = gated_with_a_and_b();
         let claims = by_key(vec![
             claim("a", true, Some(on_node("n7")), false),
             claim("b", false, None, false),
@@ -508,10 +511,7 @@ mod tests {
 
     #[test]
     fn a_fully_allocated_pod_is_ungated_and_claims_on_two_nodes_are_refused() {
-        let p = gated(json!([
-            {"name": "gpu", "resourceClaimName": "a"},
-            {"name": "more", "resourceClaimName": "b"},
-        ]));
+        let p = gated_with_a_and_b();
         let same = by_key(vec![
             claim("a", true, Some(on_node("n1")), false),
             claim("b", true, Some(on_node("n1")), false),
