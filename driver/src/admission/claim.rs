@@ -31,7 +31,13 @@ pub fn review_claim_spec(
             .find(|c| c.metadata.name.as_deref() == Some(name))
             .cloned()
     };
-    validate_claim_spec(object, spec, driver, &shares, &lookup, cel)
+    let errors = validate_claim_spec(object, spec, driver, &shares, &lookup, cel);
+    rewrite_fields(errors, |field| format!("{field_prefix}{field}"))
+}
+
+/// `errors` with the field path of each invalid-object error rewritten by `rewrite`.
+fn rewrite_fields(errors: Vec<Error>, rewrite: impl Fn(String) -> String) -> Vec<Error> {
+    errors
         .into_iter()
         .map(|e| match e {
             Error::Invalid {
@@ -40,7 +46,7 @@ pub fn review_claim_spec(
                 message,
             } => Error::Invalid {
                 object,
-                field: format!("{field_prefix}{field}"),
+                field: rewrite(field),
                 message,
             },
             other => other,
@@ -69,21 +75,10 @@ pub fn review_claim(
             field
         }
     };
-    let errors = review_claim_spec(object, spec, field_prefix, driver, classes, cel)
-        .into_iter()
-        .map(|e| match e {
-            Error::Invalid {
-                object,
-                field,
-                message,
-            } => Error::Invalid {
-                object,
-                field: as_written(field),
-                message,
-            },
-            other => other,
-        })
-        .collect();
+    let errors = rewrite_fields(
+        review_claim_spec(object, spec, field_prefix, driver, classes, cel),
+        as_written,
+    );
     let shares = share_classes(classes);
     let shares: Vec<&str> = shares.iter().map(String::as_str).collect();
     let warnings = crate::rules::validation::capacity_rounding_warnings(object, spec, &shares)
@@ -162,17 +157,24 @@ mod tests {
         .unwrap()
     }
 
+    /// Reviews `spec` as Tessera's driver with no classes; `object` and `field_prefix` as in
+    /// [`review_claim_spec`].
+    fn review(spec: &res::ResourceClaimSpec, object: &str, field_prefix: &str) -> Vec<Error> {
+        let cel = CelCache::new();
+        review_claim_spec(
+            object,
+            spec,
+            field_prefix,
+            names::DEFAULT_DRIVER_NAME,
+            &[],
+            &cel,
+        )
+    }
+
     #[test]
     fn template_errors_name_the_field_one_level_deeper() {
         let share = json!({"apiVersion": names::CONFIG_API_VERSION, "kind": "GpuShare", "memory": "10Gi", "compute": 7});
-        let errors = review_claim_spec(
-            "ResourceClaimTemplate ns/t",
-            &spec(&share),
-            "spec.",
-            names::DEFAULT_DRIVER_NAME,
-            &[],
-            &CelCache::new(),
-        );
+        let errors = review(&spec(&share), "ResourceClaimTemplate ns/t", "spec.");
         assert_eq!(errors.len(), 1, "{errors:?}");
         let text = errors[0].to_string();
         assert!(
@@ -191,14 +193,7 @@ mod tests {
             {"name": "gpu", "exactly": {"deviceClassName": names::CLASS_SHARED_GPU,
              "capacity": {"requests": {"memory": "-1Gi"}}}}]}}))
         .unwrap();
-        let errors = review_claim_spec(
-            "ResourceClaimTemplate ns/t",
-            &spec,
-            "spec.",
-            names::DEFAULT_DRIVER_NAME,
-            &[],
-            &CelCache::new(),
-        );
+        let errors = review(&spec, "ResourceClaimTemplate ns/t", "spec.");
         assert_eq!(errors.len(), 1, "{errors:?}");
         let text = errors[0].to_string();
         assert!(
@@ -224,14 +219,7 @@ mod tests {
     #[test]
     fn a_valid_share_passes() {
         let share = json!({"apiVersion": names::CONFIG_API_VERSION, "kind": "GpuShare", "memory": "10Gi", "compute": 50});
-        let errors = review_claim_spec(
-            "ResourceClaim ns/c",
-            &spec(&share),
-            "",
-            names::DEFAULT_DRIVER_NAME,
-            &[],
-            &CelCache::new(),
-        );
+        let errors = review(&spec(&share), "ResourceClaim ns/c", "");
         assert!(errors.is_empty(), "{errors:?}");
     }
 
