@@ -259,12 +259,9 @@ mod tests {
         }]
     }
 
-    #[allow(
-        clippy::unnecessary_wraps,
-        reason = "the shape decide_gate takes for a class lookup"
-    )]
-    fn no_classes(_: &str) -> Result<Option<res::DeviceClass>, String> {
-        Ok(None)
+    /// [`decide_gate`] for `pod` with one claim entry from `source`, where no class is found.
+    fn decide(pod: &core::Pod, source: ClaimSource) -> GateDecision {
+        decide_gate(pod, &entry(source), &mut |_| Ok(None))
     }
 
     #[test]
@@ -302,10 +299,9 @@ mod tests {
 
     #[test]
     fn a_pod_with_a_share_claim_gets_the_gate_added() {
-        let d = decide_gate(
+        let d = decide(
             &pod(None, None),
-            &entry(ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU]))),
-            &mut no_classes,
+            ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])),
         );
         assert!(d.gated);
         assert_eq!(d.patch.len(), 1);
@@ -315,10 +311,9 @@ mod tests {
 
     #[test]
     fn other_gates_are_kept_and_ours_is_appended() {
-        let d = decide_gate(
+        let d = decide(
             &pod(Some(&["example.com/other"]), None),
-            &entry(ClaimSource::Template(spec(&[names::CLASS_MIG_GPU]))),
-            &mut no_classes,
+            ClaimSource::Template(spec(&[names::CLASS_MIG_GPU])),
         );
         assert_eq!(d.patch[0].path, "/spec/schedulingGates/-");
         assert_eq!(d.patch[0].value, json!({"name": names::SCHEDULING_GATE}));
@@ -326,10 +321,9 @@ mod tests {
 
     #[test]
     fn an_already_gated_pod_needs_no_patch() {
-        let d = decide_gate(
+        let d = decide(
             &pod(Some(&[names::SCHEDULING_GATE]), None),
-            &entry(ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU]))),
-            &mut no_classes,
+            ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])),
         );
         assert!(d.gated);
         assert!(d.patch.is_empty());
@@ -337,10 +331,9 @@ mod tests {
 
     #[test]
     fn whole_gpu_claims_stay_with_kube_scheduler() {
-        let d = decide_gate(
+        let d = decide(
             &pod(None, None),
-            &entry(ClaimSource::Claim(spec(&[names::CLASS_GPU]))),
-            &mut no_classes,
+            ClaimSource::Claim(spec(&[names::CLASS_GPU])),
         );
         assert!(!d.gated);
         assert!(d.patch.is_empty());
@@ -349,11 +342,7 @@ mod tests {
 
     #[test]
     fn a_missing_claim_means_no_gate_and_a_warning() {
-        let d = decide_gate(
-            &pod(None, None),
-            &entry(ClaimSource::Missing),
-            &mut no_classes,
-        );
+        let d = decide(&pod(None, None), ClaimSource::Missing);
         assert!(!d.gated);
         assert!(
             d.warnings[0].contains("ResourceClaim train"),
@@ -378,10 +367,9 @@ mod tests {
 
     #[test]
     fn a_pod_with_a_node_name_cannot_be_gated_and_is_warned() {
-        let d = decide_gate(
+        let d = decide(
             &pod(None, Some("node-a")),
-            &entry(ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU]))),
-            &mut no_classes,
+            ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])),
         );
         assert!(!d.gated);
         assert!(d.patch.is_empty());

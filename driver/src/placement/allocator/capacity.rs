@@ -336,6 +336,18 @@ mod tests {
         }
     }
 
+    /// A capacity of 10 whose policy accepts only 2, 5 or 10.
+    fn values_cap() -> Capacity {
+        Capacity {
+            value: q("10"),
+            policy: Some(RequestPolicy {
+                default: Some(q("2")),
+                range: None,
+                values: vec![q("2"), q("5"), q("10")],
+            }),
+        }
+    }
+
     #[test]
     fn rounds_up_to_the_next_step_from_min() {
         let cap = memory_cap();
@@ -347,14 +359,7 @@ mod tests {
             policy: None,
         };
         assert_eq!(consumed_quantity(None, &whole), q("108"));
-        let values = Capacity {
-            value: q("10"),
-            policy: Some(RequestPolicy {
-                default: Some(q("2")),
-                range: None,
-                values: vec![q("2"), q("5"), q("10")],
-            }),
-        };
+        let values = values_cap();
         assert_eq!(consumed_quantity(Some(q("3")), &values), q("5"));
         assert_eq!(consumed_quantity(Some(q("11")), &values), q("11"));
         assert!(violates_policy(q("11"), values.policy.as_ref()));
@@ -366,14 +371,7 @@ mod tests {
         assert_eq!(floor_to_policy(q("3584Mi"), &cap), Some(q("3Gi")));
         assert_eq!(floor_to_policy(q("3Gi"), &cap), Some(q("3Gi")));
         assert_eq!(floor_to_policy(q("512Mi"), &cap), None);
-        let values = Capacity {
-            value: q("10"),
-            policy: Some(RequestPolicy {
-                default: Some(q("2")),
-                range: None,
-                values: vec![q("2"), q("5"), q("10")],
-            }),
-        };
+        let values = values_cap();
         assert_eq!(floor_to_policy(q("7"), &values), Some(q("5")));
         assert_eq!(floor_to_policy(q("1"), &values), None);
         let plain = Capacity {

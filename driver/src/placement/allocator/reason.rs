@@ -216,26 +216,30 @@ impl std::error::Error for Unsatisfiable {}
 mod tests {
     use super::*;
 
+    /// Request `gpus` of `claim` found no `needed` devices `wanted`, after `counts`.
+    fn no_device(claim: &str, wanted: Wanted, needed: u32, counts: DeviceCounts) -> ClaimFailure {
+        ClaimFailure {
+            claim: claim.into(),
+            request: Some("gpus".into()),
+            kind: FailureKind::NoDevice { wanted, needed },
+            counts,
+            notes: vec![],
+        }
+    }
+
     #[test]
     fn reads_like_the_operator_would_say_it() {
-        let failure = ClaimFailure {
-            claim: "default/train".into(),
-            request: Some("gpus".into()),
-            kind: FailureKind::NoDevice {
-                wanted: Wanted::Gpu {
-                    room: "with 10Gi free".into(),
-                },
-                needed: 1,
-            },
-            counts: DeviceCounts {
-                considered: 14,
-                class_mismatch: 2,
-                too_full: 9,
-                tainted: 3,
-                ..DeviceCounts::default()
-            },
-            notes: vec![],
+        let wanted = Wanted::Gpu {
+            room: "with 10Gi free".into(),
         };
+        let counts = DeviceCounts {
+            considered: 14,
+            class_mismatch: 2,
+            too_full: 9,
+            tainted: 3,
+            ..DeviceCounts::default()
+        };
+        let failure = no_device("default/train", wanted, 1, counts);
         assert_eq!(
             failure.to_string(),
             "claim default/train request gpus: no GPU with 10Gi free: 12 GPUs matched the class, 9 too full, 3 tainted"
@@ -244,21 +248,13 @@ mod tests {
 
     #[test]
     fn counts_say_what_was_needed_and_found() {
-        let plain = ClaimFailure {
-            claim: "default/big".into(),
-            request: Some("gpus".into()),
-            kind: FailureKind::NoDevice {
-                wanted: Wanted::Device,
-                needed: 8,
-            },
-            counts: DeviceCounts {
-                considered: 8,
-                in_use: 7,
-                fit: 1,
-                ..DeviceCounts::default()
-            },
-            notes: vec![],
+        let counts = DeviceCounts {
+            considered: 8,
+            in_use: 7,
+            fit: 1,
+            ..DeviceCounts::default()
         };
+        let plain = no_device("default/big", Wanted::Device, 8, counts);
         assert_eq!(
             plain.to_string(),
             "claim default/big request gpus: needs 8 free devices that match, found 1: 8 devices matched the class, 7 in use"
