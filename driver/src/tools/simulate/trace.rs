@@ -96,6 +96,15 @@ impl<'a> Table<'a> {
             .ok_or_else(|| Error::invalid(self.file, name, "the header has no such column"))
     }
 
+    /// The positions of the columns `names`, in their order; `Err` names the first missing.
+    fn columns<const N: usize>(&self, names: [&str; N]) -> Result<[usize; N]> {
+        let mut out = [0; N];
+        for (slot, name) in out.iter_mut().zip(names) {
+            *slot = self.column(name)?;
+        }
+        Ok(out)
+    }
+
     fn cell<'r>(&self, row: &'r (usize, Vec<&'a str>), col: usize, name: &str) -> Result<&'r str> {
         row.1.get(col).copied().ok_or_else(|| {
             Error::invalid(
@@ -120,6 +129,14 @@ impl<'a> Table<'a> {
             )
         })
     }
+
+    /// The row's `cpu_milli` and `memory_mib` (columns `cpu` and `mem`) as host resources.
+    fn host(&self, row: &(usize, Vec<&'a str>), cpu: usize, mem: usize) -> Result<HostResources> {
+        Ok(HostResources {
+            cpu_milli: self.number(row, cpu, "cpu_milli")?,
+            memory_bytes: self.number(row, mem, "memory_mib")?.saturating_mul(MIB),
+        })
+    }
 }
 
 fn model_id(code: &str, object: &str, field: &str) -> Result<String> {
@@ -136,13 +153,8 @@ fn small(value: u64, object: &str, field: &str) -> Result<u32> {
 /// Reads a node list (`sn,cpu_milli,memory_mib,gpu,model`); `file` names it in errors.
 pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>> {
     let t = Table::parse(file, text)?;
-    let (sn, cpu, mem, gpu, model) = (
-        t.column("sn")?,
-        t.column("cpu_milli")?,
-        t.column("memory_mib")?,
-        t.column("gpu")?,
-        t.column("model")?,
-    );
+    let [sn, cpu, mem, gpu, model] =
+        t.columns(["sn", "cpu_milli", "memory_mib", "gpu", "model"])?;
     let mut nodes = Vec::with_capacity(t.rows.len());
     for row in &t.rows {
         let object = format!("{file} line {}", row.0);
@@ -161,10 +173,7 @@ pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>> {
         };
         nodes.push(TraceNode {
             name: t.cell(row, sn, "sn")?.to_owned(),
-            host: HostResources {
-                cpu_milli: t.number(row, cpu, "cpu_milli")?,
-                memory_bytes: t.number(row, mem, "memory_mib")?.saturating_mul(MIB),
-            },
+            host: t.host(row, cpu, mem)?,
             gpus,
             model,
         });
@@ -175,13 +184,8 @@ pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<TraceNode>> {
 /// Reads a pod list (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`).
 pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
     let t = Table::parse(file, text)?;
-    let (name, cpu, mem, num, milli) = (
-        t.column("name")?,
-        t.column("cpu_milli")?,
-        t.column("memory_mib")?,
-        t.column("num_gpu")?,
-        t.column("gpu_milli")?,
-    );
+    let [name, cpu, mem, num, milli] =
+        t.columns(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"])?;
     let spec = t.column("gpu_spec").ok();
     let qos = t.column("qos").ok();
     if t.rows.is_empty() {
@@ -221,10 +225,7 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
         };
         pods.push(TracePod {
             name: t.cell(row, name, "name")?.to_owned(),
-            host: HostResources {
-                cpu_milli: t.number(row, cpu, "cpu_milli")?,
-                memory_bytes: t.number(row, mem, "memory_mib")?.saturating_mul(MIB),
-            },
+            host: t.host(row, cpu, mem)?,
             num_gpu,
             gpu_milli,
             gpu_spec,
