@@ -192,6 +192,14 @@ impl Objects {
         }
     }
 
+    /// [`Self::refuse`] of input that is not what it should be, where `message` says why.
+    fn refuse_input(&mut self, message: String) -> Result<()> {
+        self.refuse(
+            Refusal::of_input(message.clone()),
+            Error::Malformed(message),
+        )
+    }
+
     fn load_paths(mut self, paths: &[PathBuf]) -> Result<Self> {
         for path in expand(paths)? {
             let read = |source| Error::Read {
@@ -212,20 +220,14 @@ impl Objects {
                     "{name}: larger than {} MiB; split the input into several files",
                     MAX_INPUT_BYTES >> 20
                 );
-                self.refuse(
-                    Refusal::of_input(message.clone()),
-                    Error::Malformed(message),
-                )?;
+                self.refuse_input(message)?;
                 continue;
             }
             match String::from_utf8(bytes) {
                 Ok(text) => self.load_text(&name, &text)?,
                 Err(e) => {
                     let message = format!("{name}: not UTF-8 text: {e}");
-                    self.refuse(
-                        Refusal::of_input(message.clone()),
-                        Error::Malformed(message),
-                    )?;
+                    self.refuse_input(message)?;
                 }
             }
         }
@@ -243,10 +245,7 @@ impl Objects {
                 "{name}: larger than {} MiB; split the input into several files",
                 MAX_INPUT_BYTES >> 20
             );
-            return self.refuse(
-                Refusal::of_input(message.clone()),
-                Error::Malformed(message),
-            );
+            return self.refuse_input(message);
         }
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         if let Err(deep) = nesting::check_nesting(text, nesting::MAX_NESTING) {
@@ -256,10 +255,7 @@ impl Objects {
                 deep.depth,
                 nesting::MAX_NESTING
             );
-            return self.refuse(
-                Refusal::of_input(message.clone()),
-                Error::Malformed(message),
-            );
+            return self.refuse_input(message);
         }
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let context = format!("{name}: document {}", i + 1);
@@ -281,10 +277,7 @@ impl Objects {
                 }
                 Err(e) => {
                     let message = format!("{context}: not a Kubernetes object: {e}");
-                    self.refuse(
-                        Refusal::of_input(message.clone()),
-                        Error::Malformed(message),
-                    )?;
+                    self.refuse_input(message)?;
                 }
             }
         }
@@ -301,10 +294,7 @@ impl Objects {
                 None | Some(serde_json::Value::Null) => Vec::new(),
                 Some(_) => {
                     let message = format!("{context}: List: items: expected a list");
-                    return self.refuse(
-                        Refusal::of_input(message.clone()),
-                        Error::Malformed(message),
-                    );
+                    return self.refuse_input(message);
                 }
             };
             for (i, item) in items.into_iter().enumerate() {
