@@ -171,17 +171,34 @@ impl Writer {
         action: &str,
     ) -> Result<res::ResourceClaim> {
         let (namespace, name) = name_of(&claim.metadata);
-        let api = self.claim_api(namespace);
-        let params = PatchParams::default();
-        let patch = Patch::Merge(body);
-        let answer = if status {
-            api.patch_status(name, &params, &patch).await
-        } else {
-            api.patch(name, &params, &patch).await
-        };
-        let object = answer
+        let object = merge_patch(&self.claim_api(namespace), name, body, status)
+            .await
             .map_err(|e| Error::api(format!("{action} ResourceClaim {namespace}/{name}"), &e))?;
         self.decode_claim(object)
+    }
+
+    /// Merge-patches `pod` with `body` (its status when `status`); `action` names the write
+    /// in errors ("{action} Pod ns/name").
+    async fn patch_pod(&self, pod: &Pod, body: &Value, status: bool, action: &str) -> Result<Pod> {
+        let (namespace, name) = name_of(&pod.metadata);
+        merge_patch(&self.pod_api(namespace), name, body, status)
+            .await
+            .map_err(|e| Error::api(format!("{action} Pod {namespace}/{name}"), &e))
+    }
+}
+
+/// Sends `body` as a JSON merge patch of object `name`, to its status subresource when
+/// `status`.
+async fn merge_patch<K>(api: &Api<K>, name: &str, body: &Value, status: bool) -> kube::Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams::default();
+    let patch = Patch::Merge(body);
+    if status {
+        api.patch_status(name, &params, &patch).await
+    } else {
+        api.patch(name, &params, &patch).await
     }
 }
 
@@ -283,7 +300,6 @@ impl Writes for Writer {
 
     /// Removes Tessera's scheduling gate from the pod (other gates stay).
     async fn ungate(&self, pod: &Pod) -> Result<Pod> {
-        let (namespace, name) = name_of(&pod.metadata);
         let gates: Vec<Value> = gate::gates_without_ours(pod)
             .into_iter()
             .map(|g| json!({"name": g}))
@@ -297,15 +313,8 @@ impl Writes for Writer {
             "metadata": {"resourceVersion": pod.metadata.resource_version},
             "spec": {"schedulingGates": gates},
         });
-        self.pod_api(namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+        self.patch_pod(pod, &body, false, "removing the scheduling gate of")
             .await
-            .map_err(|e| {
-                Error::api(
-                    format!("removing the scheduling gate of Pod {namespace}/{name}"),
-                    &e,
-                )
-            })
     }
 
     /// Sets the controller's condition on the pod (replacing an older one of the same type).
@@ -317,7 +326,6 @@ impl Writes for Writer {
         message: &str,
         now: Timestamp,
     ) -> Result<Pod> {
-        let (namespace, name) = name_of(&pod.metadata);
         let mut conditions: Vec<PodCondition> = pod
             .status
             .as_ref()
@@ -338,15 +346,8 @@ impl Writes for Writer {
             "metadata": {"resourceVersion": pod.metadata.resource_version},
             "status": {"conditions": conditions},
         });
-        self.pod_api(namespace)
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+        self.patch_pod(pod, &body, true, "setting the condition of")
             .await
-            .map_err(|e| {
-                Error::api(
-                    format!("setting the condition of Pod {namespace}/{name}"),
-                    &e,
-                )
-            })
     }
 
     /// Records a core v1 Event about the pod.
