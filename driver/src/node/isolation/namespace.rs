@@ -98,19 +98,26 @@ pub fn parse(args: &[String]) -> Result<Invocation, PlanError> {
                 command.extend(tail.iter().cloned());
                 return Ok(Invocation::Contained { binds, command });
             }
-            [other, _, ..] => {
+            [sep] if sep == COMMAND => {
+                return Err(PlanError {
+                    argument: COMMAND,
+                    value: args.join(" "),
+                    rule: "must be followed by the program the mounts are for",
+                });
+            }
+            [] => {
+                return Err(PlanError {
+                    argument: COMMAND,
+                    value: args.join(" "),
+                    rule: "must end the mounts, followed by the program they are for",
+                });
+            }
+            [other, ..] => {
                 return Err(PlanError {
                     argument: "isolation-probe",
                     value: other.clone(),
                     rule: "is not an argument of the probe (--bind SOURCE TARGET OPTIONS ... \
                            -- PROGRAM ARGS)",
-                });
-            }
-            [_] | [] => {
-                return Err(PlanError {
-                    argument: COMMAND,
-                    value: args.join(" "),
-                    rule: "must end the mounts, followed by the program they are for",
                 });
             }
         }
@@ -295,11 +302,13 @@ mod tests {
         assert_eq!(err.argument, COMMAND, "{err}");
         let err = parse(&strings(&["--", "plugin", "isolation-probe"])).unwrap_err();
         assert!(err.to_string().contains("absolute"), "{err}");
-        let err = parse(&strings(&["--verbose", "x"])).unwrap_err();
+        let err = parse(&strings(&["--verbose"])).unwrap_err();
         assert!(
             err.to_string().contains("\"--verbose\" is not an argument"),
             "{err}"
         );
+        let err = parse(&strings(&["--bind", "/a", "/b", "bind", "--"])).unwrap_err();
+        assert!(err.to_string().contains("followed by the program"), "{err}");
     }
 
     fn bind(source: &str, target: &str, options: &str, source_is_dir: bool) -> Bind {
