@@ -6,6 +6,8 @@
 //! is prepared, a CUDA client of the fake attaches, the plugin's container is killed and a new
 //! one started (a rollout), and the new plugin adopts the daemon: one start, no `quit`, the
 //! client still attached, the same CDI ids; the daemon quits once the claim is unprepared.
+//! Before that, the isolation probe's child runs in a container of the plugin's image and
+//! applies its claim's mounts with no shell, `unshare` or `mount` there.
 //!
 //! It needs `CAP_SYS_ADMIN` and `CAP_SYS_CHROOT` (mount namespaces, binds, chroot) and the
 //! workspace's binaries (`cargo build -p tessera-kubelet-plugin --bins`, which `cargo test
@@ -19,6 +21,8 @@ use std::time::{Duration, Instant};
 use hyper_util::rt::TokioIo;
 use nix::mount::{MsFlags, mount};
 use serde_yaml::Value;
+use tessera_driver::node::cdi;
+use tessera_driver::node::isolation;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
@@ -384,6 +388,11 @@ async fn on_node(work: &Path, bins: &Path, driver_root: &str) {
     };
     let dra_socket = node.join("var/lib/kubelet/plugins/gpu.tessera.dev/dra.sock");
 
+    probe_in_the_plugins_container(
+        bins,
+        &container(work, "probe", plugin_pod, plugin_container, bins),
+    );
+
     let mut plugin = start_plugin(1);
     let mut dra = dial(&dra_socket, &mut plugin).await;
     let ids = prepare(&mut dra).await;
@@ -447,6 +456,76 @@ async fn on_node(work: &Path, bins: &Path, driver_root: &str) {
     })
     .await;
     assert!(lines(&log).iter().any(|l| l == "command quit"));
+}
+
+/// The isolation probe's child in a container of the plugin's image, which has no shell,
+/// `unshare` or `mount`: started as the plugin starts it (`isolation::probe_command` for the
+/// MPS claim of a 1 GiB share), it applies the claim's mounts itself (the probe daemon's pipe
+/// directory, its shm directory over `/dev/shm`) and runs the probe, which gets as far as CUDA:
+/// the container has no `libcuda.so.1` (on a node the driver root provides it).
+fn probe_in_the_plugins_container(bins: &Path, root: &Path) {
+    let gpu = tessera_driver::node::inventory::Inventory::from_yaml(
+        "nodes:\n- name: t4-node\n  mode: shared\n  gpus:\n  - model: t4-16g\n",
+    )
+    .unwrap()
+    .nodes
+    .remove(0)
+    .gpus
+    .remove(0);
+    let claim = isolation::probe_claim(NODE, &gpu);
+    let rendered = cdi::render(
+        &claim,
+        &cdi::Enforcement::Mps {
+            pipe_dir_root: "/run/tessera/mps/probe".to_owned(),
+            log_dir_root: "/var/log/tessera/mps/probe".to_owned(),
+        },
+    )
+    .unwrap();
+    let daemon = rendered.mps_daemon.unwrap();
+    for dir in [&daemon.pipe_dir, &daemon.shm_dir] {
+        std::fs::create_dir_all(under(root, dir)).unwrap();
+    }
+    let plugin = "/usr/local/bin/tessera-kubelet-plugin";
+    let edits = rendered.spec.container_edits.unwrap();
+    let command = isolation::probe_command(
+        &edits,
+        plugin,
+        &[isolation::PROBE_SUBCOMMAND.to_owned()],
+        &[],
+        Some(plugin),
+    );
+    assert!(
+        ["/bin/sh", "/usr/bin/unshare", "/bin/mount"]
+            .iter()
+            .all(|tool| !under(root, tool).exists())
+    );
+    let out = Command::new(bins.join("tessera-mps"))
+        .arg("exec")
+        .arg("--root")
+        .arg(root)
+        .arg("--")
+        .arg(&command.program)
+        .args(&command.args)
+        .env_clear()
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("isolation probe: CUDA is not usable"),
+        "{stderr}"
+    );
+    // The binds stayed in the child's namespace.
+    assert_eq!(
+        std::fs::read_dir(under(root, "/tmp/nvidia-mps"))
+            .unwrap()
+            .count(),
+        0
+    );
+    // The node's MPS directories hold the containers' daemons only, as after a real probe.
+    std::fs::remove_dir_all(under(root, "/run/tessera/mps/probe")).unwrap();
 }
 
 struct KillOnDrop(i32);
