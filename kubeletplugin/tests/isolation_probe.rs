@@ -105,7 +105,7 @@ fn a_mount_that_cannot_be_applied_fails_the_probe_with_its_reason() {
     assert_eq!(code, isolation::REASON_DID_NOT_RUN);
     assert!(
         message.contains("exit status: 4")
-            && message.contains(&format!("the mount source {}", missing.display())),
+            && message.contains(&format!("reading the mount source {}", missing.display())),
         "{message}"
     );
 

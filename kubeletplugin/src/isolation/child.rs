@@ -30,6 +30,7 @@ use tessera_driver::node::cdi::MEMORY_LIMIT_ENV;
 use tessera_driver::node::isolation::namespace::{self, Bind, Invocation};
 use tessera_driver::node::isolation::{Allocation, PROBE_SUBCOMMAND, ProbeReport};
 
+use crate::error::{Error, Result};
 use crate::mps::exec::apply_steps;
 
 /// The first argument that runs the binary as the probe child.
@@ -43,8 +44,8 @@ const MOUNTS_FAILED: i32 = 4;
 pub fn run_child(args: Vec<OsString>) -> i32 {
     match contain(args) {
         Ok(()) => probe(),
-        Err(message) => {
-            let _ = writeln!(std::io::stderr(), "isolation probe: {message}");
+        Err(error) => {
+            let _ = writeln!(std::io::stderr(), "isolation probe: {error}");
             MOUNTS_FAILED
         }
     }
@@ -52,34 +53,40 @@ pub fn run_child(args: Vec<OsString>) -> i32 {
 
 /// With mounts in `args`, applies them and replaces this process with the probe's command, so
 /// it returns only why that failed; without (no arguments), `Ok`: this process is the probe.
-fn contain(args: Vec<OsString>) -> Result<(), String> {
+fn contain(args: Vec<OsString>) -> Result<()> {
     let args = args
         .into_iter()
         .map(|a| {
             a.into_string()
-                .map_err(|a| format!("argument {} is not UTF-8", a.display()))
+                .map_err(|a| Error::Config(format!("argument {} is not UTF-8", a.display())))
         })
-        .collect::<Result<Vec<String>, String>>()?;
-    let (mounts, command) = match namespace::parse(&args).map_err(|e| e.to_string())? {
+        .collect::<Result<Vec<String>>>()?;
+    let (mounts, command) = match namespace::parse(&args).map_err(|e| plan_error(&e))? {
         Invocation::Probe => return Ok(()),
         Invocation::Contained { binds, command } => (binds, command),
     };
     let mut binds = Vec::with_capacity(mounts.len());
     for mount in mounts {
         let source = std::fs::metadata(&mount.host_path)
-            .map_err(|e| format!("the mount source {}: {e}", mount.host_path))?;
+            .map_err(|e| Error::io("reading the mount source", &mount.host_path, e))?;
         binds.push(Bind {
             mount,
             source_is_dir: source.is_dir(),
         });
     }
-    let steps = namespace::plan(&binds).map_err(|e| e.to_string())?;
-    apply_steps("applying the claim's mounts", &steps).map_err(|e| e.to_string())?;
+    apply_steps(
+        "applying the claim's mounts",
+        &namespace::plan(&binds).map_err(|e| plan_error(&e))?,
+    )?;
     let (program, args) = command
         .split_first()
-        .ok_or_else(|| "no program to run".to_owned())?;
+        .ok_or_else(|| Error::Config("no program to run".to_owned()))?;
     let error = Command::new(program).args(args).exec();
-    Err(format!("running {program}: {error}"))
+    Err(Error::io("running", program, error))
+}
+
+fn plan_error(e: &namespace::PlanError) -> Error {
+    Error::Config(e.to_string())
 }
 
 /// The probe itself, in this process.

@@ -14,7 +14,8 @@
 //! environment no container would get.
 
 use crate::node::cdi::Mount;
-use crate::node::mps_exec::{PlanError, Step, checked};
+pub use crate::node::mps_exec::PlanError;
+use crate::node::mps_exec::{Step, checked};
 
 /// The argument that starts one bind mount: `--bind SOURCE TARGET OPTIONS` (options joined
 /// with `,`; CDI's options never hold one).
