@@ -609,6 +609,14 @@ impl ClusterView {
         if old.is_some_and(gate::is_allocated) && !gate::is_allocated(&claim) {
             self.generation += 1;
         }
+        // A claim that loses its last reservation while it stays allocated (kube-controller-
+        // manager drops the reservation of a pod that is gone) may be an orphan now.
+        if old.is_some_and(gate::is_reserved)
+            && !gate::is_reserved(&claim)
+            && gate::is_allocated(&claim)
+        {
+            self.generation += 1;
+        }
         if !old.is_some_and(gate::is_allocated) && gate::is_allocated(&claim) {
             self.allocations += 1;
         }
@@ -1044,6 +1052,18 @@ mod tests {
         assert_ne!(allocated, start);
         view.apply(Resource::Claims, Change::Applied(claim("6", None)));
         assert_ne!(view.device_use_version().unwrap(), allocated);
+    }
+
+    #[test]
+    fn a_claim_losing_its_last_reservation_bumps_the_generation() {
+        let mut view = ClusterView::new("gpu.tessera.dev");
+        let mut reserved = claim("5", Some("n1"));
+        reserved["status"]["reservedFor"] =
+            json!([{"resource": "pods", "name": "p", "uid": "pod-uid"}]);
+        view.apply(Resource::Claims, Change::Applied(reserved));
+        let before = view.generation();
+        view.apply(Resource::Claims, Change::Applied(claim("6", Some("n1"))));
+        assert!(view.generation() > before);
     }
 
     #[test]

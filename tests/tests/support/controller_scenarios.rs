@@ -329,6 +329,56 @@ where
     }
 }
 
+/// Plays kube-controller-manager's claim controller for pods that are gone (the fake API
+/// server runs none): a claim loses the reservations of pods that no longer exist, and a claim
+/// left with none that carries the allocation finalizer ([`names::CLAIM_FINALIZER`]) is
+/// deallocated and the finalizer removed, as that controller does for an allocation made by
+/// a scheduler.
+pub(crate) async fn release_claims_of_gone_pods(client: &kube::Client, version: ApiVersion) {
+    let live: BTreeSet<String> = pods(client)
+        .await
+        .values()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let api = claims_api(client, version);
+    for (name, claim) in claims(client, version).await {
+        let Some(reserved) = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .filter(|r| r.iter().any(|r| !live.contains(&r.uid)))
+        else {
+            continue;
+        };
+        let keep: Vec<&res::ResourceClaimConsumerReference> =
+            reserved.iter().filter(|r| live.contains(&r.uid)).collect();
+        let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+        let deallocate = keep.is_empty() && finalizers.iter().any(|f| f == names::CLAIM_FINALIZER);
+        let mut status =
+            json!({"reservedFor": if keep.is_empty() { Value::Null } else { json!(keep) }});
+        if deallocate {
+            status["allocation"] = Value::Null;
+        }
+        let body = json!({"status": status});
+        if api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .is_err()
+            || !deallocate
+        {
+            continue;
+        }
+        let rest: Vec<&String> = finalizers
+            .iter()
+            .filter(|f| *f != names::CLAIM_FINALIZER)
+            .collect();
+        let body = json!({"metadata": {"finalizers": if rest.is_empty() { Value::Null } else { json!(rest) }}});
+        let _ = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await;
+    }
+}
+
 /// Every claim in the namespace, decoded to v1.
 pub(crate) async fn claims(
     client: &kube::Client,

@@ -103,8 +103,8 @@ async fn run_pod(client: &kube::Client, name: &str) {
 }
 
 /// Plays the kubelet and kube-controller-manager for pods being deleted: a pod with a
-/// deletionTimestamp finishes (deleted at once), and a claim reserved for a pod that is gone
-/// is no longer reserved.
+/// deletionTimestamp finishes (deleted at once), and the claims of pods that are gone are
+/// released ([`release_claims_of_gone_pods`]).
 async fn finish_deleted_pods(client: &kube::Client, version: ApiVersion) {
     for (name, pod) in &pods(client).await {
         if pod.metadata.deletion_timestamp.is_some() {
@@ -113,31 +113,7 @@ async fn finish_deleted_pods(client: &kube::Client, version: ApiVersion) {
                 .await;
         }
     }
-    let live: BTreeSet<String> = pods(client)
-        .await
-        .values()
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect();
-    for (name, claim) in claims(client, version).await {
-        let reserved = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.reserved_for.as_ref())
-            .filter(|r| !r.is_empty());
-        if let Some(reserved) = reserved
-            && reserved.iter().any(|r| !live.contains(&r.uid))
-        {
-            let keep: Vec<Value> = reserved
-                .iter()
-                .filter(|r| live.contains(&r.uid))
-                .map(|r| serde_json::to_value(r).unwrap())
-                .collect();
-            let body = json!({"status": {"reservedFor": if keep.is_empty() { Value::Null } else { json!(keep) }}});
-            let _ = claims_api(client, version)
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                .await;
-        }
-    }
+    release_claims_of_gone_pods(client, version).await;
 }
 
 /// Keeps pod `name` terminating when it is deleted (a finalizer) and reserves its claim for
