@@ -39,6 +39,7 @@ mod discovery;
 mod error;
 mod json_object;
 pub mod probes;
+pub mod text;
 mod watch;
 
 pub use client::client;

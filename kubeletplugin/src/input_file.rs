@@ -84,8 +84,6 @@ pub fn is_missing(error: &Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use super::*;
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tessera_driver::node::mps::{Launch, Wrapper};
+use tracing::warn;
 
 use crate::driver_files;
 use crate::error::{Error, Result};
@@ -73,6 +74,9 @@ pub struct LaunchArgs {
     pub mps_control_binary: Option<PathBuf>,
     /// Run each daemon in a mount namespace of its own with its shm directory as `/dev/shm`,
     /// the directory its clients get (needs `CAP_SYS_ADMIN`; always on with a driver root).
+    /// Off only for a fake control binary: a real daemon would keep this container's own
+    /// `/dev/shm`, which the claims' containers do not get, so its clients could not reach it
+    /// (the isolation probe then leaves every shared GPU unverified).
     #[arg(
         long,
         env = "TESSERA_MPS_SHM_NAMESPACE",
@@ -108,6 +112,11 @@ impl LaunchArgs {
                 driver_root: root,
             })
         } else {
+            warn!(
+                "--mps-shm-namespace=false: each MPS daemon keeps this container's /dev/shm, \
+                 while the claims' containers get the daemon's shm directory there; real MPS \
+                 clients cannot reach such a daemon (meant for a fake control binary in tests)"
+            );
             None
         };
         Ok(Launch {

@@ -42,7 +42,8 @@ pub fn init_logs(format: LogFormat) {
     }
 }
 
-/// The plain format's fields, with every control character escaped (`\n`, `\u{0}`, `\u{1b}`)
+/// The plain format's fields, with every control character escaped (`\n`, `\u{0}`, `\u{1b}`),
+/// and every format character or line separator too ([`tessera_kubeapi::text::is_hidden`]),
 /// in the message and in each value: claim names and UIDs come from kubelet's calls, errors
 /// quote what the API server sent, and none of them may end a line or forge one. (The JSON
 /// format escapes them already.)
@@ -61,7 +62,7 @@ pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w
 
 fn write_escaped(writer: &mut impl std::fmt::Write, text: &str) -> std::fmt::Result {
     for c in text.chars() {
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+        if tessera_kubeapi::text::is_hidden(c) {
             write!(writer, "{}", c.escape_default())?;
         } else {
             writer.write_char(c)?;
@@ -158,8 +159,6 @@ impl Ops {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use std::sync::{Arc, Mutex};
 
     use super::*;
@@ -186,13 +185,16 @@ mod tests {
             .with_ansi(false)
             .fmt_fields(escaped_fields())
             .finish();
-        let name = "c\n2026-01-01T00:00:00Z  INFO forged: prepared\u{0}\u{1b}[31m";
+        let name = "c\n2026-01-01T00:00:00Z  INFO forged: prepared\u{0}\u{1b}[31m\u{202e}\u{2028}";
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(claim = %name, uid = ?name, "claim {name} failed");
         });
         let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
-        assert!(!text.contains('\0') && !text.contains('\u{1b}'), "{text:?}");
+        assert!(
+            !text.contains(['\0', '\u{1b}', '\u{202e}', '\u{2028}']),
+            "{text:?}"
+        );
         assert!(text.contains("claim=c\\n2026"), "{text}");
         assert!(text.contains("claim c\\n2026"), "{text}");
     }

@@ -286,8 +286,6 @@ impl Reaper {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use super::*;
 
     /// A scratch directory on a tmpfs where there is one, as the HAMi cache directory is in

@@ -9,7 +9,6 @@ use tessera_driver::Quantity;
 use tessera_driver::apiversion::{ApiVersion, encode_allocation, to_kubectl_yaml};
 use tessera_driver::rules::config::{self, TesseraConfig};
 use tessera_driver::tools::batch::ClaimOutcome;
-use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 
 use crate::cli::OutputFormat;
 use crate::cli::allocate::Answer;
@@ -184,14 +183,15 @@ fn consumed_text(r: &res::DeviceRequestAllocationResult) -> Option<String> {
     Some(format!(" ({})", parts.join(", ")))
 }
 
-/// `text` with every control character (`\u{1b}`) and every format character (Unicode category
-/// Cf: bidi controls such as `\u{202e}`, zero-width joiners) written as an escape, so that names
+/// `text` with every control character (`\u{1b}`), every format character (Unicode category
+/// Cf: bidi controls such as `\u{202e}`, zero-width joiners) and line separator (`\u{2028}`)
+/// written as an escape ([`tessera_kubeapi::text::is_hidden`]), so that names
 /// and reasons taken from input can never drive the terminal nor read other than they are;
 /// `keep_newlines` keeps line breaks of multi-line messages.
 pub fn printable(text: &str, keep_newlines: bool) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        let hidden = c.is_control() || c.general_category() == GeneralCategory::Format;
+        let hidden = tessera_kubeapi::text::is_hidden(c);
         if hidden && !(keep_newlines && c == '\n') {
             out.extend(c.escape_unicode());
         } else {

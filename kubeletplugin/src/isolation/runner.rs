@@ -184,8 +184,6 @@ impl IsolationProbe for ChildProbe {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
     use tessera_driver::node::inventory::Inventory;
 
     use super::*;

@@ -1,5 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::sync::{Condvar, RwLock};
 use std::time::Duration;
 

@@ -65,6 +65,21 @@ fn refused(value: &str, rule: &'static str) -> PlanError {
     }
 }
 
+/// The bind mount of `source` at `target` with `options` as the arguments write them
+/// (comma-separated, as in a CDI spec's mount).
+fn bind_mount(source: &str, target: &str, options: &str) -> Mount {
+    Mount {
+        host_path: source.to_owned(),
+        container_path: target.to_owned(),
+        options: options
+            .split(',')
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        mount_type: None,
+    }
+}
+
 /// Reads the subcommand's arguments back (what [`arguments`] wrote, or nothing).
 pub fn parse(args: &[String]) -> Result<Invocation, PlanError> {
     if args.is_empty() {
@@ -75,16 +90,7 @@ pub fn parse(args: &[String]) -> Result<Invocation, PlanError> {
     loop {
         match rest {
             [flag, source, target, options, tail @ ..] if flag == BIND => {
-                binds.push(Mount {
-                    host_path: source.clone(),
-                    container_path: target.clone(),
-                    options: options
-                        .split(',')
-                        .filter(|o| !o.is_empty())
-                        .map(str::to_owned)
-                        .collect(),
-                    mount_type: None,
-                });
+                binds.push(bind_mount(source, target, options));
                 rest = tail;
             }
             [flag, ..] if flag == BIND => {
@@ -224,22 +230,7 @@ pub fn plan(binds: &[Bind]) -> Result<Vec<Step>, PlanError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
     use super::*;
-
-    fn mount(source: &str, target: &str, options: &str) -> Mount {
-        Mount {
-            host_path: source.to_owned(),
-            container_path: target.to_owned(),
-            options: options
-                .split(',')
-                .filter(|o| !o.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            mount_type: None,
-        }
-    }
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|a| (*a).to_owned()).collect()
@@ -248,13 +239,13 @@ mod tests {
     #[test]
     fn the_arguments_read_back_as_the_mounts_and_the_command() {
         let mounts = [
-            mount(
+            bind_mount(
                 "/run/tessera/mps/m/pipe",
                 "/tmp/nvidia-mps",
                 "rw,nosuid,nodev,noexec,bind",
             ),
             // A path with a space and a quote stays one argument: nothing is ever a script.
-            mount("/var/lib/it's here", "/opt/x y", "rbind"),
+            bind_mount("/var/lib/it's here", "/opt/x y", "rbind"),
         ];
         let args = arguments(&mounts, "/plugin", &strings(&["isolation-probe"]));
         assert_eq!(
@@ -282,7 +273,7 @@ mod tests {
         );
         assert_eq!(parse(&[]).unwrap(), Invocation::Probe);
         // A CDI mount that says `type: bind` instead of the option is still a bind.
-        let mut typed = mount("/a", "/b", "ro");
+        let mut typed = bind_mount("/a", "/b", "ro");
         typed.mount_type = Some("bind".to_owned());
         let Invocation::Contained { binds, .. } = parse(&arguments(&[typed], "/p", &[])).unwrap()
         else {
@@ -314,7 +305,7 @@ mod tests {
 
     fn bind(source: &str, target: &str, options: &str, source_is_dir: bool) -> Bind {
         Bind {
-            mount: mount(source, target, options),
+            mount: bind_mount(source, target, options),
             source_is_dir,
         }
     }
