@@ -2,7 +2,8 @@
 //! decides; this module runs the probes and applies the verdicts).
 //!
 //! [`Verified`] wraps the node's discovery: at every discovery it probes each shared GPU that
-//! [`isolation::due`] names (at start, and when the driver version or the backend changed),
+//! [`isolation::due`] names (at start, when the driver version or the backend changed, and
+//! again with a growing wait after a probe that could not run or timed out),
 //! through an [`IsolationProbe`], the GPUs side by side (up to [`PARALLEL_PROBES`] at once),
 //! then stamps each shared GPU's `isolation` into the inventory so the slices, the preparer and
 //! the health stream all see it. A verdict that changes is
@@ -19,6 +20,7 @@ mod runner;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tessera_driver::node::inventory::{Gpu, NodeInventory};
 use tessera_driver::node::isolation::{self, Isolation, ProbeOutcome, ProbeRecord, Verdict};
@@ -136,6 +138,8 @@ pub struct Verified {
     accept_unverified: bool,
     metrics: Option<Arc<Metrics>>,
     state: Mutex<State>,
+    /// The probe records' monotonic clock: time since this discovery was made.
+    clock: Arc<dyn Fn() -> Duration + Send + Sync>,
 }
 
 impl std::fmt::Debug for Verified {
@@ -164,7 +168,18 @@ impl Verified {
             accept_unverified,
             metrics: None,
             state: Mutex::new(State::default()),
+            clock: {
+                let start = Instant::now();
+                Arc::new(move || start.elapsed())
+            },
         }
+    }
+
+    /// Reads the time for the probe records from `clock` instead of the monotonic clock.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Fn() -> Duration + Send + Sync>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Exports each verdict to `metrics` too.
@@ -190,20 +205,24 @@ impl GpuDiscovery for Verified {
             .state
             .lock()
             .map_err(|_| Error::Task("a thread panicked holding the isolation probes".into()))?;
-        let due: Vec<Gpu> = isolation::due(&node, &self.backend, &state.records)
+        let now = (self.clock)();
+        let due: Vec<Gpu> = isolation::due(&node, &self.backend, &state.records, now)
             .into_iter()
             .cloned()
             .collect();
         let outcomes = probe_all(self.probe.as_ref(), &node, &due, &self.backend);
-        for (gpu, outcome) in due.into_iter().zip(outcomes) {
-            state.records.insert(
-                gpu.uuid,
-                ProbeRecord {
-                    backend: self.backend.clone(),
-                    driver_version: gpu.driver_version,
-                    outcome,
-                },
+        for (gpu, outcome) in due.iter().zip(outcomes) {
+            let record = ProbeRecord::new(
+                gpu,
+                &self.backend,
+                outcome,
+                now,
+                state.records.get(&gpu.uuid),
             );
+            if let Some(at) = record.retry_at() {
+                info!(gpu = %gpu.device_name(), failed_runs = record.failed_runs, retry_in_seconds = at.saturating_sub(now).as_secs(), "the isolation probe did not run; trying again later");
+            }
+            state.records.insert(gpu.uuid.clone(), record);
         }
         let verdicts = isolation::apply(
             &mut node,

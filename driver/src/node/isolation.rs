@@ -12,7 +12,11 @@
 //! * what a report means ([`judge`]);
 //! * when a GPU must be probed ([`probe_due`]): a shared GPU under a backend that limits
 //!   something (`mps`, `hami-core`), when no probe of that backend on that driver version
-//!   holds for it — at start, and whenever the driver version or the backend changes;
+//!   holds for it — at start, and whenever the driver version or the backend changes; and
+//!   again after a probe that could not run or timed out ([`ProbeRecord::retry_at`]: 1 minute
+//!   after the first such failure, doubling to at most an hour), since what stopped it (a
+//!   driver still loading, a busy GPU) may pass, where a probe that ran and saw the limit
+//!   fail is repeated only when the driver or the backend changes;
 //! * what each GPU publishes ([`verdict`], [`apply`]): `isolation: verified` when its last
 //!   probe under the node's backend and driver held; otherwise `unverified`, with the reason —
 //!   or `unverified-accepted` when the admin accepted unverified isolation explicitly
@@ -26,6 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -165,6 +170,12 @@ pub enum ProbeOutcome {
 }
 
 impl ProbeOutcome {
+    /// Whether the probe could not run or did not finish (no verdict on the limits), as
+    /// opposed to one that ran and held or saw them fail.
+    pub fn did_not_run(&self) -> bool {
+        matches!(self, Self::Failed { code, .. } if *code == REASON_DID_NOT_RUN || *code == REASON_TIMED_OUT)
+    }
+
     /// A failure with `code` and `message`.
     pub fn failed(code: &'static str, message: impl Into<String>) -> Self {
         Self::Failed {
@@ -205,6 +216,12 @@ fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes >> 20)
 }
 
+/// How long after the first probe in a row that could not run or timed out the GPU is probed
+/// again; each further such failure doubles the wait, up to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_mins(1);
+/// The longest wait before a probe that could not run or timed out is tried again.
+pub const RETRY_MAX: Duration = Duration::from_hours(1);
+
 /// The last probe of one GPU: under which backend and driver version, and what it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeRecord {
@@ -214,6 +231,52 @@ pub struct ProbeRecord {
     pub driver_version: String,
     /// What it found.
     pub outcome: ProbeOutcome,
+    /// When it was taken, on the caller's monotonic clock.
+    pub at: Duration,
+    /// How many probes in a row under this backend and driver, this one included, could not
+    /// run or timed out; 0 when this one ran.
+    pub failed_runs: u32,
+}
+
+impl ProbeRecord {
+    /// The record of a probe of `gpu` under `backend` taken `at`, which found `outcome`;
+    /// `previous` is the GPU's record before it (its run of failures goes on only under the
+    /// same backend and driver).
+    pub fn new(
+        gpu: &Gpu,
+        backend: &str,
+        outcome: ProbeOutcome,
+        at: Duration,
+        previous: Option<&ProbeRecord>,
+    ) -> Self {
+        let failed_runs = if outcome.did_not_run() {
+            previous
+                .filter(|p| current(gpu, backend, p))
+                .map_or(0, |p| p.failed_runs)
+                .saturating_add(1)
+        } else {
+            0
+        };
+        Self {
+            backend: backend.to_owned(),
+            driver_version: gpu.driver_version.clone(),
+            outcome,
+            at,
+            failed_runs,
+        }
+    }
+
+    /// When the GPU is probed again though neither its driver nor the backend changed: only
+    /// after a probe that could not run or timed out, [`RETRY_FIRST`] doubling with each such
+    /// failure in a row, at most [`RETRY_MAX`]; `None` after a probe that ran.
+    pub fn retry_at(&self) -> Option<Duration> {
+        if self.failed_runs == 0 {
+            return None;
+        }
+        let doublings = self.failed_runs.saturating_sub(1).min(16);
+        let wait = RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY_MAX);
+        Some(self.at.saturating_add(wait))
+    }
 }
 
 /// Whether `backend` limits anything a probe can test (`none` limits nothing).
@@ -226,12 +289,17 @@ fn current(gpu: &Gpu, backend: &str, record: &ProbeRecord) -> bool {
     record.backend == backend && record.driver_version == gpu.driver_version
 }
 
-/// Whether `gpu` must be probed now: a shared GPU under a backend that limits something,
-/// with no probe of that backend on its current driver version (`last` is its last probe).
-pub fn probe_due(gpu: &Gpu, backend: &str, last: Option<&ProbeRecord>) -> bool {
+/// Whether `gpu` must be probed at `now` (the records' clock): a shared GPU under a backend
+/// that limits something, with no probe of that backend on its current driver version, or
+/// whose last such probe could not run and is due again ([`ProbeRecord::retry_at`]); `last` is
+/// its last probe.
+pub fn probe_due(gpu: &Gpu, backend: &str, last: Option<&ProbeRecord>, now: Duration) -> bool {
     gpu.mode == GpuMode::Shared
         && backend_limits(backend)
-        && !last.is_some_and(|r| current(gpu, backend, r))
+        && match last.filter(|r| current(gpu, backend, r)) {
+            None => true,
+            Some(r) => r.retry_at().is_some_and(|at| now >= at),
+        }
 }
 
 /// What a GPU publishes, and why.
@@ -335,15 +403,16 @@ pub fn apply(
     out
 }
 
-/// The GPUs of `node` that must be probed now, given the last probes by GPU UUID.
+/// The GPUs of `node` that must be probed at `now`, given the last probes by GPU UUID.
 pub fn due<'a>(
     node: &'a NodeInventory,
     backend: &str,
     records: &BTreeMap<String, ProbeRecord>,
+    now: Duration,
 ) -> Vec<&'a Gpu> {
     node.gpus
         .iter()
-        .filter(|g| probe_due(g, backend, records.get(&g.uuid)))
+        .filter(|g| probe_due(g, backend, records.get(&g.uuid), now))
         .collect()
 }
 

@@ -255,3 +255,63 @@ fn at_most_the_bound_probe_at_once_and_a_panicking_probe_leaves_its_gpu_unverifi
         assert_eq!(verdict.0, want, "gpu-{i}");
     }
 }
+
+/// Times out its first `failures` probes, then holds; counts its probes.
+struct Flaky {
+    failures: usize,
+    probes: Mutex<usize>,
+}
+
+impl IsolationProbe for Flaky {
+    fn probe(&self, _node: &NodeInventory, _gpu: &Gpu) -> ProbeOutcome {
+        let mut probes = self.probes.lock().unwrap();
+        *probes += 1;
+        if *probes <= self.failures {
+            ProbeOutcome::failed(isolation::REASON_TIMED_OUT, "the probe child timed out")
+        } else {
+            ProbeOutcome::Held
+        }
+    }
+}
+
+#[test]
+fn a_probe_that_timed_out_is_tried_again_later_until_it_runs() {
+    let s = setup("nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n");
+    let probe = Arc::new(Flaky {
+        failures: 2,
+        probes: Mutex::new(0),
+    });
+    let now = Arc::new(Mutex::new(Duration::ZERO));
+    let clock = Arc::clone(&now);
+    let d = Verified::new(
+        Arc::new(FakeDiscovery::new(&s.file, "n")),
+        Arc::clone(&probe) as Arc<dyn IsolationProbe>,
+        "mps",
+        false,
+    )
+    .with_clock(Arc::new(move || *clock.lock().unwrap()));
+    let at = |secs: u64| {
+        *now.lock().unwrap() = Duration::from_secs(secs);
+        let node = d.discover().unwrap();
+        let (code, isolation) = reasons(&node)[0];
+        (*probe.probes.lock().unwrap(), code.to_owned(), isolation)
+    };
+    let timed_out = |probes: usize| {
+        (
+            probes,
+            isolation::REASON_TIMED_OUT.to_owned(),
+            Isolation::Unverified,
+        )
+    };
+    assert_eq!(at(0), timed_out(1));
+    assert_eq!(at(59), timed_out(1), "a minute passes before the next try");
+    assert_eq!(at(60), timed_out(2));
+    assert_eq!(at(179), timed_out(2), "then two minutes");
+    let held = (
+        3,
+        isolation::REASON_PROBE_HELD.to_owned(),
+        Isolation::Verified,
+    );
+    assert_eq!(at(180), held);
+    assert_eq!(at(100_000), held, "a probe that held is not repeated");
+}

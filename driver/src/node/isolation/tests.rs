@@ -15,6 +15,8 @@ fn record(backend: &str, driver: &str, outcome: ProbeOutcome) -> ProbeRecord {
         backend: backend.to_owned(),
         driver_version: driver.to_owned(),
         outcome,
+        at: Duration::ZERO,
+        failed_runs: 0,
     }
 }
 
@@ -74,7 +76,7 @@ fn the_report_reads_as_the_child_writes_it() {
 fn every_shared_gpu_is_probed_at_start_under_a_limiting_backend() {
     let node = node();
     let records = BTreeMap::new();
-    let due: Vec<u32> = due(&node, "mps", &records)
+    let due: Vec<u32> = due(&node, "mps", &records, Duration::ZERO)
         .iter()
         .map(|g| g.index)
         .collect();
@@ -91,7 +93,7 @@ fn due_of(
     backend: &str,
     records: &BTreeMap<String, ProbeRecord>,
 ) -> Vec<u32> {
-    due(node, backend, records)
+    due(node, backend, records, Duration::ZERO)
         .iter()
         .map(|g| g.index)
         .collect()
@@ -114,17 +116,64 @@ fn a_new_driver_version_or_backend_calls_for_a_new_probe() {
     );
     records.insert(uuid, record("mps", "570.86.15", ProbeOutcome::Held));
     assert_eq!(due_of(&node, "mps", &records), [0, 1], "driver changed");
-    // A failed probe is not repeated on the same driver and backend.
+    // A probe that ran and saw the limit fail is not repeated on the same driver and backend.
     let mut failed = BTreeMap::new();
     failed.insert(
         node.gpus[0].uuid.clone(),
         record(
             "mps",
             "580.159.04",
-            ProbeOutcome::failed(REASON_TIMED_OUT, "timed out"),
+            ProbeOutcome::failed(REASON_LIMIT_NOT_ENFORCED, "served past the limit"),
         ),
     );
     assert_eq!(due_of(&node, "mps", &failed), [1]);
+}
+
+#[test]
+fn a_probe_that_could_not_run_is_tried_again_later_and_later() {
+    let node = node();
+    let gpu = &node.gpus[0];
+    let timed_out = || ProbeOutcome::failed(REASON_TIMED_OUT, "timed out");
+    let minute = Duration::from_mins(1);
+    let first = ProbeRecord::new(gpu, "mps", timed_out(), minute, None);
+    assert_eq!(first.failed_runs, 1);
+    assert_eq!(
+        first.retry_at(),
+        Some(2 * minute),
+        "a minute after the first failure"
+    );
+    let mut records = BTreeMap::from([(gpu.uuid.clone(), first.clone())]);
+    let due_at = |records: &BTreeMap<String, ProbeRecord>, now| -> Vec<u32> {
+        due(&node, "mps", records, now)
+            .iter()
+            .map(|g| g.index)
+            .collect()
+    };
+    assert_eq!(due_at(&records, minute + minute / 2), [1], "not yet");
+    assert_eq!(due_at(&records, 2 * minute), [0, 1]);
+    // Each failure in a row doubles the wait, up to an hour.
+    let not_run = ProbeOutcome::failed(REASON_DID_NOT_RUN, "no libcuda.so.1");
+    let second = ProbeRecord::new(gpu, "mps", not_run.clone(), 2 * minute, Some(&first));
+    assert_eq!(second.failed_runs, 2);
+    assert_eq!(second.retry_at(), Some(4 * minute));
+    let mut last = second;
+    for _ in 0..10 {
+        last = ProbeRecord::new(gpu, "mps", not_run.clone(), last.at, Some(&last));
+    }
+    assert_eq!(last.retry_at(), Some(last.at + RETRY_MAX));
+    // A probe that ran ends the run: held, or saw the limit fail, nothing is repeated.
+    for outcome in [
+        ProbeOutcome::Held,
+        ProbeOutcome::failed(REASON_LIMIT_NOT_ENFORCED, "served past the limit"),
+    ] {
+        let ran = ProbeRecord::new(gpu, "mps", outcome, 3 * minute, Some(&last));
+        assert_eq!((ran.failed_runs, ran.retry_at()), (0, None));
+        records.insert(gpu.uuid.clone(), ran);
+        assert_eq!(due_at(&records, RETRY_MAX * 100), [1]);
+    }
+    // A failure under another backend or driver starts a new run.
+    let other = ProbeRecord::new(gpu, "hami-core", timed_out(), minute, Some(&last));
+    assert_eq!(other.failed_runs, 1);
 }
 
 #[test]
