@@ -350,6 +350,8 @@ async fn attach(bins: &Path, pipe: &Path, log: &Path) -> Reaped {
 
 /// The whole run for driver root `driver_root`, on this thread (its own mount namespace).
 async fn on_node(work: &Path, bins: &Path, driver_root: &str) {
+    // Dropped last, whether the run passes or panics.
+    let _contained = KillContained(work.to_owned());
     prepare_node(work, bins, driver_root);
     let node = work.join("node");
 
@@ -399,7 +401,6 @@ async fn on_node(work: &Path, bins: &Path, driver_root: &str) {
 
     // The daemon runs from the driver root, with the node's directories.
     let (pipe, log, daemon_pid) = the_daemon(&node);
-    let _daemon = KillOnDrop(daemon_pid);
     // The daemon's root is the host container's /driver-root, the node's driver root.
     assert_eq!(
         std::fs::read_link(format!("/proc/{daemon_pid}/root")).unwrap(),
@@ -528,14 +529,28 @@ fn probe_in_the_plugins_container(bins: &Path, root: &Path) {
     std::fs::remove_dir_all(under(root, "/run/tessera/mps/probe")).unwrap();
 }
 
-struct KillOnDrop(i32);
+/// Kills, when dropped, every process whose root is inside the test's directory: the
+/// containers' processes and the MPS daemons they started, which outlive a killed parent
+/// (reparented to init). So a run that fails half-way leaves no daemon behind holding the test's
+/// output open.
+struct KillContained(PathBuf);
 
-impl Drop for KillOnDrop {
+impl Drop for KillContained {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
+                continue;
+            };
+            if std::fs::read_link(entry.path().join("root")).is_ok_and(|r| r.starts_with(&self.0)) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
 }
 
