@@ -1,28 +1,23 @@
 //! The `tessera` command as a user runs it: real binary, real files, exit codes.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+use std::path::Path;
+use std::process::Output;
 
 mod support;
-use support::{repo, tessera};
+use support::{
+    allocate, assert_success, printed, repo, simulate, success_json, tessera, write_temp,
+};
 
-/// Runs `tessera` with `args`, which must succeed, and parses what it prints as JSON.
-fn tessera_json(args: &[&str]) -> serde_json::Value {
-    let out = tessera(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn write_temp(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tessera-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
+/// Runs `tessera validate` on the shipped device classes and `file`.
+fn validate_with_classes(file: &Path) -> Output {
+    tessera(&[
+        "validate",
+        "-f",
+        "deviceclasses",
+        "-f",
+        file.to_str().unwrap(),
+    ])
 }
 
 const SLICE: &str = r"
@@ -83,13 +78,7 @@ fn allocate_prints_the_documented_json_shape() {
             claim("second")
         ),
     );
-    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = success_json(&allocate(&[&file], "json"));
     let results = json["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     assert_eq!(results[0]["name"], "first");
@@ -111,7 +100,7 @@ fn allocate_prints_the_documented_json_shape() {
 #[test]
 fn unsatisfiable_claims_are_results_not_errors() {
     let file = write_temp("no-slices.yaml", &format!("{CLASS}---{}", claim("lonely")));
-    let out = tessera(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    let out = allocate(&[&file], "json");
     assert_eq!(out.status.code(), Some(0));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["results"][0]["allocated"], false);
@@ -127,11 +116,7 @@ fn malformed_input_exits_2_naming_file_object_and_field() {
     let out = tessera(&["allocate", "-f", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     // The error is in the output with the results (none here), as `kubectl apply -f` lists it.
-    let err = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = printed(&out);
     assert!(err.contains("bad-class.yaml"), "{err}");
     assert!(err.contains("selectors"), "{err}");
 
@@ -146,12 +131,8 @@ fn malformed_input_exits_2_naming_file_object_and_field() {
 #[test]
 fn validate_accepts_the_shipped_classes_and_examples() {
     let out = tessera(&["validate", "-f", "deviceclasses", "-f", "examples/claims"]);
+    assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(text.starts_with("ok:"), "{text}");
 }
 
@@ -210,13 +191,7 @@ spec:
         parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuShare, memory: 4Gi, tier: online}
 ";
     let file = write_temp("pushy.yaml", online);
-    let out = tessera(&[
-        "validate",
-        "-f",
-        "deviceclasses",
-        "-f",
-        file.to_str().unwrap(),
-    ]);
+    let out = validate_with_classes(&file);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ResourceClaim default/pushy"), "{text}");
@@ -257,13 +232,7 @@ spec:
         ),
     ] {
         let file = write_temp(name, &claim(patience));
-        let out = tessera(&[
-            "validate",
-            "-f",
-            "deviceclasses",
-            "-f",
-            file.to_str().unwrap(),
-        ]);
+        let out = validate_with_classes(&file);
         assert_eq!(out.status.code(), Some(1), "{patience}");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("ResourceClaim default/patient"), "{text}");
@@ -274,29 +243,14 @@ spec:
         assert!(text.contains(rule), "{text}");
     }
     let file = write_temp("ten-minutes.yaml", &claim("10m"));
-    let out = tessera(&[
-        "validate",
-        "-f",
-        "deviceclasses",
-        "-f",
-        file.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert_success(&validate_with_classes(&file));
 }
 
 #[test]
 fn demo_reports_every_example_claim() {
     let out = tessera(&["demo"]);
+    assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     for entry in std::fs::read_dir(repo().join("examples/claims")).unwrap() {
         let yaml = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         let name = yaml
@@ -351,7 +305,7 @@ spec:
       count: 1
 "#;
     let file = write_temp("v1beta1.yaml", old);
-    let json = tessera_json(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    let json = success_json(&allocate(&[&file], "json"));
     assert_eq!(json["results"][0]["allocated"], true, "{json}");
     assert_eq!(
         json["results"][0]["allocation"]["devices"]["results"][0]["device"],
@@ -381,7 +335,7 @@ spec:
         claim("third")
     );
     let file = write_temp("pod.yaml", &text);
-    let json = tessera_json(&["allocate", "-f", file.to_str().unwrap(), "-o", "json"]);
+    let json = success_json(&allocate(&[&file], "json"));
     let results = json["results"].as_array().unwrap();
     assert_eq!(results[0]["allocated"], false, "{json}");
     assert_eq!(results[1]["allocated"], false, "{json}");
@@ -421,7 +375,7 @@ fn allocate_counts_the_cpu_of_pods_placed_earlier_in_the_batch() {
     ]
     .join("---\n");
     let file = write_temp("cpu.yaml", &text);
-    let json = tessera_json(&[
+    let json = success_json(&tessera(&[
         "allocate",
         "-f",
         file.to_str().unwrap(),
@@ -429,7 +383,7 @@ fn allocate_counts_the_cpu_of_pods_placed_earlier_in_the_batch() {
         "first-fit",
         "-o",
         "json",
-    ]);
+    ]));
     let results = json["results"].as_array().unwrap();
     let pool = |i: usize| results[i]["allocation"]["devices"]["results"][0]["pool"].clone();
     assert_eq!(pool(0), "node-1", "{json}");
@@ -454,19 +408,11 @@ p3,4000,8192,2,1000
 fn simulate_reports_unallocated_gpu_per_seed_and_mean_as_json() {
     let nodes = write_temp("nodes.csv", TRACE_NODES);
     let pods = write_temp("pods.csv", TRACE_PODS);
-    let json = tessera_json(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--seeds",
-        "1..3",
-        "--policy",
-        "fgd",
-        "-o",
-        "json",
-    ]);
+    let json = success_json(&simulate(
+        &nodes,
+        &pods,
+        &["--seeds", "1..3", "--policy", "fgd", "-o", "json"],
+    ));
     assert_eq!(json["policy"], "fgd");
     assert_eq!(json["gpus"], 3);
     let seeds = json["seeds"].as_array().unwrap();
@@ -480,20 +426,8 @@ fn simulate_reports_unallocated_gpu_per_seed_and_mean_as_json() {
 fn simulate_defaults_to_the_best_policy_and_prints_a_table() {
     let nodes = write_temp("nodes2.csv", TRACE_NODES);
     let pods = write_temp("pods2.csv", TRACE_PODS);
-    let out = tessera(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--seed",
-        "42",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = simulate(&nodes, &pods, &["--seed", "42"]);
+    assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("policy demand-fgd"), "{text}");
     assert!(
@@ -511,70 +445,29 @@ fn simulate_mixing_reports_online_and_batch_apart_and_refuses_bad_factors() {
          p0,4000,8192,1,500,,LS\np1,4000,8192,1,600,,BE\np2,4000,8192,1,700,,BE\n\
          p3,4000,8192,1,1000,,Burstable\n",
     );
-    let args = |extra: &[&str]| {
-        let mut a = vec![
-            "simulate",
-            "--nodes",
-            nodes.to_str().unwrap(),
-            "--pods",
-            pods.to_str().unwrap(),
-            "--seeds",
-            "1..2",
-            "--mixing",
-        ];
-        a.extend_from_slice(extra);
-        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    let mixing = |extra: &[&str]| {
+        let mut args = vec!["--seeds", "1..2", "--mixing"];
+        args.extend_from_slice(extra);
+        simulate(&nodes, &pods, &args)
     };
-    let run = |extra: &[&str]| {
-        let a = args(extra);
-        tessera_json(&a.iter().map(String::as_str).collect::<Vec<_>>())
-    };
-    let json = run(&["--batch-memory-overcommit", "2", "-o", "json"]);
+    let json = success_json(&mixing(&["--batch-memory-overcommit", "2", "-o", "json"]));
     let mean = &json["mixing"];
     assert!(mean["online_placed_pct_at_100"].is_f64(), "{json}");
     assert!(mean["batch_overcommitted_pct_at_100"].is_f64(), "{json}");
     let seed = &json["seeds"][0]["mixing"];
     assert!(seed["online_gpu_tasks"].as_u64().unwrap() > 0, "{json}");
     // Without --mixing the JSON has no mixing figures.
-    let plain = tessera_json(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--seed",
-        "1",
-        "-o",
-        "json",
-    ]);
+    let plain = success_json(&simulate(&nodes, &pods, &["--seed", "1", "-o", "json"]));
     assert!(plain.get("mixing").is_none(), "{plain}");
     // A factor out of range, or one without --mixing, is a usage error.
-    let a = args(&["--batch-overcommit", "0.5"]);
-    let out = tessera(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = mixing(&["--batch-overcommit", "0.5"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("1.0..=10.0"));
-    let out = tessera(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--batch-overcommit",
-        "2",
-    ]);
+    let out = simulate(&nodes, &pods, &["--batch-overcommit", "2"]);
     assert_eq!(out.status.code(), Some(2));
     // A pod list without qos cannot be mixed.
     let bare = write_temp("pods-bare.csv", TRACE_PODS);
-    let out = tessera(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        bare.to_str().unwrap(),
-        "--seed",
-        "1",
-        "--mixing",
-    ]);
+    let out = simulate(&nodes, &bare, &["--seed", "1", "--mixing"]);
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -591,29 +484,13 @@ fn simulate_names_the_file_line_and_column_of_a_bad_value() {
         "pods3.csv",
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,2000\n",
     );
-    let out = tessera(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--seed",
-        "1",
-    ]);
+    let out = simulate(&nodes, &pods, &["--seed", "1"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("pods3.csv line 2") && err.contains("gpu_milli"),
         "{err}"
     );
-    let reversed = tessera(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--seeds",
-        "9..3",
-    ]);
+    let reversed = simulate(&nodes, &pods, &["--seeds", "9..3"]);
     assert_eq!(reversed.status.code(), Some(2));
 }

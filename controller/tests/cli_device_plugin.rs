@@ -3,13 +3,14 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use serde_json::{Value, json};
 use tessera_driver::node::inventory::Inventory;
 use tessera_driver::node::slices::{self, RenderOptions};
 
 mod support;
-use support::tessera;
+use support::{assert_success, tessera};
 
 /// Three nodes: whole V100s, shared A10s and L20s, an A100 40 GB cut into 1g.5gb instances.
 const INVENTORY: &str = "
@@ -59,13 +60,13 @@ fn pod(limits: &Value, labels: &Value) -> String {
     .unwrap()
 }
 
-/// `tessera allocate -o json` of the shipped classes, the test cluster and one pod.
-fn allocate(limits: &Value, labels: &Value) -> Value {
+/// Runs `tessera allocate -o json` on the shipped classes, the test cluster and one pod.
+fn run_allocate(limits: &Value, labels: &Value) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let slices = slices_file(dir.path());
     let pods = dir.path().join("pod.yaml");
     std::fs::write(&pods, pod(limits, labels)).unwrap();
-    let out = tessera(&[
+    tessera(&[
         "allocate",
         "-f",
         "deviceclasses",
@@ -73,7 +74,12 @@ fn allocate(limits: &Value, labels: &Value) -> Value {
         pods.to_str().unwrap(),
         "-o",
         "json",
-    ]);
+    ])
+}
+
+/// `tessera allocate -o json` of the shipped classes, the test cluster and one pod.
+fn allocate(limits: &Value, labels: &Value) -> Value {
+    let out = run_allocate(limits, labels);
     assert!(
         out.status.success(),
         "{limits}: {}",
@@ -214,26 +220,10 @@ fn aliyun_memory_spreads_over_the_labelled_cards() {
 
 #[test]
 fn hami_sizes_are_per_card_rounded_up_with_a_warning() {
-    let dir = tempfile::tempdir().unwrap();
-    let slices = slices_file(dir.path());
-    let pods = dir.path().join("pod.yaml");
-    std::fs::write(
-        &pods,
-        pod(
-            &json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}),
-            &json!({}),
-        ),
-    )
-    .unwrap();
-    let out = tessera(&[
-        "allocate",
-        "-f",
-        "deviceclasses",
-        slices.to_str().unwrap(),
-        pods.to_str().unwrap(),
-        "-o",
-        "json",
-    ]);
+    let out = run_allocate(
+        &json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}),
+        &json!({}),
+    );
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -272,12 +262,7 @@ fn a_bad_device_plugin_pod_exits_2_from_allocate_and_is_explained_by_validate() 
         "{stdout}"
     );
     std::fs::write(&pods, pod(&json!({"nvidia.com/gpu": 1}), &json!({}))).unwrap();
-    let out = tessera(&["validate", "-f", pods.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert_success(&tessera(&["validate", "-f", pods.to_str().unwrap()]));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::process::Output;
 use serde_json::Value;
 
 mod support;
-use support::tessera;
+use support::{allocate, assert_success, printed, success_json, tessera};
 
 /// A fresh folder for one test's files, removed when the test ends.
 fn folder() -> tempfile::TempDir {
@@ -23,16 +23,16 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", printed(out)))
 }
 
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
+/// Runs `tessera allocate -o json` on `path`, expects exit 2 (some input refused) and parses
+/// the results and errors it printed.
+fn allocate_refusing(path: &Path) -> Value {
+    let out = allocate(&[path], "json");
+    assert_eq!(out.status.code(), Some(2), "{}", printed(&out));
+    json(&out)
 }
 
 const NIC_CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: nic.example.com}\nspec:\n  selectors: [{cel: {expression: 'device.driver == \"nic.example.com\"'}}]\n";
@@ -43,7 +43,8 @@ fn nic_slice(device: &str) -> String {
     )
 }
 
-fn nic_claim(name: &str, request: &str) -> String {
+/// A ResourceClaim document `default/{name}` with the one request `request`.
+fn claim(name: &str, request: &str) -> String {
     format!(
         "---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\nspec: {{devices: {{requests: [{request}]}}}}\n"
     )
@@ -57,15 +58,16 @@ fn a_multi_allocatable_device_without_capacities_is_shared_by_every_claim() {
         nic_slice("{name: nic-0, allowMultipleAllocations: true}")
     );
     for name in ["a", "b", "c", "d"] {
-        input.push_str(&nic_claim(
+        input.push_str(&claim(
             name,
             "{name: nic, exactly: {deviceClassName: nic.example.com}}",
         ));
     }
     let path = write(dir.path(), "input.yaml", &input);
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    let results = json(&out)["results"].as_array().unwrap().clone();
+    let results = success_json(&allocate(&[&path], "json"))["results"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(results.len(), 4);
     let mut shares = std::collections::BTreeSet::new();
     for r in &results {
@@ -84,8 +86,11 @@ fn class(file: &str) -> String {
 }
 
 fn share_claim(name: &str, memory: &str) -> String {
-    format!(
-        "---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\nspec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: shared.gpu.tessera.dev, capacity: {{requests: {{memory: {memory}}}}}}}}}]}}}}\n"
+    claim(
+        name,
+        &format!(
+            "{{name: gpu, exactly: {{deviceClassName: shared.gpu.tessera.dev, capacity: {{requests: {{memory: {memory}}}}}}}}}"
+        ),
     )
 }
 
@@ -99,9 +104,7 @@ fn a_negative_capacity_request_is_refused_naming_claim_request_and_field() {
         share_claim("fine", "10Gi")
     );
     let path = write(dir.path(), "input.yaml", &input);
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let answer = json(&out);
+    let answer = allocate_refusing(&path);
     let errors = answer["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 1, "{answer}");
     let error = errors[0].as_str().unwrap();
@@ -128,7 +131,7 @@ fn validate_escapes_control_characters_in_names() {
     let input = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: \"a\\e[31mb\\nerror: forged\\a\", namespace: default}\nspec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.tessera.dev}}]}}\n";
     let path = write(dir.path(), "escape.yaml", input);
     let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", printed(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
@@ -156,7 +159,7 @@ fn validate_escapes_bidi_and_format_characters_in_names() {
         );
         let path = write(dir.path(), "format.yaml", &input);
         let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert_eq!(out.status.code(), Some(2), "{}", printed(&out));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(!stdout.contains(c), "{stdout:?}");
         let escaped = format!("gpu-{}txt.exe", c.escape_unicode());
@@ -182,7 +185,7 @@ fn validate_reports_a_count_over_the_claim_limit_as_allocate_does() {
         )),
         "{stdout}"
     );
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
+    let out = allocate(&[&path], "json");
     assert!(
         json(&out)["results"][0]["reason"]
             .as_str()
@@ -262,9 +265,7 @@ fn five_pods(dir: &Path, broken: usize) {
 fn a_folder_with_one_invalid_pod_gives_every_other_object_its_result() {
     let dir = folder();
     five_pods(dir.path(), 3);
-    let out = tessera(&["allocate", "-f", dir.path().to_str().unwrap(), "-o", "json"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let answer = json(&out);
+    let answer = allocate_refusing(dir.path());
     let errors: Vec<&str> = answer["errors"]
         .as_array()
         .unwrap()
@@ -309,9 +310,7 @@ fn a_file_that_does_not_parse_is_an_error_and_the_others_are_allocated() {
     let dir = folder();
     five_pods(dir.path(), 0);
     write(dir.path(), "pod-3.yaml", "kind: [unclosed\n");
-    let out = tessera(&["allocate", "-f", dir.path().to_str().unwrap(), "-o", "json"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let answer = json(&out);
+    let answer = allocate_refusing(dir.path());
     assert!(
         answer["errors"][0]
             .as_str()
@@ -345,26 +344,9 @@ fn the_claims_output_round_trips_through_allocate() {
             share_claim("new", "30Gi")
         ),
     );
-    let results = tessera(&[
-        "allocate",
-        "-f",
-        cluster.to_str().unwrap(),
-        "-f",
-        first.to_str().unwrap(),
-        "-o",
-        "json",
-    ]);
-    let results = json(&results)["results"].clone();
-    let out = tessera(&[
-        "allocate",
-        "-f",
-        cluster.to_str().unwrap(),
-        "-f",
-        first.to_str().unwrap(),
-        "-o",
-        "claims",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    let results = json(&allocate(&[&cluster, &first], "json"))["results"].clone();
+    let out = allocate(&[&cluster, &first], "claims");
+    assert_success(&out);
     let written = String::from_utf8(out.stdout).unwrap();
     let documents: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&written)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
@@ -397,19 +379,7 @@ fn the_claims_output_round_trips_through_allocate() {
             share_claim("fits", "10Gi")
         ),
     );
-    let out = tessera(&[
-        "allocate",
-        "-f",
-        cluster.to_str().unwrap(),
-        "-f",
-        claims.to_str().unwrap(),
-        "-f",
-        more.to_str().unwrap(),
-        "-o",
-        "json",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let again = json(&out)["results"].clone();
+    let again = success_json(&allocate(&[&cluster, &claims, &more], "json"))["results"].clone();
     assert_eq!(again.as_array().unwrap().len(), 2, "{again}");
     assert_eq!(again[0]["name"], "too-big");
     assert_eq!(again[0]["allocated"], false, "{again}");
@@ -429,9 +399,7 @@ fn a_pod_whose_claim_is_refused_has_none_of_its_claims_placed() {
         share_claim("alone", "10Gi")
     );
     let path = write(dir.path(), "input.yaml", &input);
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let answer = json(&out);
+    let answer = allocate_refusing(&path);
     assert!(
         answer["errors"][0]
             .as_str()

@@ -2,19 +2,10 @@
 //! object and the field; nothing is accepted that the API server would refuse.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::process::Output;
 
 mod support;
-use support::{repo, tessera};
-
-fn write_temp(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tessera-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use support::{allocate, assert_success, printed, repo, success_json, tessera, write_temp};
 
 /// Runs `tessera` on one file and expects exit 2 with every `needle` in stderr.
 fn refused(command: &str, name: &str, text: &str, needles: &[&str]) -> String {
@@ -23,11 +14,7 @@ fn refused(command: &str, name: &str, text: &str, needles: &[&str]) -> String {
         &[command, "-f", path.to_str().unwrap(), "-o", "json"]
             [..if command == "validate" { 3 } else { 5 }],
     );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = printed(&out);
     assert_eq!(out.status.code(), Some(2), "{text}");
     for needle in needles {
         assert!(text.contains(needle), "{needle:?} missing from: {text}");
@@ -144,12 +131,7 @@ fn a_cel_syntax_error_is_malformed_input_for_allocate() {
 #[test]
 fn a_byte_order_mark_is_accepted() {
     let path = write_temp("bom.yaml", &format!("\u{feff}{CLASS}"));
-    let out = tessera(&["validate", "-f", path.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&tessera(&["validate", "-f", path.to_str().unwrap()]));
 }
 
 #[test]
@@ -174,58 +156,41 @@ const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nnode-a,32000,131072,2,G2
 fn simulate(pods: &str, name: &str) -> Output {
     let nodes = write_temp(&format!("nodes-{name}"), NODES);
     let pods = write_temp(name, pods);
-    tessera(&[
-        "simulate",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-        "--seed",
-        "1",
-        "-o",
-        "json",
-    ])
+    support::simulate(&nodes, &pods, &["--seed", "1", "-o", "json"])
+}
+
+/// Runs `simulate` on the pod list `pods` and expects exit 2 with `needle` in stderr.
+fn simulate_refused(pods: &str, name: &str, needle: &str) {
+    let out = simulate(pods, name);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(needle), "{stderr}");
 }
 
 #[test]
 fn simulate_refuses_a_pod_list_without_gpu_demand() {
-    let out = simulate(
+    simulate_refused(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,0,0\np1,2000,1024,0,0\n",
         "cpu-only.csv",
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("cpu-only.csv: none of the 2 tasks asks for a GPU"),
-        "{stderr}"
+        "cpu-only.csv: none of the 2 tasks asks for a GPU",
     );
 }
 
 #[test]
 fn simulate_refuses_a_pod_list_of_only_a_header() {
-    let out = simulate(
+    simulate_refused(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n",
         "header.csv",
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("header.csv: rows: the pod list has a header but no tasks"),
-        "{stderr}"
+        "header.csv: rows: the pod list has a header but no tasks",
     );
 }
 
 #[test]
 fn simulate_reads_a_csv_with_a_byte_order_mark() {
-    let out = simulate(
+    assert_success(&simulate(
         "\u{feff}name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\n",
         "bom.csv",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
 }
 
 #[test]
@@ -250,13 +215,9 @@ fn the_table_escapes_control_characters() {
     );
     let slice = "---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n  driver: gpu.tessera.dev\n  nodeName: n\n  pool: {name: n, generation: 1, resourceSliceCount: 1}\n  devices: [{name: gpu-0}]\n";
     let path = write_temp("escape.yaml", &format!("{text}{slice}"));
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "table"]);
+    let out = allocate(&[&path], "table");
+    assert_success(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("pending"), "{stdout}");
     assert!(!stdout.contains('\u{1b}'), "{stdout:?}");
     assert!(stdout.contains("\\u{1b}[31mred"), "{stdout}");
@@ -279,13 +240,7 @@ fn a_share_larger_than_any_card_is_explained_as_such() {
         )
     );
     let path = write_temp("big-share.yaml", &text);
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = success_json(&allocate(&[&path], "json"));
     let reason = json["results"][0]["reason"].as_str().unwrap();
     assert!(
         reason.contains("1 smaller than the share asked of one card"),
@@ -327,13 +282,7 @@ fn native_requests_are_rounded_as_kube_scheduler_rounds_them() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("warning: ResourceClaim default/round: spec.devices.requests[0].exactly.capacity.requests: memory 1500Mi rounds up to 2Gi"), "{stdout}");
-    let out = tessera(&["allocate", "-f", path.to_str().unwrap(), "-o", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json = success_json(&allocate(&[&path], "json"));
     assert_eq!(json["results"][0]["allocated"], true, "{json}");
     let consumed = &json["results"][0]["allocation"]["devices"]["results"][0]["consumedCapacity"];
     assert_eq!(consumed["memory"], "2Gi", "{json}");
