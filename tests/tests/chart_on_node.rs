@@ -554,6 +554,31 @@ impl Drop for KillContained {
     }
 }
 
+/// Detaches, when dropped, every mount under the test's directory in this thread's mount
+/// namespace (the containers' roots, with the host's `/proc`, `/sys` and `/dev` bound into
+/// them), so that removing the directory afterwards deletes only the test's own files, never
+/// what a bind shows of the host, and leaves no copy of the binaries behind.
+struct UnmountUnder(PathBuf);
+
+impl Drop for UnmountUnder {
+    fn drop(&mut self) {
+        let mounts = std::fs::read_to_string("/proc/thread-self/mountinfo").unwrap_or_default();
+        // The mount point is the fifth field (octal escapes for spaces do not occur under a
+        // temporary directory's name); the deepest first, though a detach takes the children
+        // along.
+        let mut points: Vec<PathBuf> = mounts
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .map(PathBuf::from)
+            .filter(|p| p.starts_with(&self.0))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for point in points {
+            let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
 /// Runs [`on_node`] on a thread of its own in a private mount namespace (mount namespaces are
 /// per thread: the test's other threads and the host are untouched).
 fn run(driver_root: &'static str) {
@@ -582,6 +607,8 @@ fn run(driver_root: &'static str) {
         )
         .unwrap();
         let work = tempfile::tempdir().unwrap();
+        // Dropped before `work`: its removal must not walk into the host's /dev or /sys.
+        let _unmount = UnmountUnder(work.path().to_owned());
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
