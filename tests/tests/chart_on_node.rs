@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use nix::mount::{MsFlags, mount};
 use serde_yaml::Value;
 use tessera_driver::node::cdi;
@@ -26,7 +25,7 @@ use tessera_driver::node::isolation;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -203,19 +202,7 @@ async fn dial(
     let deadline = Instant::now() + Duration::from_mins(1);
     loop {
         assert!(plugin.0.try_wait().unwrap().is_none(), "the plugin exited");
-        let path = socket.to_owned();
-        let channel = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        if let Ok(channel) = channel {
+        if let Ok(channel) = tessera_tests::plugin_socket::dial(socket).await {
             return v1::dra_plugin_client::DraPluginClient::new(channel);
         }
         assert!(Instant::now() < deadline, "the plugin did not start");

@@ -8,7 +8,7 @@ mod plugin_run;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use plugin_run::{RunningArgs, connect, wait_for_device};
+use plugin_run::{RunningArgs, connect, server_with_node, wait_for_device};
 use serde_json::{Value, json};
 use tessera_driver::names;
 use tessera_tests::fake_apiserver::FakeApiServer;
@@ -115,13 +115,7 @@ async fn a_held_gpu_drains_tainted_and_switches_when_its_claim_goes() {
             "nodes:\n- name: {DRAIN_NODE}\n  gpus:\n  - model: t4-16g\n    mode: {mode}\n  - model: t4-16g\n"
         )
     };
-    let server = FakeApiServer::start(&["v1"]).await.unwrap();
-    server
-        .create(
-            "nodes",
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": DRAIN_NODE}}),
-        )
-        .unwrap();
+    let server = server_with_node(DRAIN_NODE).await;
     let claim = server
         .create(
             "resourceclaims",

@@ -8,8 +8,8 @@ mod plugin_run;
 
 use std::time::Duration;
 
-use plugin_run::{RunningArgs, connect, wait_for_device};
-use serde_json::{Value, json};
+use plugin_run::{RunningArgs, connect, server_with_node, wait_for_device};
+use serde_json::Value;
 use tessera_driver::names;
 use tessera_proto::health::v1alpha1 as health;
 use tessera_proto::pluginregistration::v1 as reg;
@@ -66,13 +66,7 @@ async fn wait_status(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unhealthy_gpu_is_streamed_and_tainted_until_it_recovers() {
-    let server = FakeApiServer::start(&["v1"]).await.unwrap();
-    server
-        .create(
-            "nodes",
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-        )
-        .unwrap();
+    let server = server_with_node(NODE).await;
     let plugin = RunningArgs::start(&server, NODE, &inventory(true), &[]);
 
     let reg_socket = plugin

@@ -11,7 +11,7 @@ mod plugin_run;
 use std::path::Path;
 
 use k8s_openapi::api::resource::v1 as res;
-use plugin_run::{RunningArgs, wait_for_device};
+use plugin_run::{RunningArgs, server_with_node, wait_for_device};
 use serde_json::{Value, json};
 use tessera_driver::names;
 use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Snapshot};
@@ -21,15 +21,20 @@ const NODE: &str = "probe-node";
 /// gpu-0's limits hold under the probe; gpu-1's do not (as HAMi-core's did on driver 580).
 const INVENTORY: &str = "nodes:\n- name: probe-node\n  mode: shared\n  gpus:\n  - model: h200-141g\n  - model: h200-141g\n    isolation: unverified\n";
 
-async fn server() -> FakeApiServer {
-    let server = FakeApiServer::start(&["v1"]).await.unwrap();
-    server
-        .create(
-            "nodes",
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
-        )
-        .unwrap();
-    server
+/// The plugin of [`NODE`] on [`INVENTORY`], enforcing with `enforcement`, with
+/// `--accept-unverified-isolation` `accept_unverified`.
+fn start(server: &FakeApiServer, enforcement: &str, accept_unverified: &str) -> RunningArgs {
+    RunningArgs::start(
+        server,
+        NODE,
+        INVENTORY,
+        &[
+            "--enforcement",
+            enforcement,
+            "--accept-unverified-isolation",
+            accept_unverified,
+        ],
+    )
 }
 
 fn isolation(device: &Value) -> Option<&str> {
@@ -87,18 +92,8 @@ fn allocate_two(server: &FakeApiServer) -> Vec<Option<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unverified_gpu_offers_no_shares_by_default() {
-    let server = server().await;
-    let plugin = RunningArgs::start(
-        &server,
-        NODE,
-        INVENTORY,
-        &[
-            "--enforcement",
-            "mps",
-            "--accept-unverified-isolation",
-            "false",
-        ],
-    );
+    let server = server_with_node(NODE).await;
+    let plugin = start(&server, "mps", "false");
     wait_for_device(&server, "gpu-0", "verified", |d| {
         isolation(d) == Some(names::ISOLATION_VERIFIED)
     })
@@ -115,18 +110,8 @@ async fn an_unverified_gpu_offers_no_shares_by_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_accepts_unverified_isolation_explicitly() {
-    let server = server().await;
-    let plugin = RunningArgs::start(
-        &server,
-        NODE,
-        INVENTORY,
-        &[
-            "--enforcement",
-            "mps",
-            "--accept-unverified-isolation",
-            "true",
-        ],
-    );
+    let server = server_with_node(NODE).await;
+    let plugin = start(&server, "mps", "true");
     wait_for_device(&server, "gpu-0", "verified", |d| {
         isolation(d) == Some(names::ISOLATION_VERIFIED)
     })
@@ -144,18 +129,8 @@ async fn the_admin_accepts_unverified_isolation_explicitly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_enforcement_offers_no_shares_by_default() {
-    let server = server().await;
-    let plugin = RunningArgs::start(
-        &server,
-        NODE,
-        INVENTORY,
-        &[
-            "--enforcement",
-            "none",
-            "--accept-unverified-isolation",
-            "false",
-        ],
-    );
+    let server = server_with_node(NODE).await;
+    let plugin = start(&server, "none", "false");
     for gpu in ["gpu-0", "gpu-1"] {
         wait_for_device(&server, gpu, "unverified (no enforcement)", |d| {
             isolation(d) == Some(names::ISOLATION_UNVERIFIED)
@@ -169,7 +144,7 @@ async fn a_node_without_enforcement_offers_no_shares_by_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_that_does_not_follow_its_inventory_still_publishes_it() {
-    let server = server().await;
+    let server = server_with_node(NODE).await;
     let plugin = RunningArgs::start(&server, NODE, INVENTORY, &["--inventory-poll-seconds", "0"]);
     wait_for_device(&server, "gpu-1", "published", |_| true).await;
     // Deleted by someone else (kubelet wipes a node's slices at its start): published again.

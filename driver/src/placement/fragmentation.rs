@@ -409,10 +409,12 @@ impl Workload {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn shape(gpus: u32, milli: u32) -> TaskShape {
+    /// A task of `gpus` GPUs at `milli` each, with 1 CPU and 1 GiB of host memory, on any model
+    /// (the policy tests' typical tasks too).
+    pub(crate) fn shape(gpus: u32, milli: u32) -> TaskShape {
         TaskShape {
             host: HostResources {
                 cpu_milli: 1000,

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::node::checkpoint::Checkpoint;
 use tessera_kubelet_plugin::crash;
 use tessera_proto::dra::v1;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub const DRIVER: &str = "gpu.tessera.dev";
 pub const NODE: &str = "a100-node";
@@ -89,19 +88,7 @@ pub fn share_claim(i: usize, gpu: usize, memory: &str) -> res::ResourceClaim {
 }
 
 /// One attempt to dial the plugin's unix socket at `socket`.
-pub async fn dial(socket: &Path) -> Result<Channel, tonic::transport::Error> {
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-}
+pub use tessera_tests::plugin_socket::dial;
 
 /// A channel to the plugin's unix socket at `socket`, dialled until the plugin serves it (a
 /// socket an earlier process left refuses) for at most `timeout`; the plugin exiting first

@@ -10,10 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tessera_proto::dra::v1;
-use tonic::transport::Endpoint;
+use tessera_tests::plugin_socket::dial;
 
 fn usage() -> anyhow::Error {
     anyhow::anyhow!(
@@ -38,17 +37,9 @@ fn claim(arg: &str) -> anyhow::Result<v1::Claim> {
 }
 
 async fn run(verb: &str, socket: PathBuf, claims: Vec<v1::Claim>) -> anyhow::Result<Value> {
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
+    let channel = tokio::time::timeout(Duration::from_secs(10), dial(&socket))
         .await
+        .context("dialling the plugin's DRA socket: no answer in 10 s")?
         .context("dialling the plugin's DRA socket")?;
     let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
     let mut out = BTreeMap::new();

@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser as _;
-use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tessera_tests::fake_apiserver::FakeApiServer;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// A plugin running in this process until [`RunningArgs::stop`].
 pub(crate) struct RunningArgs {
@@ -93,6 +92,18 @@ impl RunningArgs {
     }
 }
 
+/// A fake API server (API version `v1`) that holds one Node, `node`.
+pub(crate) async fn server_with_node(node: &str) -> FakeApiServer {
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    server
+        .create(
+            "nodes",
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+        )
+        .unwrap();
+    server
+}
+
 /// A gRPC channel over the unix socket at `socket`, once it exists.
 pub(crate) async fn connect(socket: &Path) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -104,19 +115,7 @@ pub(crate) async fn connect(socket: &Path) -> Channel {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap()
+    tessera_tests::plugin_socket::dial(socket).await.unwrap()
 }
 
 /// Device `name` as the stored slices list it, if any does.

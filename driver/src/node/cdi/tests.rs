@@ -457,47 +457,42 @@ fn priority_env(spec: &CdiSpec) -> Vec<String> {
         .collect()
 }
 
+/// The claim of [`shared_claim`], its share in the batch tier.
+fn batch_claim() -> PreparedClaim {
+    claim(vec![batch(device(
+        "gpu",
+        "gpu-0",
+        gpu(0, GPU0),
+        Some((10, 50)),
+    ))])
+}
+
+/// Asserts that `c`'s spec sets priority `priority` (`0` or `1`) under MPS and under HAMi-core,
+/// each through its own variable.
+fn assert_priority(c: &PreparedClaim, priority: u8) {
+    assert_eq!(
+        priority_env(&build_spec(c, &mps()).unwrap()),
+        [format!("CUDA_MPS_CLIENT_PRIORITY={priority}")]
+    );
+    assert_eq!(
+        priority_env(&build_spec(c, &hami()).unwrap()),
+        [format!("CUDA_TASK_PRIORITY={priority}")]
+    );
+}
+
 #[test]
 fn an_online_share_gets_the_higher_priority_of_each_backend() {
-    let c = shared_claim();
-    assert_eq!(
-        priority_env(&build_spec(&c, &mps()).unwrap()),
-        ["CUDA_MPS_CLIENT_PRIORITY=0"]
-    );
-    assert_eq!(
-        priority_env(&build_spec(&c, &hami()).unwrap()),
-        ["CUDA_TASK_PRIORITY=0"]
-    );
+    assert_priority(&shared_claim(), 0);
 }
 
 #[test]
 fn a_batch_share_gets_the_lower_priority_of_each_backend() {
-    let c = claim(vec![batch(device(
-        "gpu",
-        "gpu-0",
-        gpu(0, GPU0),
-        Some((10, 50)),
-    ))]);
-    assert_eq!(
-        priority_env(&build_spec(&c, &mps()).unwrap()),
-        ["CUDA_MPS_CLIENT_PRIORITY=1"]
-    );
-    assert_eq!(
-        priority_env(&build_spec(&c, &hami()).unwrap()),
-        ["CUDA_TASK_PRIORITY=1"]
-    );
+    assert_priority(&batch_claim(), 1);
 }
 
 #[test]
 fn none_enforcement_sets_no_priority_for_either_tier() {
-    let online = shared_claim();
-    let batch_claim = claim(vec![batch(device(
-        "gpu",
-        "gpu-0",
-        gpu(0, GPU0),
-        Some((10, 50)),
-    ))]);
-    for c in [online, batch_claim] {
+    for c in [shared_claim(), batch_claim()] {
         assert!(priority_env(&build_spec(&c, &Enforcement::None).unwrap()).is_empty());
     }
 }
@@ -515,14 +510,7 @@ fn a_claim_with_any_batch_share_runs_at_the_lower_priority() {
         batch(device("b", "gpu-1", gpu(1, GPU1), Some((4, 20)))),
     ]);
     for c in [same_gpu, two_gpus] {
-        assert_eq!(
-            priority_env(&build_spec(&c, &mps()).unwrap()),
-            ["CUDA_MPS_CLIENT_PRIORITY=1"]
-        );
-        assert_eq!(
-            priority_env(&build_spec(&c, &hami()).unwrap()),
-            ["CUDA_TASK_PRIORITY=1"]
-        );
+        assert_priority(&c, 1);
     }
 }
 

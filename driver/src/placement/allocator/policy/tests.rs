@@ -1,4 +1,5 @@
 use super::*;
+use crate::placement::fragmentation::tests::shape;
 use crate::placement::fragmentation::{HostResources, TaskShape};
 use crate::placement::packing::{GapCounts, ModelFree};
 
@@ -35,20 +36,19 @@ fn ask(cards: u32, milli: u32) -> PodAsk {
 }
 
 fn workload(shapes: &[(u32, u32, usize)]) -> Workload {
-    Workload::from_shapes(shapes.iter().flat_map(|&(gpus, milli, n)| {
-        std::iter::repeat_n(
-            TaskShape {
-                host: HostResources {
-                    cpu_milli: 1000,
-                    memory_bytes: 1 << 30,
-                },
-                gpus,
-                gpu_milli: milli,
-                models: None,
-            },
-            n,
-        )
-    }))
+    Workload::from_shapes(
+        shapes
+            .iter()
+            .flat_map(|&(gpus, milli, n)| std::iter::repeat_n(shape(gpus, milli), n)),
+    )
+}
+
+/// Two nodes of two GPUs with all their CPU free: `empty`, and `half`, with half a GPU used.
+fn empty_and_half() -> [NodeView<'static>; 2] {
+    [
+        view("empty", &[1000, 1000], 32_000),
+        view("half", &[500, 1000], 32_000),
+    ]
 }
 
 /// The name of the node a policy ranks and scores lowest (ties: the first), with the
@@ -129,10 +129,7 @@ fn the_default_policy_is_demand_fgd() {
 #[test]
 fn binpack_prefers_the_fuller_node_and_spread_the_emptier() {
     let w = Workload::new();
-    let nodes = [
-        view("empty", &[1000, 1000], 32_000),
-        view("half", &[500, 1000], 32_000),
-    ];
+    let nodes = empty_and_half();
     assert_eq!(pick(Policy::Binpack, &nodes, &ask(1, 200), &w), "half");
     assert_eq!(pick(Policy::Spread, &nodes, &ask(1, 200), &w), "empty");
     assert_eq!(pick(Policy::FirstFit, &nodes, &ask(1, 200), &w), "empty");
@@ -197,10 +194,7 @@ fn demand_fgd_weighs_big_tasks_by_what_they_would_leave_unallocated() {
 #[test]
 fn demand_fgd_breaks_ties_towards_the_fuller_node() {
     let w = Workload::new();
-    let nodes = [
-        view("empty", &[1000, 1000], 32_000),
-        view("half", &[500, 1000], 32_000),
-    ];
+    let nodes = empty_and_half();
     assert_eq!(pick(Policy::DemandFgd, &nodes, &ask(1, 1000), &w), "half");
 }
 
@@ -251,13 +245,8 @@ fn demand_fgd_keeps_a_model_that_restricted_tasks_need_for_them() {
     // Half the workload's demand accepts only T4s, which are a quarter of the GPUs: a task
     // that runs anywhere goes to the other model.
     let restricted = TaskShape {
-        host: HostResources {
-            cpu_milli: 1000,
-            memory_bytes: 1 << 30,
-        },
-        gpus: 1,
-        gpu_milli: 1000,
         models: Some(vec!["t4-16g".to_owned()].into()),
+        ..shape(1, 1000)
     };
     let mut shapes = vec![restricted; 10];
     shapes.extend(
