@@ -49,14 +49,18 @@ struct Running {
 
 impl Running {
     async fn start(lookup: FakeAdmissionLookup) -> Self {
-        Self::start_with(lookup, webhook::DEFAULT_LOOKUP_TIMEOUT).await
+        Self::start_with(lookup, |_| ()).await
     }
 
-    async fn start_with(lookup: FakeAdmissionLookup, lookup_timeout: Duration) -> Self {
+    /// Starts the webhook with the configuration `configure` leaves.
+    async fn start_with(
+        lookup: FakeAdmissionLookup,
+        configure: impl FnOnce(&mut WebhookConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = issue_certificate(dir.path());
         let mut config = WebhookConfig::new("127.0.0.1:0".parse().unwrap(), dir.path());
-        config.lookup_timeout = lookup_timeout;
+        configure(&mut config);
         let lookup: Arc<dyn AdmissionLookup> = Arc::new(lookup);
         let bound = webhook::bind(config, lookup).await.unwrap();
         let addr = bound.local_addr().unwrap();
@@ -78,14 +82,11 @@ impl Running {
         }
     }
 
-    /// Sends one request over a fresh TLS connection trusting `ca`; returns status and body.
-    async fn send_trusting(
+    /// Opens a TCP connection to the webhook and a TLS session over it trusting `ca`.
+    async fn connect_trusting(
         &self,
         ca: &CertificateDer<'static>,
-        method: &str,
-        path: &str,
-        body: Vec<u8>,
-    ) -> Result<(u16, Vec<u8>), String> {
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.clone()).unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -96,10 +97,20 @@ impl Running {
             .with_no_client_auth();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
         let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-        let tls = connector
+        connector
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
             .await
-            .map_err(|e| e.to_string())?;
+    }
+
+    /// Sends one request over a fresh TLS connection trusting `ca`; returns status and body.
+    async fn send_trusting(
+        &self,
+        ca: &CertificateDer<'static>,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let tls = self.connect_trusting(ca).await.map_err(|e| e.to_string())?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| e.to_string())?;
@@ -144,6 +155,24 @@ impl Running {
         answer["response"].clone()
     }
 
+    /// Reviews the creation of the claim `object` in API `version` at `path`.
+    async fn review_claim(&self, path: &str, version: &str, object: &Value) -> Value {
+        self.review(path, share_claim_request(version, object, "CREATE"))
+            .await
+    }
+
+    /// Reviews at `/mutate-pods` a pod whose one claim `gpu` is the ResourceClaim `claim`.
+    async fn review_pod_using(&self, claim: &str) -> Value {
+        self.review(
+            "/mutate-pods",
+            pod_request(
+                &json!([{"name": "gpu", "resourceClaimName": claim}]),
+                &json!({}),
+            ),
+        )
+        .await
+    }
+
     async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap();
@@ -158,13 +187,21 @@ fn pod_request(claims: &Value, extra_spec: &Value) -> Value {
     for (k, v) in extra_spec.as_object().unwrap() {
         spec[k] = v.clone();
     }
+    pod_create(
+        "705ab4f5-6393-11e8-b7cc-42010a800002",
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "train-"}, "spec": spec}),
+    )
+}
+
+/// The admission request `uid` for the creation of the pod `object` in team-a.
+fn pod_create(uid: &str, object: &Value) -> Value {
     json!({
-        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "uid": uid,
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"},
         "namespace": "team-a",
         "operation": "CREATE",
-        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "train-"}, "spec": spec},
+        "object": object,
     })
 }
 
@@ -203,6 +240,25 @@ fn share_claim_request(version: &str, object: &Value, operation: &str) -> Value 
     })
 }
 
+/// The v1 claim `team-a/share` of the shared class asking for the capacity `requests`.
+fn capacity_claim(requests: &Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "team-a"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": names::CLASS_SHARED_GPU,
+            "capacity": {"requests": requests},
+        }}]}},
+    })
+}
+
+/// The message of a review `response` that must deny.
+fn denial(response: &Value) -> &str {
+    assert_eq!(response["allowed"], false, "{response}");
+    response["status"]["message"].as_str().unwrap()
+}
+
 fn share_claim(compute: i64) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",
@@ -221,15 +277,7 @@ async fn a_pod_whose_claim_uses_the_shared_class_gets_the_scheduling_gate() {
     let lookup =
         FakeAdmissionLookup::new().with_claim(claim("team-a", "share", names::CLASS_SHARED_GPU));
     let hook = Running::start(lookup).await;
-    let response = hook
-        .review(
-            "/mutate-pods",
-            pod_request(
-                &json!([{"name": "gpu", "resourceClaimName": "share"}]),
-                &json!({}),
-            ),
-        )
-        .await;
+    let response = hook.review_pod_using("share").await;
     assert_eq!(response["allowed"], true);
     assert_eq!(
         decoded_patch(&response),
@@ -269,15 +317,7 @@ async fn a_template_using_an_annotated_class_gates_the_pod_and_keeps_its_other_g
 async fn a_pod_with_whole_gpus_is_left_to_kube_scheduler() {
     let lookup = FakeAdmissionLookup::new().with_claim(claim("team-a", "whole", names::CLASS_GPU));
     let hook = Running::start(lookup).await;
-    let response = hook
-        .review(
-            "/mutate-pods",
-            pod_request(
-                &json!([{"name": "gpu", "resourceClaimName": "whole"}]),
-                &json!({}),
-            ),
-        )
-        .await;
+    let response = hook.review_pod_using("whole").await;
     assert_eq!(response["allowed"], true);
     assert!(response.get("patch").is_none(), "{response}");
     assert!(response.get("warnings").is_none(), "{response}");
@@ -287,15 +327,7 @@ async fn a_pod_with_whole_gpus_is_left_to_kube_scheduler() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_whose_claim_does_not_exist_yet_is_admitted_ungated_with_a_warning() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
-    let response = hook
-        .review(
-            "/mutate-pods",
-            pod_request(
-                &json!([{"name": "gpu", "resourceClaimName": "later"}]),
-                &json!({}),
-            ),
-        )
-        .await;
+    let response = hook.review_pod_using("later").await;
     assert_eq!(response["allowed"], true);
     assert!(response.get("patch").is_none());
     let warning = response["warnings"][0].as_str().unwrap();
@@ -306,16 +338,11 @@ async fn a_pod_whose_claim_does_not_exist_yet_is_admitted_ungated_with_a_warning
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_that_does_not_answer_never_blocks_a_pod() {
     let lookup = FakeAdmissionLookup::new().behaving(FakeBehaviour::Hang);
-    let hook = Running::start_with(lookup, Duration::from_millis(200)).await;
-    let response = hook
-        .review(
-            "/mutate-pods",
-            pod_request(
-                &json!([{"name": "gpu", "resourceClaimName": "share"}]),
-                &json!({}),
-            ),
-        )
-        .await;
+    let hook = Running::start_with(lookup, |config| {
+        config.lookup_timeout = Duration::from_millis(200);
+    })
+    .await;
+    let response = hook.review_pod_using("share").await;
     assert_eq!(response["allowed"], true);
     assert!(response.get("patch").is_none());
     assert!(
@@ -331,14 +358,10 @@ async fn an_api_server_that_does_not_answer_never_blocks_a_pod() {
 async fn a_share_that_breaks_a_rule_is_denied_naming_the_field_and_the_rule() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
     let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1", &share_claim(7), "CREATE"),
-        )
+        .review_claim("/validate-claims", "v1", &share_claim(7))
         .await;
-    assert_eq!(response["allowed"], false);
+    let message = denial(&response);
     assert_eq!(response["status"]["code"], 422);
-    let message = response["status"]["message"].as_str().unwrap();
     assert!(
         message.contains("ResourceClaim team-a/share")
             && message.contains("spec.devices.config[0].opaque.parameters.compute")
@@ -352,10 +375,7 @@ async fn a_share_that_breaks_a_rule_is_denied_naming_the_field_and_the_rule() {
 async fn a_valid_share_is_admitted_in_every_served_version() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
     let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1", &share_claim(50), "CREATE"),
-        )
+        .review_claim("/validate-claims", "v1", &share_claim(50))
         .await;
     assert_eq!(response["allowed"], true, "{response}");
     // v1beta1 keeps request fields flat, without `exactly`.
@@ -363,12 +383,7 @@ async fn a_valid_share_is_admitted_in_every_served_version() {
     old["apiVersion"] = json!("resource.k8s.io/v1beta1");
     old["spec"]["devices"]["requests"] =
         json!([{"name": "gpu", "deviceClassName": names::CLASS_SHARED_GPU}]);
-    let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1beta1", &old, "CREATE"),
-        )
-        .await;
+    let response = hook.review_claim("/validate-claims", "v1beta1", &old).await;
     assert_eq!(response["allowed"], true, "{response}");
     hook.stop().await;
 }
@@ -376,23 +391,9 @@ async fn a_valid_share_is_admitted_in_every_served_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_negative_capacity_request_is_denied() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
-    let claim = json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "share", "namespace": "team-a"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": names::CLASS_SHARED_GPU,
-            "capacity": {"requests": {"gpu.tessera.dev/memory": "-5Gi"}},
-        }}]}},
-    });
-    let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1", &claim, "CREATE"),
-        )
-        .await;
-    assert_eq!(response["allowed"], false);
-    let message = response["status"]["message"].as_str().unwrap();
+    let claim = capacity_claim(&json!({"gpu.tessera.dev/memory": "-5Gi"}));
+    let response = hook.review_claim("/validate-claims", "v1", &claim).await;
+    let message = denial(&response);
     assert!(
         message
             .contains("spec.devices.requests[0].exactly.capacity.requests.gpu.tessera.dev/memory")
@@ -421,8 +422,7 @@ async fn a_template_is_checked_one_level_deeper() {
         },
     });
     let response = hook.review("/validate-claims", request).await;
-    assert_eq!(response["allowed"], false);
-    let message = response["status"]["message"].as_str().unwrap();
+    let message = denial(&response);
     assert!(
         message.contains(
             "ResourceClaimTemplate team-a/share: spec.spec.devices.config[0].opaque.parameters.compute"
@@ -450,19 +450,11 @@ async fn validation_fails_closed_when_classes_cannot_be_read() {
     let lookup = FakeAdmissionLookup::new().behaving(FakeBehaviour::Fail("etcd is down".into()));
     let hook = Running::start(lookup).await;
     let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1", &share_claim(50), "CREATE"),
-        )
+        .review_claim("/validate-claims", "v1", &share_claim(50))
         .await;
-    assert_eq!(response["allowed"], false);
+    let message = denial(&response);
     assert_eq!(response["status"]["code"], 503);
-    assert!(
-        response["status"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("etcd is down")
-    );
+    assert!(message.contains("etcd is down"), "{message}");
     hook.stop().await;
 }
 
@@ -470,10 +462,7 @@ async fn validation_fails_closed_when_classes_cannot_be_read() {
 async fn opaque_parameters_are_rewritten_canonically_at_creation() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
     let response = hook
-        .review(
-            "/mutate-claims",
-            share_claim_request("v1", &share_claim(50), "CREATE"),
-        )
+        .review_claim("/mutate-claims", "v1", &share_claim(50))
         .await;
     assert_eq!(response["allowed"], true);
     let patch = decoded_patch(&response);
@@ -579,9 +568,10 @@ async fn garbage_gets_an_http_error_never_a_crash() {
     assert_eq!(status, 404);
     // A claim whose object is not a claim at all is denied by validation, with the reason.
     let response = hook
-        .review(
+        .review_claim(
             "/validate-claims",
-            share_claim_request("v1", &json!({"spec": {"devices": "many"}}), "CREATE"),
+            "v1",
+            &json!({"spec": {"devices": "many"}}),
         )
         .await;
     assert_eq!(response["allowed"], false);
@@ -648,10 +638,7 @@ async fn six_hundred_idle_connections_do_not_hold_up_a_valid_review() {
     let started = std::time::Instant::now();
     let response = tokio::time::timeout(
         REVIEW_BOUND,
-        hook.review(
-            "/validate-claims",
-            share_claim_request("v1", &share_claim(50), "CREATE"),
-        ),
+        hook.review_claim("/validate-claims", "v1", &share_claim(50)),
     )
     .await
     .expect("a valid review answers while 600 idle connections are open");
@@ -678,20 +665,7 @@ async fn connections_that_never_handshake_or_never_ask_are_closed() {
         .expect("the server closes a connection that does not start TLS");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     // A finished handshake and no request: closed after the idle timeout.
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(hook.ca.clone()).unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(hook.addr).await.unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
+    let mut tls = hook.connect_trusting(&hook.ca).await.unwrap();
     let read = tokio::time::timeout(REVIEW_BOUND, tls.read(&mut byte))
         .await
         .expect("the server closes a connection that sends no request");
@@ -702,18 +676,15 @@ async fn connections_that_never_handshake_or_never_ask_are_closed() {
 // --- Pods written for the device-plugin world (design §7)
 
 fn device_plugin_pod(limits: &Value, labels: &Value, dry_run: bool) -> Value {
-    json!({
-        "uid": "dp-1",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": "team-a",
-        "operation": "CREATE",
-        "dryRun": dry_run,
-        "object": {"apiVersion": "v1", "kind": "Pod",
+    let mut request = pod_create(
+        "dp-1",
+        &json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "legacy", "namespace": "team-a", "labels": labels},
             "spec": {"containers": [{"name": "main", "image": "cuda",
-                "resources": {"limits": limits, "requests": limits}}]}},
-    })
+                "resources": {"limits": limits, "requests": limits}}]}}),
+    );
+    request["dryRun"] = json!(dry_run);
+    request
 }
 
 /// The templates the pure mapping names for the pod of `request`, with `replicas`.
@@ -819,21 +790,10 @@ async fn every_row_of_the_device_plugin_table_is_rewritten_into_claims_and_gated
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hami_rounding_and_time_slicing_replicas_follow_the_options_and_warn() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = issue_certificate(dir.path());
-    let mut config = WebhookConfig::new("127.0.0.1:0".parse().unwrap(), dir.path());
-    config.shared_replicas = 2;
-    let lookup: Arc<dyn AdmissionLookup> = Arc::new(FakeAdmissionLookup::new());
-    let bound = webhook::bind(config, lookup).await.unwrap();
-    let hook = Running {
-        addr: bound.local_addr().unwrap(),
-        ca,
-        dir,
-        stop: None,
-        task: tokio::spawn(async move {
-            bound.run(std::future::pending()).await.unwrap();
-        }),
-    };
+    let hook = Running::start_with(FakeAdmissionLookup::new(), |config| {
+        config.shared_replicas = 2;
+    })
+    .await;
     let request = device_plugin_pod(&json!({"nvidia.com/gpu.shared": "1"}), &json!({}), false);
     let response = hook.review("/mutate-pods", request.clone()).await;
     let patch = decoded_patch(&response);
@@ -858,7 +818,7 @@ async fn hami_rounding_and_time_slicing_replicas_follow_the_options_and_warn() {
     assert_eq!(response["allowed"], true);
     let warnings = response["warnings"].to_string();
     assert!(warnings.contains("rounded up to 3Gi"), "{warnings}");
-    hook.task.abort();
+    hook.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -885,9 +845,8 @@ async fn a_device_plugin_ask_that_breaks_a_rule_is_denied_naming_container_resou
         let response = hook
             .review("/mutate-pods", device_plugin_pod(&limits, &labels, false))
             .await;
-        assert_eq!(response["allowed"], false, "{limits}");
-        assert_eq!(response["status"]["code"], 422);
-        let message = response["status"]["message"].as_str().unwrap();
+        let message = denial(&response);
+        assert_eq!(response["status"]["code"], 422, "{limits}");
         assert!(message.contains("Pod team-a/legacy"), "{message}");
         assert!(
             message.contains("spec.containers[0].resources.limits["),
@@ -969,13 +928,9 @@ async fn a_v1beta1_claim_is_denied_with_v1beta1_field_paths() {
         }]}},
     });
     let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1beta1", &claim, "CREATE"),
-        )
+        .review_claim("/validate-claims", "v1beta1", &claim)
         .await;
-    assert_eq!(response["allowed"], false);
-    let message = response["status"]["message"].as_str().unwrap();
+    let message = denial(&response);
     assert!(
         message.contains("spec.devices.requests[0].capacity.requests.memory: -5Gi is negative")
             && !message.contains("exactly"),
@@ -987,21 +942,8 @@ async fn a_v1beta1_claim_is_denied_with_v1beta1_field_paths() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_requests_the_policy_rounds_are_admitted_with_a_warning() {
     let hook = Running::start(FakeAdmissionLookup::new()).await;
-    let claim = json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "share", "namespace": "team-a"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": names::CLASS_SHARED_GPU,
-            "capacity": {"requests": {"memory": "1500Mi", "compute": "7"}},
-        }}]}},
-    });
-    let response = hook
-        .review(
-            "/validate-claims",
-            share_claim_request("v1", &claim, "CREATE"),
-        )
-        .await;
+    let claim = capacity_claim(&json!({"memory": "1500Mi", "compute": "7"}));
+    let response = hook.review_claim("/validate-claims", "v1", &claim).await;
     assert_eq!(response["allowed"], true, "{response}");
     let warnings = response["warnings"].to_string();
     assert!(

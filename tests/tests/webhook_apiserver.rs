@@ -28,6 +28,18 @@ fn review(request: &Value) -> Vec<u8> {
     .unwrap()
 }
 
+/// The body of a review of the creation of the v1 ResourceClaim `object`.
+fn claim_create_review(uid: &str, namespace: &str, object: &Value) -> Vec<u8> {
+    review(&json!({
+        "uid": uid,
+        "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+        "namespace": namespace,
+        "operation": "CREATE",
+        "object": object,
+    }))
+}
+
 fn pod_review(claims: &Value) -> Vec<u8> {
     review(&json!({
         "uid": "u1",
@@ -143,14 +155,7 @@ async fn a_claim_made_for_a_gated_pod_is_marked_after_reading_the_pod_from_the_s
     let answer = admission
         .review(
             Hook::MutateClaims,
-            &review(&json!({
-                "uid": "u2",
-                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
-                "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
-                "namespace": "team-a",
-                "operation": "CREATE",
-                "object": claim,
-            })),
+            &claim_create_review("u2", "team-a", &claim),
         )
         .await
         .unwrap();
@@ -233,14 +238,7 @@ proptest! {
         };
         let mut pick = leaf;
         mutate(&mut claim, &mut pick, &odd);
-        let body = review(&json!({
-            "uid": "u",
-            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
-            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
-            "namespace": "default",
-            "operation": "CREATE",
-            "object": claim,
-        }));
+        let body = claim_create_review("u", "default", &claim);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let admission = Admission::new(
             Arc::new(FakeAdmissionLookup::new()),
