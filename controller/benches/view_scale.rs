@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tessera_controller::cluster::{Change, ClusterView, Resource};
@@ -114,7 +115,7 @@ struct Store {
 #[derive(Debug, Clone, Default)]
 struct MemoryApi(Arc<Mutex<Store>>);
 
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+fn key_of(meta: &ObjectMeta) -> String {
     format!(
         "{}/{}",
         meta.namespace.as_deref().unwrap_or("default"),
@@ -131,34 +132,40 @@ fn gone(key: &str) -> tessera_controller::Error {
 }
 
 impl MemoryApi {
+    /// Applies `change` to the stored copy of `object` (of `resource`, kept in the map
+    /// `stored_in` picks) with a new resourceVersion, and queues it as a watch event.
+    fn update<T>(
+        &self,
+        resource: Resource,
+        object: &T,
+        stored_in: fn(&mut Store) -> &mut HashMap<String, T>,
+        change: impl FnOnce(&mut T),
+    ) -> tessera_controller::Result<T>
+    where
+        T: k8s_openapi::Metadata<Ty = ObjectMeta> + Clone,
+    {
+        let key = key_of(object.metadata());
+        let mut s = self.0.lock().unwrap();
+        s.version += 1;
+        let version = s.version.to_string();
+        let stored = stored_in(&mut s).get_mut(&key).ok_or_else(|| gone(&key))?;
+        change(stored);
+        stored.metadata_mut().resource_version = Some(version);
+        let out = stored.clone();
+        s.written.push((resource, key));
+        Ok(out)
+    }
+
     fn claim(
         &self,
         claim: &res::ResourceClaim,
         change: impl FnOnce(&mut res::ResourceClaim),
     ) -> tessera_controller::Result<res::ResourceClaim> {
-        let key = key_of(&claim.metadata);
-        let mut s = self.0.lock().unwrap();
-        s.version += 1;
-        let version = s.version.to_string();
-        let stored = s.claims.get_mut(&key).ok_or_else(|| gone(&key))?;
-        change(stored);
-        stored.metadata.resource_version = Some(version);
-        let out = stored.clone();
-        s.written.push((Resource::Claims, key));
-        Ok(out)
+        self.update(Resource::Claims, claim, |s| &mut s.claims, change)
     }
 
     fn pod(&self, pod: &Pod, change: impl FnOnce(&mut Pod)) -> tessera_controller::Result<Pod> {
-        let key = key_of(&pod.metadata);
-        let mut s = self.0.lock().unwrap();
-        s.version += 1;
-        let version = s.version.to_string();
-        let stored = s.pods.get_mut(&key).ok_or_else(|| gone(&key))?;
-        change(stored);
-        stored.metadata.resource_version = Some(version);
-        let out = stored.clone();
-        s.written.push((Resource::Pods, key));
-        Ok(out)
+        self.update(Resource::Pods, pod, |s| &mut s.pods, change)
     }
 
     /// The objects written since the last call, as watch events carry them.

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tessera_driver::placement::allocator::Policy;
@@ -36,7 +37,7 @@ struct State {
 #[derive(Debug, Clone, Default)]
 struct FakeWrites(Arc<Mutex<State>>);
 
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+fn key_of(meta: &ObjectMeta) -> String {
     format!(
         "{}/{}",
         meta.namespace.as_deref().unwrap_or("default"),
@@ -83,50 +84,42 @@ impl FakeWrites {
         Ok(())
     }
 
+    /// Updates the stored copy of `object` (kept in the map `stored_in` picks) with `change`, as
+    /// the API server does with `object`'s resourceVersion as precondition: 404 for an object it
+    /// does not have, 409 for a stale version, else the object with a new version.
+    fn update<T>(
+        &self,
+        verb: &'static str,
+        object: &T,
+        stored_in: fn(&mut State) -> &mut BTreeMap<String, T>,
+        change: impl FnOnce(&mut T),
+    ) -> Result<T>
+    where
+        T: k8s_openapi::Metadata<Ty = ObjectMeta> + Clone,
+    {
+        let key = key_of(object.metadata());
+        self.enter(verb, &key)?;
+        let mut s = self.state();
+        s.version += 1;
+        let version = s.version.to_string();
+        let stored = stored_in(&mut s)
+            .get_mut(&key)
+            .ok_or_else(|| api_error(verb, &key, 404))?;
+        if stored.metadata().resource_version != object.metadata().resource_version {
+            return Err(api_error(verb, &key, 409));
+        }
+        change(stored);
+        stored.metadata_mut().resource_version = Some(version);
+        Ok(stored.clone())
+    }
+
     fn update_claim(
         &self,
         verb: &'static str,
         claim: &res::ResourceClaim,
         change: impl FnOnce(&mut res::ResourceClaim),
     ) -> Result<res::ResourceClaim> {
-        let key = key_of(&claim.metadata);
-        self.enter(verb, &key)?;
-        let mut s = self.state();
-        s.version += 1;
-        let version = s.version.to_string();
-        let stored = s
-            .claims
-            .get_mut(&key)
-            .ok_or_else(|| api_error(verb, &key, 404))?;
-        if stored.metadata.resource_version != claim.metadata.resource_version {
-            return Err(api_error(verb, &key, 409));
-        }
-        change(stored);
-        stored.metadata.resource_version = Some(version);
-        Ok(stored.clone())
-    }
-
-    fn update_pod(
-        &self,
-        verb: &'static str,
-        pod: &Pod,
-        change: impl FnOnce(&mut Pod),
-    ) -> Result<Pod> {
-        let key = key_of(&pod.metadata);
-        self.enter(verb, &key)?;
-        let mut s = self.state();
-        s.version += 1;
-        let version = s.version.to_string();
-        let stored = s
-            .pods
-            .get_mut(&key)
-            .ok_or_else(|| api_error(verb, &key, 404))?;
-        if stored.metadata.resource_version != pod.metadata.resource_version {
-            return Err(api_error(verb, &key, 409));
-        }
-        change(stored);
-        stored.metadata.resource_version = Some(version);
-        Ok(stored.clone())
+        self.update(verb, claim, |s| &mut s.claims, change)
     }
 }
 
@@ -221,19 +214,24 @@ impl Writes for FakeWrites {
     async fn ungate(&self, pod: &Pod) -> Result<Pod> {
         // A real server answers later: let other pods\' writes run meanwhile.
         tokio::task::yield_now().await;
-        self.update_pod("ungate", pod, |p| {
-            if let Some(spec) = p.spec.as_mut() {
-                let left = gate::gates_without_ours(&Pod {
-                    spec: Some(spec.clone()),
-                    ..Pod::default()
-                });
-                spec.scheduling_gates = (!left.is_empty()).then(|| {
-                    left.into_iter()
-                        .map(|name| k8s_openapi::api::core::v1::PodSchedulingGate { name })
-                        .collect()
-                });
-            }
-        })
+        self.update(
+            "ungate",
+            pod,
+            |s| &mut s.pods,
+            |p| {
+                if let Some(spec) = p.spec.as_mut() {
+                    let left = gate::gates_without_ours(&Pod {
+                        spec: Some(spec.clone()),
+                        ..Pod::default()
+                    });
+                    spec.scheduling_gates = (!left.is_empty()).then(|| {
+                        left.into_iter()
+                            .map(|name| k8s_openapi::api::core::v1::PodSchedulingGate { name })
+                            .collect()
+                    });
+                }
+            },
+        )
     }
 
     async fn set_condition(
