@@ -134,12 +134,14 @@ fn only_result(json: &Value) -> &Value {
     &results[0]
 }
 
+/// Where the one container of a pod with `limits` and no labels is placed.
+fn placed_alone(limits: &Value) -> Placed {
+    placed(only_result(&allocate(limits, &json!({}))))
+}
+
 #[test]
 fn nvidia_gpu_gets_whole_gpus() {
-    let (devices, shares) = placed(only_result(&allocate(
-        &json!({"nvidia.com/gpu": 2}),
-        &json!({}),
-    )));
+    let (devices, shares) = placed_alone(&json!({"nvidia.com/gpu": 2}));
     assert_eq!(devices.len(), 2);
     assert!(
         devices.iter().all(|(pool, _)| pool == "whole-node"),
@@ -150,10 +152,7 @@ fn nvidia_gpu_gets_whole_gpus() {
 
 #[test]
 fn nvidia_mig_gets_an_instance_of_the_profile() {
-    let (devices, _) = placed(only_result(&allocate(
-        &json!({"nvidia.com/mig-1g.5gb": 1}),
-        &json!({}),
-    )));
+    let (devices, _) = placed_alone(&json!({"nvidia.com/mig-1g.5gb": 1}));
     assert_eq!(devices.len(), 1);
     assert_eq!(devices[0].0, "mig-node");
     assert!(devices[0].1.contains("mig-1g-5gb"), "{devices:?}");
@@ -161,10 +160,7 @@ fn nvidia_mig_gets_an_instance_of_the_profile() {
 
 #[test]
 fn nvidia_gpu_shared_gets_a_quarter_of_a_card() {
-    let (devices, shares) = placed(only_result(&allocate(
-        &json!({"nvidia.com/gpu.shared": 1}),
-        &json!({}),
-    )));
+    let (devices, shares) = placed_alone(&json!({"nvidia.com/gpu.shared": 1}));
     assert_eq!(devices[0].0, "shared-node");
     // A quarter of an A10's 23028 MiB, in whole MiB.
     assert_eq!(shares, [("5757Mi".to_owned(), 0)]);
@@ -172,10 +168,7 @@ fn nvidia_gpu_shared_gets_a_quarter_of_a_card() {
 
 #[test]
 fn baidu_cards_alone_get_whole_gpus_of_the_model() {
-    let (devices, shares) = placed(only_result(&allocate(
-        &json!({"baidu.com/v100_32g_cgpu": 1}),
-        &json!({}),
-    )));
+    let (devices, shares) = placed_alone(&json!({"baidu.com/v100_32g_cgpu": 1}));
     assert_eq!(devices[0].0, "whole-node");
     assert!(shares.is_empty());
     // A model the cluster does not have is a claim that does not fit, not an error.
@@ -185,10 +178,9 @@ fn baidu_cards_alone_get_whole_gpus_of_the_model() {
 
 #[test]
 fn a_baidu_share_splits_its_totals_over_its_cards_of_the_model() {
-    let (devices, shares) = placed(only_result(&allocate(
+    let (devices, shares) = placed_alone(
         &json!({"baidu.com/a10_24g_cgpu": 2, "baidu.com/a10_24g_cgpu_memory": 10, "baidu.com/a10_24g_cgpu_core": 50}),
-        &json!({}),
-    )));
+    );
     assert_eq!(devices.len(), 2);
     assert_ne!(devices[0], devices[1]);
     assert_eq!(shares, [("5Gi".to_owned(), 25), ("5Gi".to_owned(), 25)]);
@@ -196,10 +188,8 @@ fn a_baidu_share_splits_its_totals_over_its_cards_of_the_model() {
 
 #[test]
 fn a_baidu_memory_percent_is_of_each_card() {
-    let (devices, shares) = placed(only_result(&allocate(
-        &json!({"baidu.com/l20_cgpu": 1, "baidu.com/l20_cgpu_memory_percent": 50}),
-        &json!({}),
-    )));
+    let (devices, shares) =
+        placed_alone(&json!({"baidu.com/l20_cgpu": 1, "baidu.com/l20_cgpu_memory_percent": 50}));
     assert_eq!(devices.len(), 1);
     // Half of an L20's 46068 MiB.
     assert_eq!(shares, [("23034Mi".to_owned(), 0)]);
