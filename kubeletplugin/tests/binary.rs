@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tessera_proto::dra::v1;
-use tessera_proto::pluginregistration::v1 as reg;
+use tessera_tests::plugin_socket::{get_info, notify_registration};
 use tonic::transport::Channel;
 
 mod support;
@@ -44,20 +44,8 @@ async fn binary_serves_kubelet_and_stops_on_sigterm() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let mut registration =
-        reg::registration_client::RegistrationClient::new(connect(&reg_socket).await);
-    let info = registration
-        .get_info(reg::InfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    registration
-        .notify_registration_status(reg::RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        })
-        .await
-        .unwrap();
+    let (mut registration, info) = get_info(connect(&reg_socket).await).await.unwrap();
+    notify_registration(&mut registration, None).await.unwrap();
     let mut dra =
         v1::dra_plugin_client::DraPluginClient::new(connect(Path::new(&info.endpoint)).await);
     let claims: Vec<v1::Claim> = (0..GPUS).map(claim_ref).collect();

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
+use tessera_tests::plugin_socket::notify_registration;
 use tonic::transport::Channel;
 
 mod support;
@@ -151,23 +152,13 @@ async fn metrics_health_readiness_and_inventory_watch() {
         ),
     }
 
-    registration
-        .notify_registration_status(reg::RegistrationStatus {
-            plugin_registered: false,
-            error: "version mismatch".to_owned(),
-        })
+    notify_registration(&mut registration, Some("version mismatch"))
         .await
         .unwrap();
     let (status, body) = get(addr, "/readyz");
     assert_eq!(status, 503);
     assert!(body.contains("version mismatch"), "{body}");
-    registration
-        .notify_registration_status(reg::RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        })
-        .await
-        .unwrap();
+    notify_registration(&mut registration, None).await.unwrap();
     assert_eq!(get(addr, "/readyz").0, 200);
 
     let mut dra = v1::dra_plugin_client::DraPluginClient::new(

@@ -1,10 +1,15 @@
 //! Dialling a plugin's unix socket the way kubelet does: gRPC over HTTP/2 on the socket (the
-//! URI is a placeholder; the connector ignores it).
+//! URI is a placeholder; the connector ignores it); and kubelet's calls on the registration
+//! socket.
 
 use std::path::Path;
 
 use hyper_util::rt::TokioIo;
+use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::{Channel, Endpoint};
+
+/// A registration client on `channel` (the plugin's registration socket).
+pub type Registration = reg::registration_client::RegistrationClient<Channel>;
 
 /// One attempt to open a gRPC channel to the plugin's unix socket at `socket`; a socket that is
 /// missing or that nothing serves is an error.
@@ -23,4 +28,36 @@ pub async fn dial(socket: &Path) -> Result<Channel, tonic::transport::Error> {
             }
         }))
         .await
+}
+
+/// Kubelet's first call on the plugin's registration socket, on `channel`: `GetInfo`. Returns
+/// the client, for the status that follows, and the plugin's answer.
+///
+/// # Errors
+/// The status the plugin answered with.
+pub async fn get_info(channel: Channel) -> Result<(Registration, reg::PluginInfo), tonic::Status> {
+    let mut registration = Registration::new(channel);
+    let info = registration
+        .get_info(reg::InfoRequest {})
+        .await?
+        .into_inner();
+    Ok((registration, info))
+}
+
+/// Kubelet's registration status, as it reports it after `GetInfo`: registered, or (`error`)
+/// not registered for that reason.
+///
+/// # Errors
+/// The status the plugin answered with.
+pub async fn notify_registration(
+    registration: &mut Registration,
+    error: Option<&str>,
+) -> Result<(), tonic::Status> {
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: error.is_none(),
+            error: error.unwrap_or_default().to_owned(),
+        })
+        .await?;
+    Ok(())
 }

@@ -6,6 +6,8 @@
 //! through the plugin's API client.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+#[path = "support/demo_cluster.rs"]
+mod demo_cluster;
 #[path = "support/plugin_run.rs"]
 mod plugin_run;
 
@@ -16,14 +18,11 @@ use std::time::Instant;
 
 use k8s_openapi::api::resource::v1 as res;
 use kube::api::{Api, DynamicObject, PostParams};
-use serde::Deserialize as _;
 use serde_json::json;
-use tessera_driver::apiversion::{Object, decode_document};
+use tessera_driver::apiversion::Object;
 use tessera_driver::names;
 use tessera_driver::node::cdi::Enforcement;
 use tessera_driver::node::inventory::Inventory;
-use tessera_driver::node::slices::{self, RenderOptions};
-use tessera_driver::tools::batch::{BatchInput, BatchOptions, allocate_batch};
 use tessera_kubelet_plugin::accounting::{
     Accountant, FakeGpu, FakeHostProcesses, FakeMpsControl, FakeMpsDaemon, KubeEvents, Seams,
 };
@@ -34,38 +33,16 @@ use tessera_kubelet_plugin::server::{self, PluginConfig};
 use tessera_proto::dra::v1;
 use tessera_tests::fake_apiserver::FakeApiServer;
 
+use demo_cluster::{load, repo};
 use plugin_run::connect;
 
 const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
 const POD_UID: &str = "0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1";
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
-fn load(path: &Path) -> Vec<Object> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| decode_document(serde_json::Value::deserialize(doc).unwrap(), "test").unwrap())
-        .collect()
-}
-
 /// The example share claim (10 GiB, 50 % compute) allocated by the allocator on the demo
 /// cluster; returns it with the node it landed on.
 fn allocated_share() -> (res::ResourceClaim, String, Inventory) {
-    let text =
-        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
-    let inventory = Inventory::from_yaml(&text).unwrap();
-    let render = RenderOptions {
-        driver_name: DRIVER.to_owned(),
-        consumable_capacity: true,
-        ..RenderOptions::default()
-    };
-    let slices: Vec<res::ResourceSlice> = inventory
-        .nodes
-        .iter()
-        .flat_map(|n| slices::render(n, &render).unwrap())
-        .collect();
+    let inventory = demo_cluster::inventory();
     let classes: Vec<res::DeviceClass> = load(&repo().join("deviceclasses/shared-gpu.yaml"))
         .into_iter()
         .filter_map(|o| match o {
@@ -81,22 +58,7 @@ fn allocated_share() -> (res::ResourceClaim, String, Inventory) {
                 _ => None,
             })
             .collect();
-    let outcome = allocate_batch(
-        &BatchInput {
-            classes: &classes,
-            slices: &slices,
-            claims: &claims,
-            nodes: &[],
-            pods: &[],
-        },
-        &BatchOptions {
-            driver_name: DRIVER.to_owned(),
-            policy: tessera_driver::placement::allocator::Policy::default(),
-            node: None,
-        },
-    )
-    .unwrap()
-    .remove(0);
+    let outcome = demo_cluster::allocate(&inventory, &classes, &claims).remove(0);
     assert!(outcome.allocated, "{:?}", outcome.reason);
     let mut claim = claims[0].clone();
     claim.status = Some(res::ResourceClaimStatus {

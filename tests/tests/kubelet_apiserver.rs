@@ -303,6 +303,53 @@ async fn deleted_and_edited_slices_come_back_without_a_rewrite_storm() {
     assert_eq!(slice_writes(&server), expected);
 }
 
+/// A slice publisher of the scenarios' node inventory, spawned; returns once it has published
+/// and a watch of ResourceSlices was answered 200, failing the test at `deadline`. Returns its
+/// task and the inventory's sender, which keeps it following.
+async fn publish_and_watch(
+    server: &FakeApiServer,
+    client: &kube::Client,
+    deadline: std::time::Instant,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Sender<tessera_driver::node::inventory::NodeInventory>,
+) {
+    let publisher = std::sync::Arc::new(SlicePublisher::new(
+        client.clone(),
+        scenarios::fast_config(),
+    ));
+    let (inventory, receiver) = tokio::sync::watch::channel(scenarios::node_inventory());
+    let running = std::sync::Arc::clone(&publisher).spawn(receiver);
+    let watching = || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.verb == Verb::Watch && r.resource == "resourceslices" && r.code == 200)
+    };
+    while !(watching()
+        && publisher
+            .record()
+            .await
+            .is_some_and(|r| r.pending.is_none()))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never published and watched"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    (running, inventory)
+}
+
+/// The names of the stored ResourceSlices.
+fn slice_names(server: &FakeApiServer) -> Vec<String> {
+    server
+        .objects("resourceslices")
+        .iter()
+        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slice_watch_backs_off_and_recovers_from_server_errors() {
     use std::time::{Duration, Instant};
@@ -312,28 +359,8 @@ async fn the_slice_watch_backs_off_and_recovers_from_server_errors() {
     // some of them; it retries too).
     server.inject(Verb::List, "resourceslices", 500, 3);
     server.inject(Verb::Watch, "resourceslices", 503, 3);
-    let publisher = std::sync::Arc::new(SlicePublisher::new(
-        client.clone(),
-        scenarios::fast_config(),
-    ));
-    let (_inventory, receiver) = tokio::sync::watch::channel(scenarios::node_inventory());
-    let running = std::sync::Arc::clone(&publisher).spawn(receiver);
-    let watching = || {
-        server
-            .requests()
-            .iter()
-            .any(|r| r.verb == Verb::Watch && r.resource == "resourceslices" && r.code == 200)
-    };
     let deadline = Instant::now() + Duration::from_mins(1);
-    while !(watching()
-        && publisher
-            .record()
-            .await
-            .is_some_and(|r| r.pending.is_none()))
-    {
-        assert!(Instant::now() < deadline, "never published and watched");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (running, _inventory) = publish_and_watch(&server, &client, deadline).await;
     let failed: Vec<u16> = server
         .requests()
         .iter()
@@ -341,11 +368,7 @@ async fn the_slice_watch_backs_off_and_recovers_from_server_errors() {
         .map(|r| r.code)
         .collect();
     assert_eq!(failed.len(), 6, "{failed:?}");
-    let names: Vec<String> = server
-        .objects("resourceslices")
-        .iter()
-        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
-        .collect();
+    let names = slice_names(&server);
     for name in &names {
         server.delete("resourceslices", None, name).unwrap();
     }
@@ -392,34 +415,9 @@ async fn a_slice_deleted_while_the_watch_was_away_comes_back_after_the_410_relis
     use std::time::{Duration, Instant};
     let (server, client, _dir) = start(&["v1"]).await;
     scenarios::create_node(&client).await;
-    let publisher = std::sync::Arc::new(SlicePublisher::new(
-        client.clone(),
-        scenarios::fast_config(),
-    ));
-    let (_inventory, receiver) = tokio::sync::watch::channel(scenarios::node_inventory());
-    let running = std::sync::Arc::clone(&publisher).spawn(receiver);
-    let watches = || {
-        server
-            .requests()
-            .iter()
-            .filter(|r| r.verb == Verb::Watch && r.resource == "resourceslices" && r.code == 200)
-            .count()
-    };
     let deadline = Instant::now() + Duration::from_mins(1);
-    while !(watches() > 0
-        && publisher
-            .record()
-            .await
-            .is_some_and(|r| r.pending.is_none()))
-    {
-        assert!(Instant::now() < deadline, "never published and watched");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let names: Vec<String> = server
-        .objects("resourceslices")
-        .iter()
-        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
-        .collect();
+    let (running, _inventory) = publish_and_watch(&server, &client, deadline).await;
+    let names = slice_names(&server);
     // The watch ends; while it is away a slice is deleted and the history compacted, so the
     // resumed watch is answered 410 and only the new list shows the slice missing.
     server.hold_watches(true);

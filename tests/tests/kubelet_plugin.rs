@@ -3,64 +3,37 @@
 //! cluster.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+#[path = "support/demo_cluster.rs"]
+mod demo_cluster;
 #[path = "support/plugin_run.rs"]
 mod plugin_run;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1 as res;
-use serde::Deserialize as _;
-use tessera_driver::apiversion::{Object, decode_document};
+use tessera_driver::apiversion::Object;
 use tessera_driver::node::cdi::{self, Enforcement};
 use tessera_driver::node::checkpoint::PrepareState;
-use tessera_driver::node::inventory::Inventory;
-use tessera_driver::node::slices::{self, RenderOptions};
-use tessera_driver::tools::batch::{BatchInput, BatchOptions, allocate_batch};
 use tessera_driver::{names, testing};
 use tessera_kubelet_plugin::claims::FakeClaimSource;
 use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::server::{self, PluginConfig, RunningPlugin};
 use tessera_proto::dra::{v1, v1beta1};
 use tessera_proto::pluginregistration::v1 as reg;
+use tessera_tests::plugin_socket::{get_info, notify_registration};
 
+use demo_cluster::{load, repo};
 use plugin_run::connect;
 
 const DRIVER: &str = names::DEFAULT_DRIVER_NAME;
 const NODE: &str = "a100-node";
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
-fn load(path: &Path) -> Vec<Object> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| {
-            let value = serde_json::Value::deserialize(doc).unwrap();
-            decode_document(value, &path.display().to_string()).unwrap()
-        })
-        .collect()
-}
-
 /// The example claims, allocated on the demo cluster by the batch allocator, each with a
 /// deterministic UID; keyed by name, with the node each landed on.
 fn allocated_claims() -> BTreeMap<String, (res::ResourceClaim, String)> {
-    let text =
-        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
-    let inventory = Inventory::from_yaml(&text).unwrap();
-    let render = RenderOptions {
-        driver_name: DRIVER.to_owned(),
-        consumable_capacity: true,
-        ..RenderOptions::default()
-    };
-    let slices: Vec<res::ResourceSlice> = inventory
-        .nodes
-        .iter()
-        .flat_map(|n| slices::render(n, &render).unwrap())
-        .collect();
     let mut classes = Vec::new();
     for f in ["gpu.yaml", "shared-gpu.yaml", "mig.yaml"] {
         for o in load(&repo().join("deviceclasses").join(f)) {
@@ -84,21 +57,7 @@ fn allocated_claims() -> BTreeMap<String, (res::ResourceClaim, String)> {
             }
         }
     }
-    let outcomes = allocate_batch(
-        &BatchInput {
-            classes: &classes,
-            slices: &slices,
-            claims: &claims,
-            nodes: &[],
-            pods: &[],
-        },
-        &BatchOptions {
-            driver_name: DRIVER.to_owned(),
-            policy: tessera_driver::placement::allocator::Policy::default(),
-            node: None,
-        },
-    )
-    .unwrap();
+    let outcomes = demo_cluster::allocate(&demo_cluster::inventory(), &classes, &claims);
     let mut out = BTreeMap::new();
     for (mut claim, outcome) in claims.into_iter().zip(outcomes) {
         assert!(outcome.allocated, "{}: {:?}", outcome.name, outcome.reason);
@@ -139,13 +98,7 @@ impl Harness {
     }
 
     fn preparer(&self, boot_id: &str, source: FakeClaimSource) -> CdiPreparer {
-        let text =
-            std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
-        let node = Inventory::from_yaml(&text)
-            .unwrap()
-            .node(NODE)
-            .cloned()
-            .unwrap();
+        let node = demo_cluster::node(NODE);
         CdiPreparer::new(
             CdiPreparerConfig {
                 driver_name: DRIVER.to_owned(),
@@ -275,13 +228,7 @@ async fn kubelet_registers_the_plugin_then_prepares_and_unprepares_through_v1() 
         assert_eq!(mode & 0o777, 0o600, "{}", socket.display());
     }
 
-    let mut registration =
-        reg::registration_client::RegistrationClient::new(connect(&reg_socket).await);
-    let info = registration
-        .get_info(reg::InfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let (mut registration, info) = get_info(connect(&reg_socket).await).await.unwrap();
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, DRIVER);
     assert_eq!(
@@ -293,13 +240,7 @@ async fn kubelet_registers_the_plugin_then_prepares_and_unprepares_through_v1() 
         vec!["v1.DRAPlugin", "v1beta1.DRAPlugin"]
     );
     assert!(!plugin.is_registered());
-    registration
-        .notify_registration_status(reg::RegistrationStatus {
-            plugin_registered: true,
-            error: String::new(),
-        })
-        .await
-        .unwrap();
+    notify_registration(&mut registration, None).await.unwrap();
     assert!(plugin.is_registered());
 
     let names = h.on_node();
@@ -547,13 +488,7 @@ async fn a_hami_core_share_gets_the_library_and_the_limits_its_allocation_record
         .find(|(name, (_, node))| name.contains("share") && node != NODE)
         .map(|(name, (_, node))| (node.clone(), h.claim_ref(name)))
         .unwrap();
-    let text =
-        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
-    let inventory = Inventory::from_yaml(&text)
-        .unwrap()
-        .node(&node)
-        .cloned()
-        .unwrap();
+    let inventory = demo_cluster::node(&node);
     // What the allocation records for the claim's device, as the node reads it.
     let recorded =
         tessera_driver::node::prepare::prepare_on_node(&h.claims[&share.1].0, DRIVER, &inventory)
@@ -634,13 +569,7 @@ async fn a_claim_made_for_an_aliyun_pod_gets_gpushares_environment() {
         names::ANNOTATION_DEVICE_PLUGIN_FORMS.to_owned(),
         "aliyun".to_owned(),
     )]));
-    let text =
-        std::fs::read_to_string(repo().join("examples/inventory/demo-cluster.yaml")).unwrap();
-    let inventory = Inventory::from_yaml(&text)
-        .unwrap()
-        .node(&node)
-        .cloned()
-        .unwrap();
+    let inventory = demo_cluster::node(&node);
     let recorded =
         tessera_driver::node::prepare::prepare_on_node(&h.claims[&name].0, DRIVER, &inventory)
             .unwrap();
