@@ -286,6 +286,8 @@ impl Reaper {
 
 #[cfg(test)]
 mod tests {
+    use tessera_tests::trees::deep_tree;
+
     use super::*;
 
     /// A scratch directory on a tmpfs where there is one, as the HAMi cache directory is in
@@ -296,34 +298,11 @@ mod tests {
             .unwrap()
     }
 
-    /// `root` (created with its parents) with a chain of `depth` nested directories under it,
-    /// built relative to an open descriptor (the full path is far longer than `PATH_MAX`),
-    /// with a file and a symlink out of the tree at the bottom.
-    fn deep_tree(root: &Path, depth: usize) {
-        std::fs::create_dir_all(root).unwrap();
-        let mut dir =
-            rustix::fs::openat(CWD, root, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-                .unwrap();
-        for _ in 0..depth {
-            rustix::fs::mkdirat(&dir, c"d", Mode::RWXU).unwrap();
-            dir = open_dir(&dir, c"d").unwrap();
-        }
-        let file = rustix::fs::openat(
-            &dir,
-            c"f",
-            OFlags::WRONLY | OFlags::CREATE,
-            Mode::RUSR | Mode::WUSR,
-        )
-        .unwrap();
-        drop(file);
-        rustix::fs::symlinkat(c"/", &dir, c"escape").unwrap();
-    }
-
     #[test]
     fn a_tree_20000_levels_deep_is_removed_without_recursion() {
         let dir = scratch();
         let tree = dir.path().join("uid-1");
-        deep_tree(&tree, 20_000);
+        deep_tree(&tree, 20_000).unwrap();
         // On a small thread: the removal must not use stack per level.
         let path = tree.clone();
         let removed = std::thread::Builder::new()
@@ -362,7 +341,7 @@ mod tests {
     fn a_discarded_tree_is_gone_at_once_and_removed_in_the_background() {
         let dir = scratch();
         let tree = dir.path().join("uid-1");
-        deep_tree(&tree, 2_000);
+        deep_tree(&tree, 2_000).unwrap();
         let reaper = Reaper::start().unwrap();
         assert!(reaper.discard(&tree).unwrap());
         assert!(!tree.exists());
@@ -378,7 +357,7 @@ mod tests {
     fn what_an_earlier_run_left_aside_is_removed_on_resume() {
         let dir = scratch();
         let left = dir.path().join(REAP_DIR).join("uid-1.1.0");
-        deep_tree(&left, 100);
+        deep_tree(&left, 100).unwrap();
         let reaper = Reaper::start().unwrap();
         reaper.resume(dir.path());
         assert!(reaper.wait_idle(Duration::from_mins(1)));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tessera_driver::node::checkpoint::PrepareState;
 use tessera_kubelet_plugin::crash;
 use tessera_proto::dra::v1;
-use tonic::transport::Channel;
+use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 
 mod support;
 use support::{NODE, NodeDir, Plugin, claim, claim_ref, stop};
@@ -52,10 +52,10 @@ impl Node {
     }
 
     /// Connects to the DRA socket of the plugin that serves now (a stale socket refuses).
-    async fn connect(&self, child: &mut Plugin) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+    async fn connect(&self, child: &mut Plugin) -> Dra {
         let socket = self.path("plugin").join("dra.sock");
         let channel = support::dial_until_up(child, &socket, Duration::from_secs(20)).await;
-        v1::dra_plugin_client::DraPluginClient::new(channel)
+        Dra::new(channel)
     }
 
     fn spec(&self, i: usize) -> Option<serde_json::Value> {
@@ -103,35 +103,12 @@ impl Node {
     }
 }
 
-async fn prepare(
-    dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>,
-    i: usize,
-) -> Vec<String> {
-    let answer = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![claim_ref(i)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let one = &answer.claims[&format!("uid-{i}")];
-    assert!(one.error.is_empty(), "{}", one.error);
-    one.devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.clone())
-        .collect()
+async fn prepare(dra: &mut Dra, i: usize) -> Vec<String> {
+    prepare_one(dra, claim_ref(i)).await.unwrap()
 }
 
-async fn unprepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>, i: usize) {
-    let answer = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![claim_ref(i)],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let one = &answer.claims[&format!("uid-{i}")];
-    assert!(one.error.is_empty(), "{}", one.error);
+async fn unprepare(dra: &mut Dra, i: usize) {
+    unprepare_one(dra, claim_ref(i)).await.unwrap();
 }
 
 /// The CDI specs of claims `0..n` as a run without crashes writes them.

@@ -18,6 +18,7 @@ use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
 use tessera_kubelet_plugin::crash;
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
+use tessera_tests::trees::deep_tree;
 use tonic::transport::Channel;
 
 mod support;
@@ -134,28 +135,6 @@ async fn unprepare(dra: &mut Dra, claims: Vec<v1::Claim>) -> v1::NodeUnprepareRe
         .into_inner()
 }
 
-/// A chain of `depth` nested directories in `root`, built as a container would (relative to
-/// an open directory: the whole path is far longer than `PATH_MAX`), with a file and a symlink
-/// out of the tree at the bottom.
-fn deep_tree(root: &Path, depth: usize) {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
-    let mut dir = rustix::fs::openat(rustix::fs::CWD, root, flags, Mode::empty()).unwrap();
-    for _ in 0..depth {
-        rustix::fs::mkdirat(&dir, c"d", Mode::RWXU).unwrap();
-        dir = rustix::fs::openat(&dir, c"d", flags, Mode::empty()).unwrap();
-    }
-    let file = rustix::fs::openat(
-        &dir,
-        c"f",
-        OFlags::WRONLY | OFlags::CREATE,
-        Mode::RUSR | Mode::WUSR,
-    )
-    .unwrap();
-    drop(file);
-    rustix::fs::symlinkat(c"/", &dir, c"escape").unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_20000_deep_tree_in_a_hami_dir_neither_aborts_the_plugin_nor_fails_its_restart() {
     let node = Node::new(&[share_claim(0, 0, "10Gi")]);
@@ -171,7 +150,7 @@ async fn a_20000_deep_tree_in_a_hami_dir_neither_aborts_the_plugin_nor_fails_its
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o7777, 0o1777, "{}", dir.display());
     }
-    deep_tree(&hami, 20_000);
+    deep_tree(&hami, 20_000).unwrap();
     let answer = unprepare(&mut dra, vec![claim_ref(0)]).await;
     assert!(answer.claims["uid-0"].error.is_empty(), "{answer:?}");
     assert!(child.0.try_wait().unwrap().is_none(), "the plugin died");
@@ -182,7 +161,7 @@ async fn a_20000_deep_tree_in_a_hami_dir_neither_aborts_the_plugin_nor_fails_its
     // The same with a crash after "unprepare started": the start-up cleanup meets the tree.
     let answer = prepare(&mut dra, vec![claim_ref(0)]).await;
     assert!(answer.claims["uid-0"].error.is_empty(), "{answer:?}");
-    deep_tree(&hami, 20_000);
+    deep_tree(&hami, 20_000).unwrap();
     stop(child);
     let mut crashing = node.command(&[]);
     crashing.env(

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
-use tonic::transport::Channel;
+use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 
 mod support;
 use support::{DRIVER, NodeDir, Plugin};
@@ -155,13 +155,10 @@ impl Node {
         Reaped(child)
     }
 
-    async fn connect(
-        &self,
-        plugin: &mut Plugin,
-    ) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+    async fn connect(&self, plugin: &mut Plugin) -> Dra {
         let socket = self.path("plugin").join("dra.sock");
         let channel = support::dial_until_up(plugin, &socket, Duration::from_mins(1)).await;
-        v1::dra_plugin_client::DraPluginClient::new(channel)
+        Dra::new(channel)
     }
 
     /// The one daemon's directory under the pipe root.
@@ -242,35 +239,12 @@ impl Node {
     }
 }
 
-async fn prepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) -> Vec<String> {
-    let answer = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![claim_ref()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let one = &answer.claims[UID];
-    assert!(one.error.is_empty(), "{}", one.error);
-    one.devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.clone())
-        .collect()
+async fn prepare(dra: &mut Dra) -> Vec<String> {
+    prepare_one(dra, claim_ref()).await.unwrap()
 }
 
-async fn unprepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) {
-    let answer = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![claim_ref()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        answer.claims[UID].error.is_empty(),
-        "{}",
-        answer.claims[UID].error
-    );
+async fn unprepare(dra: &mut Dra) {
+    unprepare_one(dra, claim_ref()).await.unwrap();
 }
 
 fn sigkill(plugin: &mut Plugin) {
@@ -280,14 +254,7 @@ fn sigkill(plugin: &mut Plugin) {
 
 /// Prepare, attach a client, SIGKILL the plugin, start a new one, prepare again; returns the
 /// node (with its live client) and the new plugin's connection.
-async fn kill_and_replace(
-    node: &mut Node,
-    daemons: &str,
-) -> (
-    Plugin,
-    v1::dra_plugin_client::DraPluginClient<Channel>,
-    Reaped,
-) {
+async fn kill_and_replace(node: &mut Node, daemons: &str) -> (Plugin, Dra, Reaped) {
     let mut plugin = node.plugin(daemons);
     let mut dra = node.connect(&mut plugin).await;
     let ids = prepare(&mut dra).await;

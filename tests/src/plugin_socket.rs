@@ -1,15 +1,20 @@
 //! Dialling a plugin's unix socket the way kubelet does: gRPC over HTTP/2 on the socket (the
 //! URI is a placeholder; the connector ignores it); and kubelet's calls on the registration
-//! socket.
+//! and DRA sockets.
 
 use std::path::Path;
 
+use anyhow::Context as _;
 use hyper_util::rt::TokioIo;
+use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
 use tonic::transport::{Channel, Endpoint};
 
 /// A registration client on `channel` (the plugin's registration socket).
 pub type Registration = reg::registration_client::RegistrationClient<Channel>;
+
+/// A DRA client (v1) on the plugin's DRA socket.
+pub type Dra = v1::dra_plugin_client::DraPluginClient<Channel>;
 
 /// One attempt to open a gRPC channel to the plugin's unix socket at `socket`; a socket that is
 /// missing or that nothing serves is an error.
@@ -59,5 +64,52 @@ pub async fn notify_registration(
             error: error.unwrap_or_default().to_owned(),
         })
         .await?;
+    Ok(())
+}
+
+/// Kubelet's `NodePrepareResources` of `claim` alone: the CDI device ids of its devices, in the
+/// plugin's order.
+///
+/// # Errors
+/// The call's status, or the error the plugin answered for the claim (or that it answered
+/// nothing for it).
+pub async fn prepare_one(dra: &mut Dra, claim: v1::Claim) -> anyhow::Result<Vec<String>> {
+    let uid = claim.uid.clone();
+    let answer = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![claim],
+        })
+        .await?
+        .into_inner();
+    let one = answer
+        .claims
+        .get(&uid)
+        .with_context(|| format!("no answer for claim {uid}"))?;
+    anyhow::ensure!(one.error.is_empty(), "{}", one.error);
+    Ok(one
+        .devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .collect())
+}
+
+/// Kubelet's `NodeUnprepareResources` of `claim` alone.
+///
+/// # Errors
+/// The call's status, or the error the plugin answered for the claim (or that it answered
+/// nothing for it).
+pub async fn unprepare_one(dra: &mut Dra, claim: v1::Claim) -> anyhow::Result<()> {
+    let uid = claim.uid.clone();
+    let answer = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![claim],
+        })
+        .await?
+        .into_inner();
+    let one = answer
+        .claims
+        .get(&uid)
+        .with_context(|| format!("no answer for claim {uid}"))?;
+    anyhow::ensure!(one.error.is_empty(), "{}", one.error);
     Ok(())
 }

@@ -25,7 +25,7 @@ use tessera_driver::node::isolation;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
-use tonic::transport::Channel;
+use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 
 #[path = "support/chart.rs"]
 mod chart;
@@ -195,35 +195,20 @@ fn claim_ref() -> v1::Claim {
     }
 }
 
-async fn dial(
-    socket: &Path,
-    plugin: &mut Reaped,
-) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+async fn dial(socket: &Path, plugin: &mut Reaped) -> Dra {
     let deadline = Instant::now() + Duration::from_mins(1);
     loop {
         assert!(plugin.0.try_wait().unwrap().is_none(), "the plugin exited");
         if let Ok(channel) = tessera_tests::plugin_socket::dial(socket).await {
-            return v1::dra_plugin_client::DraPluginClient::new(channel);
+            return Dra::new(channel);
         }
         assert!(Instant::now() < deadline, "the plugin did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-async fn prepare(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) -> Vec<String> {
-    let answer = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![claim_ref()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let one = &answer.claims[UID];
-    assert!(one.error.is_empty(), "{}", one.error);
-    one.devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.clone())
-        .collect()
+async fn prepare(dra: &mut Dra) -> Vec<String> {
+    prepare_one(dra, claim_ref()).await.unwrap()
 }
 
 /// A free TCP port for the plugin's metrics (other suites may run beside this one).
@@ -426,18 +411,7 @@ async fn on_node(work: &Path, bins: &Path, driver_root: &str) {
     );
 
     drop(client);
-    let answer = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![claim_ref()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        answer.claims[UID].error.is_empty(),
-        "{}",
-        answer.claims[UID].error
-    );
+    unprepare_one(&mut dra, claim_ref()).await.unwrap();
     let control = pipe.join("control");
     wait_until("the host stops the daemon", || {
         socket::probe(&control) == ControlSocket::Missing
