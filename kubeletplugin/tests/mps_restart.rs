@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
+use tessera_tests::host::{libraries, may_mount_and_chroot};
 use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 
 mod support;
-use support::{DRIVER, NodeDir, Plugin};
+use support::{NodeDir, Plugin};
 
 const NODE: &str = "t4-node";
 const UID: &str = "uid-share";
@@ -28,36 +28,14 @@ const FAKE_MPS: &str = env!("CARGO_BIN_EXE_tessera-fake-mps-control");
 
 /// A 4 GiB, 50 % share of `gpu-0` of the T4 node, as kube-scheduler allocates it.
 fn share_claim() -> res::ResourceClaim {
-    res::ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".to_owned()),
-            name: Some("share".to_owned()),
-            uid: Some(UID.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: res::ResourceClaimSpec::default(),
-        status: Some(res::ResourceClaimStatus {
-            allocation: Some(res::AllocationResult {
-                devices: Some(res::DeviceAllocationResult {
-                    results: Some(vec![res::DeviceRequestAllocationResult {
-                        request: "gpu".to_owned(),
-                        driver: DRIVER.to_owned(),
-                        pool: NODE.to_owned(),
-                        device: "gpu-0".to_owned(),
-                        share_id: Some("7f3a1c52-0d1e-4b7a-9c44-1b2f3e4d5a6b".to_owned()),
-                        consumed_capacity: Some(BTreeMap::from([
-                            ("memory".to_owned(), Quantity("4Gi".to_owned())),
-                            ("compute".to_owned(), Quantity("50".to_owned())),
-                        ])),
-                        ..res::DeviceRequestAllocationResult::default()
-                    }]),
-                    ..res::DeviceAllocationResult::default()
-                }),
-                ..res::AllocationResult::default()
-            }),
-            ..res::ResourceClaimStatus::default()
-        }),
-    }
+    let mut claim = support::allocated_claim("share", UID, NODE, "gpu-0");
+    let result = support::first_result(&mut claim);
+    result.share_id = Some("7f3a1c52-0d1e-4b7a-9c44-1b2f3e4d5a6b".to_owned());
+    result.consumed_capacity = Some(BTreeMap::from([
+        ("memory".to_owned(), Quantity("4Gi".to_owned())),
+        ("compute".to_owned(), Quantity("50".to_owned())),
+    ]));
+    claim
 }
 
 fn claim_ref() -> v1::Claim {
@@ -353,46 +331,10 @@ async fn with_the_node_host_the_daemon_is_not_the_plugins_and_outlives_it_and_th
     drop((plugin, host));
 }
 
-/// Whether this process may make mount namespaces and change root (root in CI containers
-/// usually may not).
-fn may_mount_and_chroot() -> bool {
-    const CAP_SYS_CHROOT: u32 = 18;
-    const CAP_SYS_ADMIN: u32 = 21;
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    effective & (1 << CAP_SYS_ADMIN) != 0 && effective & (1 << CAP_SYS_CHROOT) != 0
-}
-
-/// The shared libraries `binary` loads, as the dynamic loader lists them (what `ldd` does).
-fn libraries(binary: &str) -> Option<Vec<PathBuf>> {
-    let out = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
-        .iter()
-        .filter(|l| Path::new(l).exists())
-        .find_map(|loader| {
-            Command::new(loader)
-                .arg("--list")
-                .arg(binary)
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-        })?;
-    Some(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
-            .map(PathBuf::from)
-            .collect(),
-    )
-}
-
 /// A driver root holding the fake control binary at `/usr/bin/nvidia-cuda-mps-control` and
 /// the shared libraries it needs, and nothing else: no shell, no `mount`.
 fn fake_driver_root(root: &Path) -> Option<()> {
-    for path in libraries(FAKE_MPS)? {
+    for path in libraries(Path::new(FAKE_MPS))? {
         let inside = root.join(path.strip_prefix("/").unwrap());
         std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
         std::fs::copy(&path, &inside).unwrap();

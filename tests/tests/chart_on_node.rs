@@ -25,6 +25,7 @@ use tessera_driver::node::isolation;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
+use tessera_tests::host::{libraries, may_mount_and_chroot};
 use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 
 #[path = "support/chart.rs"]
@@ -43,18 +44,6 @@ impl Drop for Reaped {
     }
 }
 
-fn may_mount_and_chroot() -> bool {
-    const CAP_SYS_CHROOT: u32 = 18;
-    const CAP_SYS_ADMIN: u32 = 21;
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    effective & (1 << CAP_SYS_ADMIN) != 0 && effective & (1 << CAP_SYS_CHROOT) != 0
-}
-
 /// The directory of the workspace's binaries, when the three this test runs are built.
 fn binaries() -> Option<PathBuf> {
     let dir = std::env::current_exe().ok()?.parent()?.parent()?.to_owned();
@@ -66,28 +55,6 @@ fn binaries() -> Option<PathBuf> {
     .iter()
     .all(|b| dir.join(b).is_file())
     .then_some(dir)
-}
-
-/// The shared libraries `binary` loads, as the dynamic loader lists them (what `ldd` does).
-fn libraries(binary: &Path) -> Option<Vec<PathBuf>> {
-    let out = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
-        .iter()
-        .filter(|l| Path::new(l).exists())
-        .find_map(|loader| {
-            Command::new(loader)
-                .arg("--list")
-                .arg(binary)
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-        })?;
-    Some(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
-            .map(PathBuf::from)
-            .collect(),
-    )
 }
 
 fn under(root: &Path, path: &str) -> PathBuf {

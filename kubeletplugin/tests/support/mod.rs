@@ -21,11 +21,22 @@ pub const BOOT: &str = "boot-1";
 
 /// Claim `claim-<i>` (UID `uid-<i>`), allocated the whole GPU `gpu-<i>` of [`NODE`].
 pub fn claim(i: usize) -> res::ResourceClaim {
+    allocated_claim(
+        &format!("claim-{i}"),
+        &format!("uid-{i}"),
+        NODE,
+        &format!("gpu-{i}"),
+    )
+}
+
+/// Claim `name` (UID `uid`) in `default`, allocated the whole device `device` of node `pool`
+/// for its request `gpu`.
+pub fn allocated_claim(name: &str, uid: &str, pool: &str, device: &str) -> res::ResourceClaim {
     res::ResourceClaim {
         metadata: ObjectMeta {
             namespace: Some("default".to_owned()),
-            name: Some(format!("claim-{i}")),
-            uid: Some(format!("uid-{i}")),
+            name: Some(name.to_owned()),
+            uid: Some(uid.to_owned()),
             ..ObjectMeta::default()
         },
         spec: res::ResourceClaimSpec::default(),
@@ -35,8 +46,8 @@ pub fn claim(i: usize) -> res::ResourceClaim {
                     results: Some(vec![res::DeviceRequestAllocationResult {
                         request: "gpu".to_owned(),
                         driver: DRIVER.to_owned(),
-                        pool: NODE.to_owned(),
-                        device: format!("gpu-{i}"),
+                        pool: pool.to_owned(),
+                        device: device.to_owned(),
                         ..res::DeviceRequestAllocationResult::default()
                     }]),
                     ..res::DeviceAllocationResult::default()
@@ -62,7 +73,22 @@ pub fn claim_ref(i: usize) -> v1::Claim {
 /// that GPU shared (`--gpu-mode shared`).
 pub fn share_claim(i: usize, gpu: usize, memory: &str) -> res::ResourceClaim {
     let mut claim = claim(i);
-    let result = &mut claim
+    let result = first_result(&mut claim);
+    result.device = format!("gpu-{gpu}");
+    result.share_id = Some(format!("00000000-0000-4000-8000-{i:012}"));
+    result.consumed_capacity = Some(
+        [(
+            "memory".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.to_owned()),
+        )]
+        .into(),
+    );
+    claim
+}
+
+/// The first device result of `claim`'s allocation.
+pub fn first_result(claim: &mut res::ResourceClaim) -> &mut res::DeviceRequestAllocationResult {
+    &mut claim
         .status
         .as_mut()
         .unwrap()
@@ -74,17 +100,7 @@ pub fn share_claim(i: usize, gpu: usize, memory: &str) -> res::ResourceClaim {
         .unwrap()
         .results
         .as_mut()
-        .unwrap()[0];
-    result.device = format!("gpu-{gpu}");
-    result.share_id = Some(format!("00000000-0000-4000-8000-{i:012}"));
-    result.consumed_capacity = Some(
-        [(
-            "memory".to_owned(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.to_owned()),
-        )]
-        .into(),
-    );
-    claim
+        .unwrap()[0]
 }
 
 /// One attempt to dial the plugin's unix socket at `socket`.

@@ -1,0 +1,41 @@
+//! What the host lets a test do, for the tests that build a root of their own and run in it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Whether this process may make mount namespaces and change root (`CAP_SYS_ADMIN` and
+/// `CAP_SYS_CHROOT` effective; root in CI containers usually may not).
+pub fn may_mount_and_chroot() -> bool {
+    const CAP_SYS_CHROOT: u32 = 18;
+    const CAP_SYS_ADMIN: u32 = 21;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    effective & (1 << CAP_SYS_ADMIN) != 0 && effective & (1 << CAP_SYS_CHROOT) != 0
+}
+
+/// The shared libraries `binary` loads, as the dynamic loader lists them (what `ldd` does);
+/// `None` where no known loader is present or it cannot list them.
+pub fn libraries(binary: &Path) -> Option<Vec<PathBuf>> {
+    let out = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
+        .iter()
+        .filter(|l| Path::new(l).exists())
+        .find_map(|loader| {
+            Command::new(loader)
+                .arg("--list")
+                .arg(binary)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        })?;
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+            .map(PathBuf::from)
+            .collect(),
+    )
+}
