@@ -72,7 +72,8 @@ fn whole_claim(name: &str) -> Value {
     })
 }
 
-fn pod(name: &str, claims: &Value, gated: bool) -> Value {
+/// Creates pod `name` in `team-a` with the pod claims `claims`, gated by Tessera when `gated`.
+fn create_pod(server: &FakeApiServer, name: &str, claims: &Value, gated: bool) {
     let mut spec = json!({
         "containers": [{"name": "main", "image": "cuda"}],
         "resourceClaims": claims,
@@ -80,7 +81,8 @@ fn pod(name: &str, claims: &Value, gated: bool) -> Value {
     if gated {
         spec["schedulingGates"] = json!([{"name": names::SCHEDULING_GATE}]);
     }
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"}, "spec": spec})
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a"}, "spec": spec});
+    server.create("pods", pod).unwrap();
 }
 
 /// A cluster with one node of two A100s: gpu-0 shared and holding a 10Gi/50 % share reserved
@@ -166,6 +168,20 @@ async fn tessera(args: &[&str]) -> (Result<(), String>, String) {
     .unwrap()
 }
 
+/// `tessera inspect pod <pod> -n team-a` through the kubeconfig in `dir`, as JSON when `json`.
+async fn inspect_pod(
+    dir: &tempfile::TempDir,
+    pod: &str,
+    json: bool,
+) -> (Result<(), String>, String) {
+    let cfg = kubeconfig(dir);
+    let mut args = vec!["inspect", "--kubeconfig", &cfg, "pod", pod, "-n", "team-a"];
+    if json {
+        args.extend(["-o", "json"]);
+    }
+    tessera(&args).await
+}
+
 fn kubeconfig(dir: &tempfile::TempDir) -> String {
     dir.path().join("kubeconfig").display().to_string()
 }
@@ -217,28 +233,13 @@ async fn a_gated_pod_whose_share_does_not_fit_is_explained_by_the_allocator() {
     server
         .create("resourceclaims", share_claim("big", "75Gi", None))
         .unwrap();
-    server
-        .create(
-            "pods",
-            pod(
-                "waiting",
-                &json!([{"name": "gpu", "resourceClaimName": "big"}]),
-                true,
-            ),
-        )
-        .unwrap();
-    let (result, out) = tessera(&[
-        "inspect",
-        "--kubeconfig",
-        &kubeconfig(&dir),
-        "pod",
+    create_pod(
+        &server,
         "waiting",
-        "-n",
-        "team-a",
-        "-o",
-        "json",
-    ])
-    .await;
+        &json!([{"name": "gpu", "resourceClaimName": "big"}]),
+        true,
+    );
+    let (result, out) = inspect_pod(&dir, "waiting", true).await;
     result.unwrap();
     let explained: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(explained["verdict"], "unplaceable", "{explained}");
@@ -253,26 +254,13 @@ async fn a_gated_pod_that_fits_names_the_node_and_suspects_the_controller() {
     server
         .create("resourceclaims", share_claim("small", "4Gi", Some(25)))
         .unwrap();
-    server
-        .create(
-            "pods",
-            pod(
-                "ready",
-                &json!([{"name": "gpu", "resourceClaimName": "small"}]),
-                true,
-            ),
-        )
-        .unwrap();
-    let (result, out) = tessera(&[
-        "inspect",
-        "--kubeconfig",
-        &kubeconfig(&dir),
-        "pod",
+    create_pod(
+        &server,
         "ready",
-        "-n",
-        "team-a",
-    ])
-    .await;
+        &json!([{"name": "gpu", "resourceClaimName": "small"}]),
+        true,
+    );
+    let (result, out) = inspect_pod(&dir, "ready", false).await;
     result.unwrap();
     assert!(
         out.contains("fit on gpu-node") && out.contains("controller"),
@@ -283,51 +271,22 @@ async fn a_gated_pod_that_fits_names_the_node_and_suspects_the_controller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ungated_pod_is_kube_schedulers_and_a_missing_claim_is_named() {
     let (server, dir) = cluster().await;
-    server
-        .create(
-            "pods",
-            pod(
-                "plain",
-                &json!([{"name": "gpu", "resourceClaimName": "whole"}]),
-                false,
-            ),
-        )
-        .unwrap();
-    server
-        .create(
-            "pods",
-            pod(
-                "early",
-                &json!([{"name": "gpu", "resourceClaimTemplateName": "shares"}]),
-                true,
-            ),
-        )
-        .unwrap();
-    let cfg = kubeconfig(&dir);
-    let (result, out) = tessera(&[
-        "inspect",
-        "--kubeconfig",
-        &cfg,
-        "pod",
+    create_pod(
+        &server,
         "plain",
-        "-n",
-        "team-a",
-    ])
-    .await;
+        &json!([{"name": "gpu", "resourceClaimName": "whole"}]),
+        false,
+    );
+    create_pod(
+        &server,
+        "early",
+        &json!([{"name": "gpu", "resourceClaimTemplateName": "shares"}]),
+        true,
+    );
+    let (result, out) = inspect_pod(&dir, "plain", false).await;
     result.unwrap();
     assert!(out.contains("not gated: kube-scheduler's"), "{out}");
-    let (result, out) = tessera(&[
-        "inspect",
-        "--kubeconfig",
-        &cfg,
-        "pod",
-        "early",
-        "-n",
-        "team-a",
-        "-o",
-        "json",
-    ])
-    .await;
+    let (result, out) = inspect_pod(&dir, "early", true).await;
     result.unwrap();
     let explained: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(explained["verdict"], "waitingForClaims");
@@ -338,15 +297,6 @@ async fn an_ungated_pod_is_kube_schedulers_and_a_missing_claim_is_named() {
             .contains("ResourceClaimTemplate shares"),
         "{explained}"
     );
-    let (result, _) = tessera(&[
-        "inspect",
-        "--kubeconfig",
-        &cfg,
-        "pod",
-        "nobody",
-        "-n",
-        "team-a",
-    ])
-    .await;
+    let (result, _) = inspect_pod(&dir, "nobody", false).await;
     assert!(result.unwrap_err().contains("not found"));
 }
