@@ -206,6 +206,18 @@ where
     )
 }
 
+/// One write on a pod's way to its node, as [`write_costs`] measures it: the controller's
+/// mark, allocation (with the reservation on the fast path), ungate; kube-scheduler's
+/// reservation and binding.
+#[derive(Clone, Copy)]
+enum Step {
+    Mark,
+    Allocate { reserve: bool },
+    Ungate,
+    Reserve,
+    Bind,
+}
+
 /// What each of the controller's writes costs a real kube-apiserver and etcd (CPU per write,
 /// request bytes), for docs/controller.md. Not a pass/fail test: run it by hand with
 /// `KUBEBUILDER_ASSETS=/work/k8s/bin cargo test -p tessera-tests --test controller_envtest
@@ -299,85 +311,77 @@ async fn write_costs() {
     let sample_claim = claim("gate-0".into()).await;
     let sample_pod = pod("gate-0".into()).await;
     // The gate path: mark, allocate, ungate; then kube-scheduler's reservation and binding.
-    for (label, step) in [
-        ("mark (merge patch: finalizer + annotation)", 0),
-        ("allocate (status merge patch)", 1),
-        ("ungate (merge patch)", 2),
-        ("kube-scheduler: reserve (status patch of reservedFor)", 3),
-        ("bind (pods/binding)", 4),
-    ] {
-        let (w, claim, pod, c) = (writer.clone(), claim.clone(), pod.clone(), client.clone());
-        let cost = per_write(pids, n, move |i| {
-            let (w, claim, pod, c) = (w.clone(), claim.clone(), pod.clone(), c.clone());
-            async move {
-                let name = format!("gate-{i}");
-                match step {
-                    0 => {
-                        w.mark_claim(&claim(name.clone()).await, &name)
-                            .await
-                            .unwrap();
-                    }
-                    1 => {
-                        w.write_allocation(&claim(name).await, &share_allocation(i), None)
-                            .await
-                            .unwrap();
-                    }
-                    2 => {
-                        w.ungate(&pod(name).await).await.unwrap();
-                    }
-                    3 => {
-                        let p = pod(name.clone()).await;
-                        let body = json!({"status": {"reservedFor": [
-                            {"resource": "pods", "name": name, "uid": p.metadata.uid}]}});
-                        claims_api(&c, version)
-                            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                            .await
-                            .unwrap();
-                    }
-                    _ => {
-                        bind(&c, &pod(name).await, &node_name(0)).await.unwrap();
-                    }
-                }
-            }
-        })
-        .await;
-        rows.push((label.to_owned(), cost, 0));
-    }
     // The fast path: allocation and reservation in one status write, ungate, bind.
-    for (label, step) in [
-        ("mark (merge patch: finalizer + annotation)", 0),
-        ("allocate + reserve (one status merge patch)", 1),
-        ("ungate (merge patch)", 2),
-        ("bind (pods/binding)", 3),
-    ] {
-        let (w, claim, pod, c) = (writer.clone(), claim.clone(), pod.clone(), client.clone());
-        let cost = per_write(pids, n, move |i| {
-            let (w, claim, pod, c) = (w.clone(), claim.clone(), pod.clone(), c.clone());
-            async move {
-                let name = format!("fast-{i}");
-                match step {
-                    0 => {
-                        w.mark_claim(&claim(name.clone()).await, &name)
+    let gate = [
+        ("mark (merge patch: finalizer + annotation)", Step::Mark),
+        (
+            "allocate (status merge patch)",
+            Step::Allocate { reserve: false },
+        ),
+        ("ungate (merge patch)", Step::Ungate),
+        (
+            "kube-scheduler: reserve (status patch of reservedFor)",
+            Step::Reserve,
+        ),
+        ("bind (pods/binding)", Step::Bind),
+    ];
+    let fast = [
+        ("mark (merge patch: finalizer + annotation)", Step::Mark),
+        (
+            "allocate + reserve (one status merge patch)",
+            Step::Allocate { reserve: true },
+        ),
+        ("ungate (merge patch)", Step::Ungate),
+        ("bind (pods/binding)", Step::Bind),
+    ];
+    for (set, row_prefix, steps) in [("gate", "", &gate[..]), ("fast", "fast: ", &fast[..])] {
+        for &(label, step) in steps {
+            let (w, claim, pod, c) = (writer.clone(), claim.clone(), pod.clone(), client.clone());
+            let cost = per_write(pids, n, move |i| {
+                let (w, claim, pod, c) = (w.clone(), claim.clone(), pod.clone(), c.clone());
+                async move {
+                    let name = format!("{set}-{i}");
+                    match step {
+                        Step::Mark => {
+                            w.mark_claim(&claim(name.clone()).await, &name)
+                                .await
+                                .unwrap();
+                        }
+                        Step::Allocate { reserve } => {
+                            let p = if reserve {
+                                Some(pod(name.clone()).await)
+                            } else {
+                                None
+                            };
+                            w.write_allocation(
+                                &claim(name).await,
+                                &share_allocation(i),
+                                p.as_ref(),
+                            )
                             .await
                             .unwrap();
-                    }
-                    1 => {
-                        let p = pod(name.clone()).await;
-                        w.write_allocation(&claim(name).await, &share_allocation(i), Some(&p))
-                            .await
-                            .unwrap();
-                    }
-                    2 => {
-                        w.ungate(&pod(name).await).await.unwrap();
-                    }
-                    _ => {
-                        bind(&c, &pod(name).await, &node_name(0)).await.unwrap();
+                        }
+                        Step::Ungate => {
+                            w.ungate(&pod(name).await).await.unwrap();
+                        }
+                        Step::Reserve => {
+                            let p = pod(name.clone()).await;
+                            let body = json!({"status": {"reservedFor": [
+                                {"resource": "pods", "name": name, "uid": p.metadata.uid}]}});
+                            claims_api(&c, version)
+                                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                                .await
+                                .unwrap();
+                        }
+                        Step::Bind => {
+                            bind(&c, &pod(name).await, &node_name(0)).await.unwrap();
+                        }
                     }
                 }
-            }
-        })
-        .await;
-        rows.push((format!("fast: {label}"), cost, 0));
+            })
+            .await;
+            rows.push((format!("{row_prefix}{label}"), cost, 0));
+        }
     }
     // Reads alone (every write above also did one GET first): subtract this row.
     let cost = per_write(pids, n, move |i| {
