@@ -2,6 +2,7 @@
 //! URI is a placeholder; the connector ignores it); and kubelet's calls on the registration
 //! and DRA sockets.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -81,11 +82,7 @@ pub async fn prepare_one(dra: &mut Dra, claim: v1::Claim) -> anyhow::Result<Vec<
         })
         .await?
         .into_inner();
-    let one = answer
-        .claims
-        .get(&uid)
-        .with_context(|| format!("no answer for claim {uid}"))?;
-    anyhow::ensure!(one.error.is_empty(), "{}", one.error);
+    let one = answer_for(&answer.claims, &uid, |a| &a.error)?;
     Ok(one
         .devices
         .iter()
@@ -106,10 +103,21 @@ pub async fn unprepare_one(dra: &mut Dra, claim: v1::Claim) -> anyhow::Result<()
         })
         .await?
         .into_inner();
-    let one = answer
-        .claims
-        .get(&uid)
-        .with_context(|| format!("no answer for claim {uid}"))?;
-    anyhow::ensure!(one.error.is_empty(), "{}", one.error);
+    answer_for(&answer.claims, &uid, |a| &a.error)?;
     Ok(())
+}
+
+/// The plugin's answer for claim `uid` among `answers`, where it gave one and its error
+/// (`error` reads it) is empty.
+fn answer_for<'a, T>(
+    answers: &'a HashMap<String, T>,
+    uid: &str,
+    error: impl Fn(&T) -> &String,
+) -> anyhow::Result<&'a T> {
+    let one = answers
+        .get(uid)
+        .with_context(|| format!("no answer for claim {uid}"))?;
+    let error = error(one);
+    anyhow::ensure!(error.is_empty(), "{error}");
+    Ok(one)
 }
