@@ -35,6 +35,16 @@ fn verified(s: &Setup, backend: &str, accept: bool) -> Verified {
     )
 }
 
+/// The inventory file's GPUs under `backend`, probed by `probe`.
+fn probed_by(s: &Setup, probe: Arc<dyn IsolationProbe>, backend: &str) -> Verified {
+    Verified::new(
+        Arc::new(FakeDiscovery::new(&s.file, "n")),
+        probe,
+        backend,
+        false,
+    )
+}
+
 fn sorted(mut names: Vec<String>) -> Vec<String> {
     names.sort();
     names
@@ -207,12 +217,7 @@ fn the_gpus_of_a_node_are_probed_side_by_side_and_judged_in_their_order() {
     let s = setup(&shared_gpus(4));
     // Each probe waits until all four are inside: one after another, none would get there.
     let probe = Arc::new(Overlap::new(4, Duration::from_secs(30), &[]));
-    let d = Verified::new(
-        Arc::new(FakeDiscovery::new(&s.file, "n")),
-        Arc::clone(&probe) as Arc<dyn IsolationProbe>,
-        "mps",
-        false,
-    );
+    let d = probed_by(&s, Arc::clone(&probe) as Arc<dyn IsolationProbe>, "mps");
     let node = d.discover().unwrap();
     assert_eq!(probe.most_inside(), 4, "all four probes ran at once");
     let held = (isolation::REASON_PROBE_HELD, Isolation::Verified);
@@ -227,11 +232,10 @@ fn at_most_the_bound_probe_at_once_and_a_panicking_probe_leaves_its_gpu_unverifi
     // Each probe waits (a second at most) for all of them: unbounded, all would be inside at
     // once; bounded, the first ones give up waiting and make room for the rest.
     let probe = Arc::new(Overlap::new(gpus, Duration::from_secs(1), &["gpu-2"]));
-    let d = Verified::new(
-        Arc::new(FakeDiscovery::new(&s.file, "n")),
+    let d = probed_by(
+        &s,
         Arc::clone(&probe) as Arc<dyn IsolationProbe>,
         "hami-core",
-        false,
     );
     let node = d.discover().unwrap();
     assert!(
@@ -283,13 +287,8 @@ fn a_probe_that_timed_out_is_tried_again_later_until_it_runs() {
     });
     let now = Arc::new(Mutex::new(Duration::ZERO));
     let clock = Arc::clone(&now);
-    let d = Verified::new(
-        Arc::new(FakeDiscovery::new(&s.file, "n")),
-        Arc::clone(&probe) as Arc<dyn IsolationProbe>,
-        "mps",
-        false,
-    )
-    .with_clock(Arc::new(move || *clock.lock().unwrap()));
+    let d = probed_by(&s, Arc::clone(&probe) as Arc<dyn IsolationProbe>, "mps")
+        .with_clock(Arc::new(move || *clock.lock().unwrap()));
     let at = |secs: u64| {
         *now.lock().unwrap() = Duration::from_secs(secs);
         let node = d.discover().unwrap();
