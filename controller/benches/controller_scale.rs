@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tessera_driver::names;
 use tessera_tests::fake_apiserver::{FakeApiServer, Verb};
+use tessera_tests::host::free_port;
 use tessera_tests::scale::{
     GPUS, Rng, claim_spec, cpu_time, inventory, percentile, proc_status, seed_fake,
 };
@@ -128,14 +129,6 @@ fn get(addr: &str, path: &str) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Killed(Child);

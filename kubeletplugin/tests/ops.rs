@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
+use tessera_tests::host::free_port;
 use tessera_tests::plugin_socket::notify_registration;
 use tonic::transport::Channel;
 
@@ -74,13 +75,6 @@ async fn wait_for_sample(addr: SocketAddr, prefix: &str, value: f64) -> String {
     }
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // Reason: one scenario, read top to bottom.
 async fn metrics_health_readiness_and_inventory_watch() {
@@ -88,7 +82,7 @@ async fn metrics_health_readiness_and_inventory_watch() {
     let inventory = node.path("inventory.yaml");
     std::fs::write(&inventory, INVENTORY).unwrap();
     let log = std::fs::File::create(node.path("log.json")).unwrap();
-    let addr = free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let addr_arg = addr.to_string();
     let inventory_arg = inventory.display().to_string();
     let args = [

@@ -369,7 +369,7 @@ async fn run(assets: &Path, mode: Mode, nodes: usize, pods: usize) {
             format!("--authentication-kubeconfig={kubeconfig}"),
             format!("--authorization-kubeconfig={kubeconfig}"),
             "--bind-address=127.0.0.1".to_owned(),
-            format!("--secure-port={}", envtest_cluster::free_port()),
+            format!("--secure-port={}", tessera_tests::host::free_port()),
         ],
         &dir.join("kube-scheduler.log"),
     );
@@ -386,7 +386,7 @@ async fn run(assets: &Path, mode: Mode, nodes: usize, pods: usize) {
             "--kube-api-qps=1000".to_owned(),
             "--kube-api-burst=1000".to_owned(),
             "--bind-address=127.0.0.1".to_owned(),
-            format!("--secure-port={}", envtest_cluster::free_port()),
+            format!("--secure-port={}", tessera_tests::host::free_port()),
         ],
         &dir.join("kube-controller-manager.log"),
     );
@@ -394,7 +394,7 @@ async fn run(assets: &Path, mode: Mode, nodes: usize, pods: usize) {
     cluster.processes.0.push(manager);
     let mut allocator_pid = named[2].1;
     if mode == Mode::Tessera {
-        let metrics = format!("127.0.0.1:{}", envtest_cluster::free_port());
+        let metrics = format!("127.0.0.1:{}", tessera_tests::host::free_port());
         let mut args = vec![
             format!("--kubeconfig={kubeconfig}"),
             "--leader-elect=false".to_owned(),

@@ -39,3 +39,15 @@ pub fn libraries(binary: &Path) -> Option<Vec<PathBuf>> {
             .collect(),
     )
 }
+
+/// A loopback port nobody listens on now, for a server the test starts (another process may
+/// still take it before the server binds: the tests that use it retry or fail clearly).
+///
+/// # Panics
+/// Where no loopback port can be bound at all.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a loopback port")
+}

@@ -25,7 +25,7 @@ use tessera_driver::node::isolation;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_kubelet_plugin::mps::socket;
 use tessera_proto::dra::v1;
-use tessera_tests::host::{libraries, may_mount_and_chroot};
+use tessera_tests::host::{free_port, libraries, may_mount_and_chroot};
 use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 
 #[path = "support/chart.rs"]
@@ -179,14 +179,6 @@ async fn prepare(dra: &mut Dra) -> Vec<String> {
 }
 
 /// A free TCP port for the plugin's metrics (other suites may run beside this one).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .unwrap_or_default()

@@ -7,15 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "tessera-envtest-token";
+use tessera_tests::host::free_port;
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+const TOKEN: &str = "tessera-envtest-token";
 
 /// Children killed when dropped, so a failed assertion leaves no server behind.
 pub(crate) struct Processes(pub(crate) Vec<Child>);
