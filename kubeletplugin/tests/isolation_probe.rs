@@ -120,3 +120,34 @@ fn a_mount_that_cannot_be_applied_fails_the_probe_with_its_reason() {
         "{message}"
     );
 }
+
+#[test]
+fn the_specs_preload_reaches_only_the_probe_the_child_runs_after_its_mounts() {
+    let dir = tempfile::tempdir().unwrap();
+    // A library that is nowhere: glibc's loader says so once for each process that preloads it.
+    let preload = dir.path().join("lib/not-mounted.so");
+    let out = std::process::Command::new(PLUGIN)
+        .args([
+            tessera_kubelet_plugin::isolation::SUBCOMMAND,
+            "--",
+            PLUGIN,
+            tessera_kubelet_plugin::isolation::SUBCOMMAND,
+        ])
+        .env_clear()
+        .env(isolation::PRELOAD_HANDOFF_ENV, &preload)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if refused_namespace(&stderr) {
+        eprintln!("skipped: this process may not make a mount namespace ({stderr})");
+        return;
+    }
+    // The child itself started without it; the probe it ran after the mounts got it (and
+    // stopped at its first check: no memory limit in the environment).
+    let complaints = stderr
+        .lines()
+        .filter(|l| l.contains(&preload.display().to_string()))
+        .count();
+    assert_eq!(complaints, 1, "{stderr}");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+}

@@ -63,6 +63,10 @@ pub const REASON_DID_NOT_RUN: &str = "probe-did-not-run";
 /// The plugin binary's subcommand that runs the probe (and, with arguments, first applies the
 /// claim's mounts: [`namespace`]).
 pub const PROBE_SUBCOMMAND: &str = "isolation-probe";
+/// Where the launcher of a contained probe finds the spec's `LD_PRELOAD`: it sets
+/// `LD_PRELOAD` from it only for the probe it execs after the mounts, since before them the
+/// library is not at its path (the loader would complain, or load what happens to be there).
+pub const PRELOAD_HANDOFF_ENV: &str = "TESSERA_PROBE_LD_PRELOAD";
 
 /// Reason code: the node enforces nothing (`none`).
 pub const REASON_NO_ENFORCEMENT: &str = "no-enforcement";
@@ -460,7 +464,8 @@ pub struct ProbeCommand {
 /// `inherited` (what an image would carry), the spec's values winning; and every bind mount
 /// applied in a mount namespace of its own by `launcher`, the plugin's own binary, as
 /// `launcher isolation-probe --bind SOURCE TARGET OPTIONS ... -- program args`
-/// ([`namespace`]; it needs `CAP_SYS_ADMIN`, and no shell, `unshare` or `mount`). Without a
+/// ([`namespace`]; it needs `CAP_SYS_ADMIN`, and no shell, `unshare` or `mount`), which
+/// hands the spec's `LD_PRELOAD` on to the probe in [`PRELOAD_HANDOFF_ENV`]. Without a
 /// `launcher` the mounts are left out (tests; a backend that needs them then fails its probe,
 /// which fails closed).
 pub fn probe_command(
@@ -488,7 +493,13 @@ pub fn probe_command(
             ProbeCommand {
                 program: launcher.to_owned(),
                 args: out,
-                env,
+                env: env
+                    .into_iter()
+                    .map(|(k, v)| match k.as_str() {
+                        "LD_PRELOAD" => (PRELOAD_HANDOFF_ENV.to_owned(), v),
+                        _ => (k, v),
+                    })
+                    .collect(),
             }
         }
         _ => ProbeCommand {

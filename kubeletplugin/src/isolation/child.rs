@@ -12,7 +12,8 @@
 //! starts; `unshare(CLONE_NEWNS)` refuses a multi-threaded one) it makes a mount namespace of
 //! its own and applies the steps in Rust, as `tessera-mps exec` does, then replaces itself
 //! with `PROGRAM ARGS` (the plugin's binary in probe mode), so that what the environment
-//! preloads (HAMi-core's `LD_PRELOAD`) is loaded from the mounted path, as in a container.
+//! preloads (HAMi-core's `LD_PRELOAD`, handed over in `TESSERA_PROBE_LD_PRELOAD` and set only
+//! for that exec) is loaded from the mounted path, as in a container.
 //!
 //! Exit status: 0 with a report; 2 when the environment holds no limit; 3 when CUDA cannot be
 //! used at all (no `libcuda.so.1`, no device, no MPS server); 4 when the mounts could not be
@@ -28,7 +29,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use tessera_driver::node::cdi::MEMORY_LIMIT_ENV;
 use tessera_driver::node::isolation::namespace::{self, Bind, Invocation};
-use tessera_driver::node::isolation::{Allocation, PROBE_SUBCOMMAND, ProbeReport};
+use tessera_driver::node::isolation::{
+    Allocation, PRELOAD_HANDOFF_ENV, PROBE_SUBCOMMAND, ProbeReport,
+};
 
 use crate::error::{Error, Result};
 use crate::mps::exec::apply_steps;
@@ -81,7 +84,15 @@ fn contain(args: Vec<OsString>) -> Result<()> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| Error::Config("no program to run".to_owned()))?;
-    let error = Command::new(program).args(args).exec();
+    let mut probe = Command::new(program);
+    probe.args(args);
+    // The spec's preload, now that its library is mounted at its path.
+    if let Some(preload) = std::env::var_os(PRELOAD_HANDOFF_ENV) {
+        probe
+            .env_remove(PRELOAD_HANDOFF_ENV)
+            .env("LD_PRELOAD", preload);
+    }
+    let error = probe.exec();
     Err(Error::io("running", program, error))
 }
 

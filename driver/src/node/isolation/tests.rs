@@ -367,9 +367,15 @@ fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
     assert_eq!(binds, edits.mounts);
     assert_eq!(command, ["/plugin", "isolation-probe"]);
     let env: BTreeMap<_, _> = cmd.env.iter().cloned().collect();
+    // The spec's preload, not the plugin's, handed on to the probe the launcher execs after the
+    // mounts (before them the library is not there).
     assert_eq!(
-        env["LD_PRELOAD"], "/usr/local/tessera/hami/libvgpu.so",
+        env[PRELOAD_HANDOFF_ENV], "/usr/local/tessera/hami/libvgpu.so",
         "the spec's, not the plugin's"
+    );
+    assert!(
+        !env.contains_key("LD_PRELOAD"),
+        "not for the launcher itself"
     );
     assert_eq!(env["CUDA_DEVICE_MEMORY_LIMIT_0"], "1024m");
     assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_BYTES"], "1073741824");
@@ -382,5 +388,7 @@ fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
     let plain = probe_command(&edits, "/plugin", &args, &inherited, None);
     assert_eq!(plain.program, "/plugin");
     assert_eq!(plain.args, args);
-    assert_eq!(plain.env, cmd.env);
+    let plain_env: BTreeMap<_, _> = plain.env.iter().cloned().collect();
+    assert_eq!(plain_env["LD_PRELOAD"], env[PRELOAD_HANDOFF_ENV]);
+    assert_eq!(plain_env.len(), env.len());
 }
