@@ -84,6 +84,9 @@ pub enum Isolation {
 }
 
 impl Isolation {
+    /// Every value, in the order errors list them.
+    pub const ALL: [Self; 3] = [Self::Verified, Self::Unverified, Self::Accepted];
+
     /// The published value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -108,20 +111,18 @@ impl fmt::Display for Isolation {
 impl std::str::FromStr for Isolation {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            names::ISOLATION_VERIFIED => Ok(Self::Verified),
-            names::ISOLATION_UNVERIFIED => Ok(Self::Unverified),
-            names::ISOLATION_ACCEPTED => Ok(Self::Accepted),
-            other => Err(Error::Inventory {
+        Self::ALL
+            .into_iter()
+            .find(|i| i.as_str() == s)
+            .ok_or_else(|| Error::Inventory {
                 field: "isolation".into(),
                 message: format!(
-                    "unknown isolation {other:?}; expected {}, {} or {}",
+                    "unknown isolation {s:?}; expected {}, {} or {}",
                     names::ISOLATION_VERIFIED,
                     names::ISOLATION_UNVERIFIED,
                     names::ISOLATION_ACCEPTED
                 ),
-            }),
-        }
+            })
     }
 }
 

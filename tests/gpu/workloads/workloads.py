@@ -23,14 +23,20 @@ def torch_cuda():
     return torch
 
 
+def operands(torch, n, warmup):
+    """Two random n x n bf16 matrices on the GPU, multiplied `warmup` times first."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(warmup):
+        a @ b
+    torch.cuda.synchronize()
+    return a, b
+
+
 def matmul(args):
     torch = torch_cuda()
     n = args.size
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
+    a, b = operands(torch, n, 3)
     done = 0
     start = time.perf_counter()
     while time.perf_counter() - start < args.seconds:
@@ -44,12 +50,7 @@ def matmul(args):
 
 def latency(args):
     torch = torch_cuda()
-    n = args.size
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(20):
-        a @ b
-    torch.cuda.synchronize()
+    a, b = operands(torch, args.size, 20)
     samples = []
     start = time.perf_counter()
     while time.perf_counter() - start < args.seconds:
