@@ -6,7 +6,7 @@
 //! applies the mounts in a mount namespace of its own, then runs the probe), kills it after the
 //! timeout, and judges its report.
 
-use std::io::Read as _;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -75,7 +75,11 @@ impl ChildProbe {
     /// Runs the child with `edits` (a spec's container edits: its mounts and environment) and
     /// judges what it reports.
     pub fn run(&self, edits: &ContainerEdits) -> ProbeOutcome {
-        let inherited: Vec<(String, String)> = std::env::vars().collect();
+        // Only what an image would carry; `env::vars` would panic on a value that is not UTF-8.
+        let inherited: Vec<(String, String)> = ["PATH", "LD_LIBRARY_PATH"]
+            .iter()
+            .filter_map(|k| Some(((*k).to_owned(), std::env::var(k).ok()?)))
+            .collect();
         let launcher = self.launcher.as_ref().map(|l| l.display().to_string());
         let command = isolation::probe_command(
             edits,
@@ -98,6 +102,10 @@ impl ChildProbe {
                 return Self::did_not_run(format!("cannot start {}: {e}", command.program));
             }
         };
+        // Read while the child runs: a child that writes more than a pipe holds (a chatty
+        // preloaded library) would otherwise block until it is killed as timed out.
+        let stdout = child.stdout.take().map(drain);
+        let stderr = child.stderr.take().map(drain);
         let deadline = Instant::now() + self.timeout;
         let status = loop {
             match child.try_wait() {
@@ -117,14 +125,8 @@ impl ChildProbe {
                 Err(e) => return Self::did_not_run(format!("waiting for the probe: {e}")),
             }
         };
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut out) = child.stdout.take() {
-            let _ = out.read_to_string(&mut stdout);
-        }
-        if let Some(mut err) = child.stderr.take() {
-            let _ = err.read_to_string(&mut stderr);
-        }
+        let stdout = stdout.map(collect).unwrap_or_default();
+        let stderr = stderr.map(collect).unwrap_or_default();
         if !status.success() {
             return Self::did_not_run(format!("the probe exited with {status}: {}", tail(&stderr)));
         }
@@ -139,6 +141,25 @@ impl ChildProbe {
 }
 
 /// The last line of `text`, at most 300 characters, for a reason.
+/// The most of a child's output kept (the report is one short line; the rest is for the tail
+/// of an error): what comes after is read and dropped.
+const OUTPUT_KEPT: u64 = 1 << 20;
+
+/// Reads `pipe` to its end on a thread of its own, keeping its first [`OUTPUT_KEPT`] bytes.
+fn drain(pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut pipe = pipe;
+        let _ = pipe.by_ref().take(OUTPUT_KEPT).read_to_end(&mut kept);
+        let _ = std::io::copy(&mut pipe, &mut std::io::sink());
+        String::from_utf8_lossy(&kept).into_owned()
+    })
+}
+
+fn collect(reader: std::thread::JoinHandle<String>) -> String {
+    reader.join().unwrap_or_default()
+}
+
 fn tail(text: &str) -> String {
     let line = text.trim().lines().last().unwrap_or("(nothing)");
     line.chars().take(300).collect()
@@ -224,6 +245,22 @@ mod tests {
             started.elapsed() < Duration::from_secs(25),
             "the child was killed"
         );
+    }
+
+    #[test]
+    fn a_child_that_writes_more_than_a_pipe_holds_is_read_while_it_runs() {
+        let node = node();
+        // 256 KiB on stderr, then a failure: read only after the exit, the child would block
+        // on the full pipe and be killed as timed out.
+        let script =
+            "head -c 262144 /dev/zero | tr '\\0' x >&2; echo >&2; echo last words >&2; exit 3";
+        let outcome =
+            probe("/bin/sh", &["-c", script], Duration::from_mins(1)).probe(&node, &node.gpus[0]);
+        let ProbeOutcome::Failed { code, message } = outcome else {
+            panic!("a failing child cannot hold");
+        };
+        assert_eq!(code, isolation::REASON_DID_NOT_RUN, "{message}");
+        assert!(message.contains("last words"), "{message}");
     }
 
     #[test]
