@@ -1,4 +1,5 @@
-use serde_json::json;
+use k8s_openapi::api::core::v1 as core;
+use serde_json::{Value, json};
 
 use super::*;
 
