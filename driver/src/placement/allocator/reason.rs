@@ -108,6 +108,21 @@ pub struct Unsatisfiable {
     pub failures: Vec<ClaimFailure>,
 }
 
+impl Unsatisfiable {
+    /// One claim's failure (`request`: the request it concerns, if one), without counts.
+    pub(super) fn single(claim: String, request: Option<String>, kind: FailureKind) -> Self {
+        Self {
+            failures: vec![ClaimFailure {
+                claim,
+                request,
+                kind,
+                counts: DeviceCounts::default(),
+                notes: Vec::new(),
+            }],
+        }
+    }
+}
+
 fn plural(n: u32, word: &str) -> String {
     if n == 1 {
         format!("{n} {word}")
