@@ -162,6 +162,17 @@ pub(super) fn add(b: &mut Builder, ask: &ContainerAsk, driver: &str, object: &st
     } else {
         String::new()
     };
+    // A total over the M cards, per card: `unit` follows the total, `whole` names the step.
+    let per_card = |name: &str, total: u64, unit: &str, whole: &str| {
+        if total.is_multiple_of(m) {
+            Ok(total / m)
+        } else {
+            Err(err(
+                name,
+                format!("{name}: {total}{unit}{over} is not a whole {whole} per card"),
+            ))
+        }
+    };
     if let (Some(_), Some((pct_name, _))) = (memory, percent) {
         return Err(err(
             pct_name,
@@ -172,13 +183,7 @@ pub(super) fn add(b: &mut Builder, ask: &ContainerAsk, driver: &str, object: &st
         ));
     }
     if let Some((mem_name, n)) = memory {
-        if !n.is_multiple_of(m) {
-            return Err(err(
-                mem_name,
-                format!("{mem_name}: {n} GiB{over} is not a whole number of GiB per card"),
-            ));
-        }
-        let per_card = n / m;
+        let per_card = per_card(mem_name, n, " GiB", "number of GiB")?;
         if per_card.saturating_mul(GIB) > model.memory_bytes {
             #[allow(
                 clippy::cast_precision_loss,
@@ -204,13 +209,7 @@ pub(super) fn add(b: &mut Builder, ask: &ContainerAsk, driver: &str, object: &st
         ));
     }
     if let Some((core_name, total)) = core {
-        if !total.is_multiple_of(m) {
-            return Err(err(
-                core_name,
-                format!("{core_name}: {total}{over} is not a whole percent per card"),
-            ));
-        }
-        let per_card = total / m;
+        let per_card = per_card(core_name, total, "", "percent")?;
         let step = COMPUTE_STEP.unsigned_abs();
         if per_card > 100 || !per_card.is_multiple_of(step) {
             return Err(err(
