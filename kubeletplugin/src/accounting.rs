@@ -4,7 +4,7 @@
 //!
 //! Each host part is a small seam with a deterministic fake:
 //!
-//! * [`GpuProcesses`]: the processes NVML lists on each GPU ([`crate::nvml::WrapperLibrary`],
+//! * [`GpuProcesses`]: the processes NVML lists on each GPU ([`crate::gpus::nvml::WrapperLibrary`],
 //!   the discovery's NVML handle: both `nvmlDeviceGetComputeRunningProcesses` and
 //!   `nvmlDeviceGetMPSComputeRunningProcesses`);
 //! * [`HostProcesses`]: a process's cgroup and start time, and `SIGKILL` ([`ProcFs`], through a
@@ -38,7 +38,7 @@ use tracing::{debug, info, warn};
 
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 pub use events::{EventSink, FakeEvents, KubeEvents, event_object};
 pub use gpu_processes::{FakeGpu, GpuProcesses, ProcessUse};
@@ -55,9 +55,9 @@ pub trait PreparedClaims: Send + Sync {
     fn record(&self) -> Result<Checkpoint>;
 }
 
-impl PreparedClaims for crate::preparer::CdiPreparer {
+impl PreparedClaims for crate::claims::preparer::CdiPreparer {
     fn record(&self) -> Result<Checkpoint> {
-        crate::preparer::CdiPreparer::record(self)
+        crate::claims::preparer::CdiPreparer::record(self)
     }
 }
 

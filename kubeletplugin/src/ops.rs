@@ -1,6 +1,9 @@
 //! The operations side of the process: log format, the metrics and health endpoint, and the
 //! inventory watcher, started around the plugin's sockets.
 
+pub mod health_http;
+pub mod metrics;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,13 +14,13 @@ use tessera_driver::node::inventory::NodeInventory;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 
-use crate::discovery::GpuDiscovery;
+use crate::claims::preparer::CdiPreparer;
 use crate::error::Result;
-use crate::health_http::{OpsServer, Readiness};
-use crate::metrics::Metrics;
-use crate::preparer::CdiPreparer;
-use crate::server::RunningPlugin;
-use crate::watch::{InventoryPoller, InventoryWatcher};
+use crate::gpus::discovery::GpuDiscovery;
+use crate::gpus::inventory_poller::{InventoryPoller, InventoryWatcher};
+use crate::kubelet::server::RunningPlugin;
+use crate::ops::health_http::{OpsServer, Readiness};
+use crate::ops::metrics::Metrics;
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]

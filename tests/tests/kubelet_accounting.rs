@@ -26,10 +26,10 @@ use tessera_driver::node::inventory::Inventory;
 use tessera_kubelet_plugin::accounting::{
     Accountant, FakeGpu, FakeHostProcesses, FakeMpsControl, FakeMpsDaemon, KubeEvents, Seams,
 };
-use tessera_kubelet_plugin::apiserver::ApiClaimSource;
-use tessera_kubelet_plugin::metrics::Metrics;
-use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
-use tessera_kubelet_plugin::server::{self, PluginConfig};
+use tessera_kubelet_plugin::claims::apiserver::ApiClaimSource;
+use tessera_kubelet_plugin::claims::preparer::{CdiPreparer, CdiPreparerConfig};
+use tessera_kubelet_plugin::kubelet::server::{self, PluginConfig};
+use tessera_kubelet_plugin::ops::metrics::Metrics;
 use tessera_proto::dra::v1;
 use tessera_tests::fake_apiserver::FakeApiServer;
 

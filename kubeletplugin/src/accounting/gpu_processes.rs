@@ -1,5 +1,5 @@
 //! The processes NVML lists on each GPU: the [`GpuProcesses`] seam (NVML's is
-//! [`crate::nvml::WrapperLibrary`], the plugin's one NVML handle) and a fake GPU ([`FakeGpu`])
+//! [`crate::gpus::nvml::WrapperLibrary`], the plugin's one NVML handle) and a fake GPU ([`FakeGpu`])
 //! whose processes tests start, and whose memory `SIGKILL` and MPS `terminate_client` free, as
 //! on the hardware.
 

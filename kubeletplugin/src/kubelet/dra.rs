@@ -5,7 +5,7 @@
 //! A claim's failure is that claim's `error`, never a failed call (which would make kubelet
 //! discard the whole batch). A UID sent twice is prepared once (the answer has one entry per
 //! UID). When kubelet gives up on the call, the work stops at the next claim
-//! ([`crate::cancel`]). An answer must fit the 4 MiB a gRPC message may hold (kubelet reads no
+//! ([`crate::claims::cancel`]). An answer must fit the 4 MiB a gRPC message may hold (kubelet reads no
 //! more): past it, each claim's error is cut (to [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`]),
 //! and an answer still too large fails the call with `RESOURCE_EXHAUSTED`, naming the size,
 //! rather than reaching kubelet unreadable.
@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
-use crate::preparer::{ClaimPreparer, KubeletDevice};
+use crate::claims::cancel::Cancel;
+use crate::claims::preparer::{ClaimPreparer, KubeletDevice};
 
 /// The largest gRPC message kubelet reads (grpc-go's default receive limit), and tonic's
 /// default limit on a request the plugin reads.

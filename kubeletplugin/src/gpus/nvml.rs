@@ -23,8 +23,8 @@ use tessera_driver::node::inventory::discovered::{
 };
 use tracing::{info, warn};
 
-use crate::discovery::GpuDiscovery;
 use crate::error::{Error, NvmlErrorKind, Result};
+use crate::gpus::discovery::GpuDiscovery;
 
 pub use events::{NvmlHealthWatcher, watch_step};
 pub use fake::{FakeNvml, FakeNvmlGpu};
@@ -105,7 +105,7 @@ pub fn pcie_root_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<String> {
 /// The NUMA node of a PCI device from sysfs (`numa_node`; -1, meaning none, gives `None`).
 pub fn numa_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<u32> {
     let path = sysfs.join("bus/pci/devices").join(bus_id).join("numa_node");
-    crate::input_file::read_text(&path, "numa_node")
+    crate::claims::input_file::read_text(&path, "numa_node")
         .ok()?
         .trim()
         .parse()

@@ -11,7 +11,7 @@
 //! hold), then the host directories and the CDI specs, then checkpoint "prepare completed" for
 //! the claims that got that far; a claim that failed on the way has its files removed and its
 //! entry dropped in that same write. For unprepare: checkpoint "unprepare started", the host
-//! directories (moved aside, see [`crate::reaper`]) and the CDI specs, then the entries go. A
+//! directories (moved aside, see [`crate::claims::reaper`]) and the CDI specs, then the entries go. A
 //! crash between any two steps leaves a claim recorded as half done; the next start rolls every
 //! such claim back to absent (kubelet never saw it prepared, or asked to remove it), removes
 //! the temp files of interrupted writes and every spec no entry records, so after a restart
@@ -35,14 +35,14 @@ use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::atomic_file;
-use crate::cancel::Cancel;
+use crate::claims::atomic_file;
+use crate::claims::cancel::Cancel;
+use crate::claims::crash;
+use crate::claims::input_file;
+use crate::claims::reaper::Reaper;
 use crate::claims::{ClaimRef, ClaimSource};
-use crate::crash;
 use crate::error::{Error, Result};
-use crate::input_file;
 use crate::mps::DaemonKeeper;
-use crate::reaper::Reaper;
 
 /// File name of the checkpoint in the state directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";

@@ -26,22 +26,22 @@ use crate::accounting::{
     Accountant, BinaryMpsControl, EventSink, GpuProcesses, KubeEvents, PreparedClaims, ProcFs,
     Seams,
 };
-use crate::apiserver::ApiClaimSource;
+use crate::claims::apiserver::ApiClaimSource;
+use crate::claims::preparer::{CdiPreparer, CdiPreparerConfig};
 use crate::claims::{ClaimSource, FakeClaimSource};
-use crate::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
-use crate::driver_files;
-use crate::health_stream::{self, HealthReporter};
-use crate::isolation::{ChildProbe, FakeProbe, IsolationProbe, Verified};
-use crate::metrics::{MeteredPreparer, Metrics};
+use crate::cli::mps_cli::LaunchArgs;
+use crate::gpus::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
+use crate::gpus::driver_files;
+use crate::gpus::inventory_poller::WakeOnRelease;
+use crate::gpus::isolation::{ChildProbe, FakeProbe, IsolationProbe, Verified};
+use crate::gpus::node_labels;
+use crate::gpus::nvml::{NvmlDiscovery, NvmlHealthWatcher, NvmlLibrary, WrapperLibrary};
+use crate::kubelet::health_stream::{self, HealthReporter};
+use crate::kubelet::server::{self, PluginConfig};
 use crate::mps::{DaemonKeeper, HostedDaemons, MpsConfig, MpsSupervisor, OsProcessHost};
-use crate::mps_cli::LaunchArgs;
-use crate::node_labels;
-use crate::nvml::{NvmlDiscovery, NvmlHealthWatcher, NvmlLibrary, WrapperLibrary};
+use crate::ops::metrics::{MeteredPreparer, Metrics};
 use crate::ops::{LogFormat, Ops, OpsConfig, init_logs};
-use crate::preparer::{CdiPreparer, CdiPreparerConfig};
 use crate::publisher::{PublisherConfig, SlicePublisher};
-use crate::server::{self, PluginConfig};
-use crate::watch::WakeOnRelease;
 
 /// Where GPUs are discovered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -360,7 +360,7 @@ impl Args {
         inventory: tokio::sync::watch::Receiver<NodeInventory>,
     ) -> anyhow::Result<(Arc<dyn ClaimSource>, Option<Task>)> {
         if let Some(path) = &self.fake_claims {
-            let text = crate::input_file::read_text(path, "--fake-claims")?;
+            let text = crate::claims::input_file::read_text(path, "--fake-claims")?;
             let source = FakeClaimSource::from_yaml(&text, &path.display().to_string())?;
             return Ok((Arc::new(source), None));
         }
@@ -426,7 +426,7 @@ impl Args {
     }
 
     /// The node's discovery: `backend` with the chosen modes, every shared GPU's isolation
-    /// proven (`crate::isolation`) before the inventory is published or prepared from.
+    /// proven (`crate::gpus::isolation`) before the inventory is published or prepared from.
     fn verified_discovery(
         &self,
         backend: Arc<dyn GpuDiscovery>,
@@ -452,7 +452,7 @@ impl Args {
         source: Arc<dyn ClaimSource>,
         plugin_dir: &Path,
     ) -> anyhow::Result<(Arc<CdiPreparer>, Option<Task>)> {
-        let boot_id = crate::input_file::read_text(&self.boot_id_file, "the boot id file")?
+        let boot_id = crate::claims::input_file::read_text(&self.boot_id_file, "the boot id file")?
             .trim()
             .to_owned();
         let mut preparer = CdiPreparer::new(
