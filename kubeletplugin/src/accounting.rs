@@ -40,10 +40,15 @@ use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
 use crate::ops::metrics::Metrics;
 
-pub use events::{EventSink, FakeEvents, KubeEvents, event_object};
-pub use gpu_processes::{FakeGpu, GpuProcesses, ProcessUse};
-pub use mps_control::{BinaryMpsControl, FakeMpsControl, FakeMpsDaemon, MpsControl};
-pub use procfs::{FakeHostProcesses, HostProcesses, ProcFs};
+pub use events::{EventSink, KubeEvents, event_object};
+pub use gpu_processes::{GpuProcesses, ProcessUse};
+pub use mps_control::{BinaryMpsControl, MpsControl};
+pub use procfs::{HostProcesses, ProcFs};
+#[cfg(any(test, feature = "testing"))]
+pub use {
+    events::FakeEvents, gpu_processes::FakeGpu, mps_control::FakeMpsControl,
+    mps_control::FakeMpsDaemon, procfs::FakeHostProcesses,
+};
 
 /// How long a claim's cached consumers are trusted before an unknown pod on its GPU makes the
 /// pass fetch them again.

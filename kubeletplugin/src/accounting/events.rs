@@ -2,6 +2,7 @@
 //! through the plugin's API client ([`KubeEvents`]) and a recorder ([`FakeEvents`]). Both build
 //! the Event with [`event_object`], so tests see the object the API server gets.
 
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -99,12 +100,14 @@ impl EventSink for KubeEvents {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Records the Events it would post.
 #[derive(Debug, Clone, Default)]
 pub struct FakeEvents {
     events: Arc<Mutex<Vec<Event>>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeEvents {
     /// No Events yet.
     pub fn new() -> Self {
@@ -120,6 +123,7 @@ impl FakeEvents {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[tonic::async_trait]
 impl EventSink for FakeEvents {
     async fn record(&self, over: &OverBooking) -> Result<()> {

@@ -9,6 +9,7 @@
 //! thread because NVML's event wait blocks) has seen.
 
 mod events;
+#[cfg(any(test, feature = "testing"))]
 mod fake;
 mod wrapper;
 
@@ -27,6 +28,7 @@ use crate::error::{Error, NvmlErrorKind, Result};
 use crate::gpus::discovery::GpuDiscovery;
 
 pub use events::{NvmlHealthWatcher, watch_step};
+#[cfg(any(test, feature = "testing"))]
 pub use fake::{FakeNvml, FakeNvmlGpu};
 pub use wrapper::WrapperLibrary;
 
