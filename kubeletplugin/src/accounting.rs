@@ -115,16 +115,6 @@ impl std::fmt::Debug for Accountant {
     }
 }
 
-fn booked_gpus(record: &Checkpoint) -> BTreeSet<String> {
-    record
-        .claims
-        .values()
-        .flat_map(|e| &e.devices)
-        .filter(|d| d.share_memory_bytes.is_some() && !d.mig)
-        .map(|d| d.gpu_uuid.clone())
-        .collect()
-}
-
 impl Accountant {
     /// An accountant over `seams`, counting into `metrics` when given.
     pub fn new(seams: Seams, metrics: Option<Arc<Metrics>>) -> Self {
@@ -149,7 +139,7 @@ impl Accountant {
         let record = tokio::task::spawn_blocking(move || prepared.record())
             .await
             .map_err(|e| Error::Task(e.to_string()))??;
-        let gpus = booked_gpus(&record);
+        let gpus = accounting::booked_gpus(&record);
         if gpus.is_empty() {
             self.state()?.asked.clear();
             return Ok(PassReport::default());
@@ -269,12 +259,7 @@ impl Accountant {
                 .consumers
                 .retain(|uid, _| record.claims.contains_key(uid));
             for (uid, entry) in &record.claims {
-                let books: Vec<&str> = entry
-                    .devices
-                    .iter()
-                    .filter(|d| d.share_memory_bytes.is_some())
-                    .map(|d| d.gpu_uuid.as_str())
-                    .collect();
+                let books: Vec<&str> = accounting::booked(entry).map(|(gpu, _)| gpu).collect();
                 if books.is_empty() {
                     continue;
                 }
