@@ -397,12 +397,11 @@ impl CdiPreparer {
                         continue;
                     }
                 }
-                match batch.begin_prepare(&prepared, host_dirs.clone()) {
+                match batch.begin_prepare(&prepared, host_dirs.clone(), daemon.clone()) {
                     Ok(Begin::AlreadyPrepared(devices)) => {
                         out[index] = Some(Ok(answer(&devices)));
                     }
                     Ok(Begin::Started) => {
-                        batch.record().set_mps_daemon(&prepared.uid, daemon.clone());
                         started.push(Started {
                             index,
                             claim,
