@@ -132,6 +132,7 @@ impl Accountant {
     }
 
     /// One pass: list, map, judge, stop, tell.
+    #[tracing::instrument(name = "accounting_pass", skip_all)]
     pub async fn pass(&self, now: Instant) -> Result<PassReport> {
         // The checkpoint's lock is held while a call writes the record: wait for it on a
         // blocking worker, never on an async one.

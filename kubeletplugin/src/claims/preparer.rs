@@ -35,7 +35,7 @@ use tessera_driver::node::inventory::NodeInventory;
 use tessera_driver::node::prepare::prepare_and_render;
 use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, debug, info, warn};
 
 use crate::claims::atomic_file;
 use crate::claims::cancel::Cancel;
@@ -300,6 +300,7 @@ impl CdiPreparer {
         let mut failed: Vec<(Started, Error)> = Vec::new();
         let mut writing: Vec<Started> = Vec::new();
         for s in started {
+            let _span = s.claim.span("prepare").entered();
             if cancel.is_cancelled() {
                 failed.push((s, Error::Cancelled));
                 continue;
@@ -327,6 +328,7 @@ impl CdiPreparer {
         crash::point(crash::PREPARE_AFTER_CDI_WRITTEN);
         let mut done: Vec<Started> = Vec::new();
         for (s, result) in writing.into_iter().zip(written) {
+            let _span = s.claim.span("prepare").entered();
             let result = result.and_then(|()| {
                 if cancel.is_cancelled() {
                     return Err(Error::Cancelled);
@@ -360,6 +362,7 @@ impl CdiPreparer {
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
         let mut rendered = Vec::new();
         for (index, (claim, object)) in claims.iter().enumerate() {
+            let _span = claim.span("prepare").entered();
             if cancel.is_cancelled() {
                 out[index] = Some(Err(Error::Cancelled));
                 continue;
@@ -430,6 +433,7 @@ impl CdiPreparer {
     ) {
         let mut removing = Vec::new();
         for (s, _) in &failed {
+            let _span = s.claim.span("prepare").entered();
             for dir in top_dirs(&s.host_dirs) {
                 if let Err(e) = self.reaper.discard(Path::new(dir)) {
                     warn!(claim = %s.claim, error = %e, "removing a failed claim's host directory failed");
@@ -442,6 +446,7 @@ impl CdiPreparer {
             .into_iter()
             .zip(&failed)
         {
+            let _span = s.claim.span("prepare").entered();
             if let Err(e) = result {
                 warn!(claim = %s.claim, error = %e, "removing a failed claim's CDI spec failed; the next start removes it");
             }
@@ -468,6 +473,7 @@ impl CdiPreparer {
             Ok(answers) => {
                 crash::point(crash::PREPARE_AFTER_CHECKPOINT_COMPLETED);
                 for (s, devices) in done.into_iter().zip(answers) {
+                    let _span = s.claim.span("prepare").entered();
                     out[s.index] = Some(devices.map(|d| {
                         info!(claim = %s.claim, devices = d.len(), "prepared");
                         answer(&d)
@@ -499,10 +505,14 @@ impl CdiPreparer {
                 && let Some((index, claim)) = waiting.next()
             {
                 let source = Arc::clone(&self.source);
-                set.spawn(async move {
-                    let object = source.claim(&claim).await;
-                    (index, claim, object)
-                });
+                let span = claim.span("prepare");
+                set.spawn(
+                    async move {
+                        let object = source.claim(&claim).await;
+                        (index, claim, object)
+                    }
+                    .instrument(span),
+                );
             }
             match set.join_next().await {
                 None => break,
@@ -573,9 +583,10 @@ fn answer(devices: &[HeldDevice]) -> Vec<KubeletDevice> {
         .collect()
 }
 
-/// Runs `work` on a blocking worker.
+/// Runs `work` on a blocking worker, inside the caller's span (the kubelet call's).
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work)
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(work))
         .await
         .map_err(|e| Error::Task(e.to_string()))
 }

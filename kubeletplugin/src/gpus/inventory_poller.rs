@@ -102,6 +102,7 @@ impl InventoryPoller {
 
     /// Re-discovers (with a file: only when its content changed) and, when the inventory
     /// changed, reconfigures. Blocking (file reads, NVML calls).
+    #[tracing::instrument(name = "discovery_pass", skip_all, fields(source = %self.source()))]
     pub fn poll(&mut self) -> Poll {
         if let Some(path) = &self.path {
             // Content, not the modification time: an edit within the file system's timestamp

@@ -199,6 +199,7 @@ impl Verified {
 }
 
 impl GpuDiscovery for Verified {
+    #[tracing::instrument(name = "probe_pass", skip_all)]
     fn discover(&self) -> Result<NodeInventory> {
         let mut node = self.inner.discover()?;
         let mut state = self

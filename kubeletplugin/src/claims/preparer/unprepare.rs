@@ -34,6 +34,7 @@ impl CdiPreparer {
         crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_STARTED);
         let mut specs = Vec::new();
         for (index, entry) in removing {
+            let _span = claims[index].span("unprepare").entered();
             if cancel.is_cancelled() {
                 out[index] = Some(Err(Error::Cancelled));
                 continue;
@@ -77,6 +78,7 @@ impl CdiPreparer {
         crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_REMOVED);
         for index in gone {
             let claim = &claims[index];
+            let _span = claim.span("unprepare").entered();
             if let Some(supervisor) = &self.mps {
                 // The claim is gone from the record either way; a daemon that does not stop
                 // cleanly is killed and forgotten by the supervisor.
@@ -104,6 +106,7 @@ impl CdiPreparer {
         let mut changed = false;
         let mut removing = Vec::new();
         for (index, claim) in claims.iter().enumerate() {
+            let _span = claim.span("unprepare").entered();
             if cancel.is_cancelled() {
                 out[index] = Some(Err(Error::Cancelled));
                 continue;
