@@ -12,8 +12,8 @@
 //! * [`MpsControl`]: the daemon's `get_server_list`, `get_client_list` and `terminate_client`
 //!   ([`BinaryMpsControl`] runs `nvidia-cuda-mps-control`; [`FakeMpsDaemon`] serves a real
 //!   `SOCK_SEQPACKET` control socket, as the real daemon does);
-//! * [`EventSink`]: the Event on the pod ([`KubeEvents`], core v1 Events through the plugin's
-//!   API client).
+//! * [`EventSink`]: the Event on the pod ([`KubeEvents`], through kube-runtime's `Recorder`;
+//!   [`pod_event`] builds what it is handed).
 //!
 //! Who a process is comes from its cgroup (its pod), and which claims a pod uses from the
 //! claims' `status.reservedFor`, fetched through the plugin's [`ClaimSource`] and cached; a
@@ -40,13 +40,13 @@ use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
 use crate::ops::metrics::Metrics;
 
-pub use events::{EventSink, KubeEvents, event_object};
+pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, NOTE_BYTES, pod_event};
 pub use gpu_processes::{GpuProcesses, ProcessUse};
 pub use mps_control::{BinaryMpsControl, MpsControl};
 pub use procfs::{HostProcesses, ProcFs};
 #[cfg(any(test, feature = "testing"))]
 pub use {
-    events::FakeEvents, gpu_processes::FakeGpu, mps_control::FakeMpsControl,
+    events::FakeEvents, events::RecordedEvent, gpu_processes::FakeGpu, mps_control::FakeMpsControl,
     mps_control::FakeMpsDaemon, procfs::FakeHostProcesses,
 };
 

@@ -170,6 +170,9 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
     }
     assert!(grants(plugin, "resource.k8s.io", "resourceclaims", "get"));
     assert!(grants(plugin, "", "nodes", "get"));
+    for verb in ["create", "patch"] {
+        assert!(grants(plugin, "events.k8s.io", "events", verb), "{verb}");
+    }
     let controller = find(&docs, "ClusterRole", "tessera-controller");
     for (group, resource, verb) in [
         ("resource.k8s.io", "resourceclaims", "watch"),
