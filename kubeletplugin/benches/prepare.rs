@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tessera_driver::node::cdi::Enforcement;
 use tessera_driver::node::inventory::Inventory;
+use tessera_kubelet_plugin::claims::preparer::{CdiPreparer, CdiPreparerConfig};
 use tessera_kubelet_plugin::claims::{ClaimRef, FakeClaimSource};
-use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -4,7 +4,7 @@
 //!
 //! Each host part is a small seam with a deterministic fake:
 //!
-//! * [`GpuProcesses`]: the processes NVML lists on each GPU ([`crate::nvml::WrapperLibrary`],
+//! * [`GpuProcesses`]: the processes NVML lists on each GPU ([`crate::gpus::nvml::WrapperLibrary`],
 //!   the discovery's NVML handle: both `nvmlDeviceGetComputeRunningProcesses` and
 //!   `nvmlDeviceGetMPSComputeRunningProcesses`);
 //! * [`HostProcesses`]: a process's cgroup and start time, and `SIGKILL` ([`ProcFs`], through a
@@ -12,8 +12,8 @@
 //! * [`MpsControl`]: the daemon's `get_server_list`, `get_client_list` and `terminate_client`
 //!   ([`BinaryMpsControl`] runs `nvidia-cuda-mps-control`; [`FakeMpsDaemon`] serves a real
 //!   `SOCK_SEQPACKET` control socket, as the real daemon does);
-//! * [`EventSink`]: the Event on the pod ([`KubeEvents`], core v1 Events through the plugin's
-//!   API client).
+//! * [`EventSink`]: the Event on the pod ([`KubeEvents`], through kube-runtime's `Recorder`;
+//!   [`pod_event`] builds what it is handed).
 //!
 //! Who a process is comes from its cgroup (its pod), and which claims a pod uses from the
 //! claims' `status.reservedFor`, fetched through the plugin's [`ClaimSource`] and cached; a
@@ -38,12 +38,17 @@ use tracing::{debug, info, warn};
 
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
-pub use events::{EventSink, FakeEvents, KubeEvents, event_object};
-pub use gpu_processes::{FakeGpu, GpuProcesses, ProcessUse};
-pub use mps_control::{BinaryMpsControl, FakeMpsControl, FakeMpsDaemon, MpsControl};
-pub use procfs::{FakeHostProcesses, HostProcesses, ProcFs};
+pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, NOTE_BYTES, pod_event};
+pub use gpu_processes::{GpuProcesses, ProcessUse};
+pub use mps_control::{BinaryMpsControl, MpsControl};
+pub use procfs::{HostProcesses, ProcFs};
+#[cfg(any(test, feature = "testing"))]
+pub use {
+    events::FakeEvents, events::RecordedEvent, gpu_processes::FakeGpu, mps_control::FakeMpsControl,
+    mps_control::FakeMpsDaemon, procfs::FakeHostProcesses,
+};
 
 /// How long a claim's cached consumers are trusted before an unknown pod on its GPU makes the
 /// pass fetch them again.
@@ -55,9 +60,9 @@ pub trait PreparedClaims: Send + Sync {
     fn record(&self) -> Result<Checkpoint>;
 }
 
-impl PreparedClaims for crate::preparer::CdiPreparer {
+impl PreparedClaims for crate::claims::preparer::CdiPreparer {
     fn record(&self) -> Result<Checkpoint> {
-        crate::preparer::CdiPreparer::record(self)
+        crate::claims::preparer::CdiPreparer::record(self)
     }
 }
 
@@ -110,16 +115,6 @@ impl std::fmt::Debug for Accountant {
     }
 }
 
-fn booked_gpus(record: &Checkpoint) -> BTreeSet<String> {
-    record
-        .claims
-        .values()
-        .flat_map(|e| &e.devices)
-        .filter(|d| d.share_memory_bytes.is_some() && !d.mig)
-        .map(|d| d.gpu_uuid.clone())
-        .collect()
-}
-
 impl Accountant {
     /// An accountant over `seams`, counting into `metrics` when given.
     pub fn new(seams: Seams, metrics: Option<Arc<Metrics>>) -> Self {
@@ -137,6 +132,7 @@ impl Accountant {
     }
 
     /// One pass: list, map, judge, stop, tell.
+    #[tracing::instrument(name = "accounting_pass", skip_all)]
     pub async fn pass(&self, now: Instant) -> Result<PassReport> {
         // The checkpoint's lock is held while a call writes the record: wait for it on a
         // blocking worker, never on an async one.
@@ -144,7 +140,7 @@ impl Accountant {
         let record = tokio::task::spawn_blocking(move || prepared.record())
             .await
             .map_err(|e| Error::Task(e.to_string()))??;
-        let gpus = booked_gpus(&record);
+        let gpus = accounting::booked_gpus(&record);
         if gpus.is_empty() {
             self.state()?.asked.clear();
             return Ok(PassReport::default());
@@ -264,12 +260,7 @@ impl Accountant {
                 .consumers
                 .retain(|uid, _| record.claims.contains_key(uid));
             for (uid, entry) in &record.claims {
-                let books: Vec<&str> = entry
-                    .devices
-                    .iter()
-                    .filter(|d| d.share_memory_bytes.is_some())
-                    .map(|d| d.gpu_uuid.as_str())
-                    .collect();
+                let books: Vec<&str> = accounting::booked(entry).map(|(gpu, _)| gpu).collect();
                 if books.is_empty() {
                     continue;
                 }

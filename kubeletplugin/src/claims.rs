@@ -1,9 +1,27 @@
-//! Where the plugin gets a claim's allocation: the `ClaimSource` seam.
+//! The claims wing: a claim's life on the node, and the claim source its allocation comes from.
 //!
-//! Kubelet only sends a claim's namespace, name and UID; the allocation lives in the
-//! ResourceClaim's status on the API server. The source fetches it and checks it is the claim
-//! kubelet means (same UID). `FakeClaimSource` serves a fixed set; `apiserver::ApiClaimSource`
-//! fetches from the API server.
+//! * This module: where the plugin gets a claim's allocation, the `ClaimSource` seam.
+//!   Kubelet only sends a claim's namespace, name and UID; the allocation lives in the
+//!   ResourceClaim's status on the API server. The source fetches it and checks it is the claim
+//!   kubelet means (same UID). `FakeClaimSource` serves a fixed set (`--fake-claims`, so the
+//!   release binary keeps it); [`apiserver::ApiClaimSource`] fetches from the API server.
+//! * [`preparer`]: `ClaimPreparer`, the seam kubelet's calls reach, and `CdiPreparer`, which
+//!   prepares and unprepares claims under the crash-safe checkpoint (its rules live in
+//!   `tessera_driver::node::checkpoint`).
+//! * [`reaper`]: removing the directory trees a tenant could build; [`atomic_file`]: durable
+//!   file replacement; [`input_file`]: bounded reads of the plugin's input files; [`cancel`]: a
+//!   call's cancellation; [`crash`]: the crash points of the crash-safety tests.
+//!
+//! May import: `mps` (the daemons a prepared share claim needs) and `error`. Nothing here imports
+//! `kubelet`, `gpus`, `ops`, `accounting`, `publisher` or `cli`.
+
+pub mod apiserver;
+pub mod atomic_file;
+pub mod cancel;
+pub mod crash;
+pub mod input_file;
+pub mod preparer;
+pub mod reaper;
 
 use std::collections::BTreeMap;
 
@@ -23,6 +41,20 @@ pub struct ClaimRef {
 }
 
 impl ClaimRef {
+    /// The span of one unit of `work` on this claim (`prepare`, `unprepare`), with its
+    /// namespace, name and UID as fields: every line logged inside it names the claim, so one
+    /// grep for the UID follows the claim through the log. (The plain log format escapes the
+    /// fields, which come from kubelet.)
+    pub fn span(&self, work: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "claim",
+            work,
+            namespace = %self.namespace,
+            name = %self.name,
+            uid = %self.uid
+        )
+    }
+
     /// A claim reference.
     pub fn new(
         namespace: impl Into<String>,

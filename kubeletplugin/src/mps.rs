@@ -12,6 +12,7 @@
 //! [`FakeProcessHost`] records the calls for unit tests.
 
 pub mod exec;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake_control;
 pub mod host;
 mod process;
@@ -31,7 +32,9 @@ use tracing::{info, warn};
 use crate::error::{Error, Result};
 
 use process::poll_until;
-pub use process::{FakeProcessHost, HostCall, OsProcessHost, ProcessHost, ProcessSpec};
+#[cfg(any(test, feature = "testing"))]
+pub use process::{FakeProcessHost, HostCall};
+pub use process::{OsProcessHost, ProcessHost, ProcessSpec};
 
 /// How the supervisor runs daemons.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,23 +1,16 @@
-//! The operations side of the process: log format, the metrics and health endpoint, and the
-//! inventory watcher, started around the plugin's sockets.
+//! The operations wing: the process's logs ([`init_logs`]), its Prometheus metrics ([`metrics`],
+//! fed around the preparer) and the `/metrics`, `/healthz`, `/readyz` endpoint
+//! ([`health_http`]). The tasks that run them next to the plugin's sockets are started by
+//! `cli::ops_tasks`.
+//!
+//! May import: `kubelet` (readiness follows kubelet's registration verdict), `claims` (the
+//! preparer the metrics wrap) and `error`. Nothing here imports `gpus`, `accounting`,
+//! `publisher` or `cli`.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+pub mod health_http;
+pub mod metrics;
 
 use clap::ValueEnum;
-use tessera_driver::node::inventory::NodeInventory;
-use tokio::sync::{Notify, watch};
-use tracing::info;
-
-use crate::discovery::GpuDiscovery;
-use crate::error::Result;
-use crate::health_http::{OpsServer, Readiness};
-use crate::metrics::Metrics;
-use crate::preparer::CdiPreparer;
-use crate::server::RunningPlugin;
-use crate::watch::{InventoryPoller, InventoryWatcher};
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -69,92 +62,6 @@ fn write_escaped(writer: &mut impl std::fmt::Write, text: &str) -> std::fmt::Res
         }
     }
     Ok(())
-}
-
-/// What [`Ops::start`] runs.
-#[derive(Debug, Clone, Default)]
-pub struct OpsConfig {
-    /// Where `/metrics`, `/healthz` and `/readyz` are served; nothing is served when absent.
-    pub metrics_addr: Option<SocketAddr>,
-    /// How to follow the inventory: the fake backend's file (`None` re-discovers at every
-    /// poll, as NVML does) and the poll interval; `None` or a zero interval follows nothing.
-    pub watch: Option<(Option<PathBuf>, Duration)>,
-    /// Wakes the watcher for a discovery at once (health events, mode label changes).
-    pub wake: Arc<Notify>,
-    /// Where each inventory the preparer takes is handed on (the slice publisher).
-    pub publish: Option<watch::Sender<NodeInventory>>,
-}
-
-/// The running operations tasks.
-#[derive(Debug)]
-pub struct Ops {
-    http: Option<OpsServer>,
-    watcher: Option<InventoryWatcher>,
-    /// The inventory's sender while nothing follows the inventory: kept, not dropped, so the
-    /// publisher and the health streams keep serving the inventory they have (a dropped
-    /// sender ends a watch's receivers).
-    held: Option<watch::Sender<NodeInventory>>,
-}
-
-impl Ops {
-    /// Starts what `config` asks for, next to the serving `plugin`.
-    pub async fn start(
-        config: OpsConfig,
-        discovery: Box<dyn GpuDiscovery>,
-        preparer: Arc<CdiPreparer>,
-        metrics: Arc<Metrics>,
-        plugin: &RunningPlugin,
-    ) -> Result<Self> {
-        let http = match config.metrics_addr {
-            Some(addr) => Some(
-                OpsServer::start(
-                    addr,
-                    Arc::clone(&metrics),
-                    Readiness::new(plugin.registration()),
-                )
-                .await?,
-            ),
-            None => None,
-        };
-        let mut held = None;
-        let watcher = match config.watch {
-            Some((path, interval)) if !interval.is_zero() => {
-                info!(path = ?path, ?interval, "following the inventory");
-                let mut poller = InventoryPoller::new(path, discovery, preparer, metrics);
-                if let Some(publish) = config.publish {
-                    poller = poller.publishing_to(publish);
-                }
-                Some(InventoryWatcher::start(poller, interval, config.wake))
-            }
-            _ => {
-                info!("not following the inventory: the one found at start stays published");
-                held = config.publish;
-                None
-            }
-        };
-        Ok(Self {
-            http,
-            watcher,
-            held,
-        })
-    }
-
-    /// The address the endpoint is bound to, when it runs.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.http.as_ref().map(OpsServer::local_addr)
-    }
-
-    /// Stops the watcher and the endpoint.
-    pub async fn shutdown(self) -> Result<()> {
-        drop(self.held);
-        if let Some(watcher) = self.watcher {
-            watcher.shutdown().await?;
-        }
-        if let Some(http) = self.http {
-            http.shutdown().await?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -399,6 +399,7 @@ impl SlicePublisher {
 
     /// Publishes `node`'s pool, retrying every failure with capped exponential backoff until
     /// it succeeds. An inventory that cannot be rendered is retried too (the file may be fixed).
+    #[tracing::instrument(name = "slice_publish", skip_all, fields(node = %self.config.node_name))]
     pub async fn publish(&self, node: &NodeInventory) -> Published {
         let mut delay = self.config.initial_backoff;
         let mut attempt = 1_u32;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message as _;
-use tessera_kubelet_plugin::cancel::Cancel;
 use tessera_kubelet_plugin::claims::ClaimRef;
-use tessera_kubelet_plugin::preparer::{ClaimPreparer, KubeletDevice};
-use tessera_kubelet_plugin::server::{self, PluginConfig};
+use tessera_kubelet_plugin::claims::cancel::Cancel;
+use tessera_kubelet_plugin::claims::preparer::{ClaimPreparer, KubeletDevice};
+use tessera_kubelet_plugin::kubelet::server::{self, PluginConfig};
 use tessera_kubelet_plugin::{Error, Result};
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tessera_driver::node::checkpoint::PrepareState;
-use tessera_kubelet_plugin::crash;
+use tessera_kubelet_plugin::claims::crash;
 use tessera_proto::dra::v1;
 use tessera_tests::plugin_socket::{Dra, prepare_one, unprepare_one};
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1 as res;
 use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
-use tessera_kubelet_plugin::crash;
+use tessera_kubelet_plugin::claims::crash;
 use tessera_proto::dra::v1;
 use tessera_proto::pluginregistration::v1 as reg;
 use tessera_tests::trees::deep_tree;
@@ -432,8 +432,8 @@ impl tessera_kubelet_plugin::claims::ClaimSource for Gated {
 async fn get_info_and_a_one_claim_call_do_not_wait_for_a_big_call() {
     use tessera_driver::node::inventory::{GpuMode, Inventory};
     use tessera_kubelet_plugin::claims::FakeClaimSource;
-    use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
-    use tessera_kubelet_plugin::server::{self, PluginConfig};
+    use tessera_kubelet_plugin::claims::preparer::{CdiPreparer, CdiPreparerConfig};
+    use tessera_kubelet_plugin::kubelet::server::{self, PluginConfig};
 
     let (claims, refs) = big_call();
     let n = refs.len();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tessera_driver::node::cdi::{ContainerEdits, Enforcement, Mount};
 use tessera_driver::node::isolation::{self, ProbeOutcome};
-use tessera_kubelet_plugin::isolation::ChildProbe;
+use tessera_kubelet_plugin::gpus::isolation::ChildProbe;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_tessera-kubelet-plugin");
 
@@ -26,7 +26,7 @@ fn bind(source: &Path, target: &Path, options: &[&str]) -> Mount {
 fn child(program: &Path) -> ChildProbe {
     ChildProbe {
         program: program.to_owned(),
-        args: vec![tessera_kubelet_plugin::isolation::SUBCOMMAND.to_owned()],
+        args: vec![tessera_kubelet_plugin::gpus::isolation::SUBCOMMAND.to_owned()],
         enforcement: Enforcement::None,
         mps: None,
         timeout: Duration::from_mins(2),
@@ -128,10 +128,10 @@ fn the_specs_preload_reaches_only_the_probe_the_child_runs_after_its_mounts() {
     let preload = dir.path().join("lib/not-mounted.so");
     let out = std::process::Command::new(PLUGIN)
         .args([
-            tessera_kubelet_plugin::isolation::SUBCOMMAND,
+            tessera_kubelet_plugin::gpus::isolation::SUBCOMMAND,
             "--",
             PLUGIN,
-            tessera_kubelet_plugin::isolation::SUBCOMMAND,
+            tessera_kubelet_plugin::gpus::isolation::SUBCOMMAND,
         ])
         .env_clear()
         .env(isolation::PRELOAD_HANDOFF_ENV, &preload)

@@ -130,8 +130,8 @@ fn the_kubelet_plugin_daemonset_mounts_kubelets_directories_and_its_arguments_pa
         "--node-name=n".to_owned(),
     ];
     command_line.extend(strings(&container["args"]));
-    let args =
-        tessera_kubelet_plugin::args::Args::try_parse_from(&command_line).unwrap_or_else(|e| {
+    let args = tessera_kubelet_plugin::cli::args::Args::try_parse_from(&command_line)
+        .unwrap_or_else(|e| {
             panic!("the chart's plugin arguments do not parse: {e}\n{command_line:?}")
         });
     assert_eq!(
@@ -170,6 +170,9 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
     }
     assert!(grants(plugin, "resource.k8s.io", "resourceclaims", "get"));
     assert!(grants(plugin, "", "nodes", "get"));
+    for verb in ["create", "patch"] {
+        assert!(grants(plugin, "events.k8s.io", "events", verb), "{verb}");
+    }
     let controller = find(&docs, "ClusterRole", "tessera-controller");
     for (group, resource, verb) in [
         ("resource.k8s.io", "resourceclaims", "watch"),
@@ -545,7 +548,7 @@ fn plugin_nvml(value: &str, driver_at: &str) -> Result<PathBuf, String> {
         "--node-name=n".to_owned(),
     ];
     command_line.extend(strings(&container["args"]));
-    let mut args = tessera_kubelet_plugin::args::Args::try_parse_from(&command_line).unwrap();
+    let mut args = tessera_kubelet_plugin::cli::args::Args::try_parse_from(&command_line).unwrap();
     let node = node_with_driver_at(driver_at);
     let root = args.launch.driver_root.display().to_string();
     args.launch.driver_root = on_node(pod, container, &root, node.path())
@@ -573,7 +576,7 @@ fn the_plugin_finds_nvml_at_either_usual_driver_root_and_only_where_the_value_sa
 
 #[test]
 fn the_mps_host_finds_the_mps_binaries_at_either_usual_driver_root_and_shares_the_plugins_paths() {
-    use tessera_kubelet_plugin::mps_cli::{Cli, Command};
+    use tessera_kubelet_plugin::cli::mps_cli::{Cli, Command};
     for root in ["/", "/run/nvidia/driver"] {
         let docs = documents_with(&with_driver_root(root));
         let host = find(&docs, "DaemonSet", "tessera-mps");
@@ -611,10 +614,11 @@ fn the_mps_host_finds_the_mps_binaries_at_either_usual_driver_root_and_shares_th
         let plugin = &plugin_pod["containers"][0];
         let mut plugin_line = vec!["p".to_owned(), "--node-name=n".to_owned()];
         plugin_line.extend(strings(&plugin["args"]));
-        let plugin_args = tessera_kubelet_plugin::args::Args::try_parse_from(&plugin_line).unwrap();
+        let plugin_args =
+            tessera_kubelet_plugin::cli::args::Args::try_parse_from(&plugin_line).unwrap();
         assert_eq!(
             plugin_args.mps_daemons,
-            tessera_kubelet_plugin::args::MpsDaemons::Host
+            tessera_kubelet_plugin::cli::args::MpsDaemons::Host
         );
         assert_eq!(
             plugin_args.state_dir.as_deref(),

@@ -26,10 +26,10 @@ use tessera_driver::node::inventory::Inventory;
 use tessera_kubelet_plugin::accounting::{
     Accountant, FakeGpu, FakeHostProcesses, FakeMpsControl, FakeMpsDaemon, KubeEvents, Seams,
 };
-use tessera_kubelet_plugin::apiserver::ApiClaimSource;
-use tessera_kubelet_plugin::metrics::Metrics;
-use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
-use tessera_kubelet_plugin::server::{self, PluginConfig};
+use tessera_kubelet_plugin::claims::apiserver::ApiClaimSource;
+use tessera_kubelet_plugin::claims::preparer::{CdiPreparer, CdiPreparerConfig};
+use tessera_kubelet_plugin::kubelet::server::{self, PluginConfig};
+use tessera_kubelet_plugin::ops::metrics::Metrics;
 use tessera_proto::dra::v1;
 use tessera_tests::fake_apiserver::FakeApiServer;
 
@@ -234,14 +234,19 @@ async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the
     let events = server.objects("events");
     assert_eq!(events.len(), 1, "{events:?}");
     let event = &events[0];
+    assert_eq!(event["apiVersion"], "events.k8s.io/v1");
     assert_eq!(event["type"], "Warning");
     assert_eq!(event["reason"], names::REASON_GPU_MEMORY_OVER_BOOKING);
     assert_eq!(event["metadata"]["namespace"], "default");
-    assert_eq!(event["involvedObject"]["kind"], "Pod");
-    assert_eq!(event["involvedObject"]["name"], "trainer");
-    assert_eq!(event["involvedObject"]["uid"], POD_UID);
-    assert_eq!(event["source"]["host"], node.as_str());
-    let message = event["message"].as_str().unwrap();
+    assert_eq!(event["regarding"]["kind"], "Pod");
+    assert_eq!(event["regarding"]["name"], "trainer");
+    assert_eq!(event["regarding"]["uid"], POD_UID);
+    assert_eq!(
+        event["reportingController"],
+        names::KUBELET_PLUGIN_COMPONENT
+    );
+    assert_eq!(event["reportingInstance"], node.as_str());
+    let message = event["note"].as_str().unwrap();
     assert!(
         message.contains(&format!(
             "ResourceClaim default/{name} booked 10240 MiB of GPU {gpu_uuid}"

@@ -206,7 +206,7 @@ async fn the_fake_server_watches_and_enforces_resource_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_a_claim_error_not_a_crash() {
     use std::time::Duration;
-    use tessera_kubelet_plugin::apiserver::ApiClaimSource;
+    use tessera_kubelet_plugin::claims::apiserver::ApiClaimSource;
     use tessera_kubelet_plugin::claims::{ClaimRef, ClaimSource as _};
     let (server, client, _dir) = start(&["v1"]).await;
     drop(server);
@@ -227,7 +227,7 @@ async fn the_plugin_with_a_kubeconfig_publishes_its_slices() {
     std::fs::write(&boot_id, "boot-1\n").unwrap();
     let path = |p: &str| dir.path().join(p).display().to_string();
     let inventory = scenarios::repo().join("examples/inventory/demo-cluster.yaml");
-    let args = tessera_kubelet_plugin::args::Args::try_parse_from([
+    let args = tessera_kubelet_plugin::cli::args::Args::try_parse_from([
         "tessera-kubelet-plugin",
         "--node-name",
         NODE,

@@ -35,7 +35,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::node::cdi::MpsDaemon;
-use crate::node::checkpoint::Checkpoint;
+use crate::node::checkpoint::{Checkpoint, ClaimEntry};
 
 /// A process NVML lists on a GPU, with what the node read about it in `/proc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,8 +164,6 @@ pub struct Verdict {
     pub over: Vec<OverBooking>,
     /// Pids on accounted GPUs that belong to no claim booking that GPU.
     pub unattributed: Vec<u32>,
-    /// Memory used per claim and GPU (for units of one claim), for metrics.
-    pub used: BTreeMap<(String, String), u64>,
 }
 
 /// One claim's booking on one GPU.
@@ -176,21 +174,42 @@ struct Booking {
     daemon: Option<MpsDaemon>,
 }
 
+/// The devices of `entry` the accounting books, as (GPU UUID, bytes): the shares with a memory
+/// size on a whole GPU. A whole device has no booking below the GPU, and a MIG device's memory
+/// is its own hardware partition; neither is accounted. The one statement of the rule: the
+/// plugin asks it which GPUs to list and whose consumers to read.
+pub fn booked(entry: &ClaimEntry) -> impl Iterator<Item = (&str, u64)> {
+    entry
+        .devices
+        .iter()
+        .filter_map(|d| match (d.share_memory_bytes, d.mig) {
+            (Some(bytes), false) => Some((d.gpu_uuid.as_str(), bytes)),
+            _ => None,
+        })
+}
+
+/// The GPUs any claim of `record` books memory on ([`booked`]): the GPUs a pass lists.
+pub fn booked_gpus(record: &Checkpoint) -> BTreeSet<String> {
+    record
+        .claims
+        .values()
+        .flat_map(booked)
+        .map(|(gpu, _)| gpu.to_owned())
+        .collect()
+}
+
 /// Bookings by GPU, then by claim UID: the sum of each claim's shares on each GPU.
 fn bookings(record: &Checkpoint) -> BTreeMap<&str, BTreeMap<&str, Booking>> {
     let mut out: BTreeMap<&str, BTreeMap<&str, Booking>> = BTreeMap::new();
     for (uid, entry) in &record.claims {
-        for device in &entry.devices {
-            let (Some(bytes), false) = (device.share_memory_bytes, device.mig) else {
-                continue;
-            };
+        for (gpu, bytes) in booked(entry) {
             let daemon = entry
                 .mps_daemon
                 .as_ref()
-                .filter(|d| d.devices.contains(&device.gpu_uuid))
+                .filter(|d| d.devices.iter().any(|g| g == gpu))
                 .cloned();
             let booking = out
-                .entry(device.gpu_uuid.as_str())
+                .entry(gpu)
                 .or_default()
                 .entry(uid.as_str())
                 .or_insert_with(|| Booking {
@@ -306,11 +325,6 @@ fn judge_unit(
     let used_bytes = members
         .iter()
         .fold(0u64, |sum, p| sum.saturating_add(p.used_bytes));
-    if let [only] = bookings.as_slice() {
-        verdict
-            .used
-            .insert((only.claim.uid.clone(), gpu.to_owned()), used_bytes);
-    }
     if used_bytes <= booked_bytes {
         return;
     }

@@ -240,14 +240,16 @@ impl Checkpoint {
 
     /// Records that preparing `claim` starts, unless it is already prepared. Refuses a claim
     /// that wants a device another recorded claim holds, when either of them holds it whole.
-    /// `host_dirs` are the directories the plugin makes for the claim. (One claim of
-    /// [`Checkpoint::batch`].)
+    /// `host_dirs` are the directories the plugin makes for the claim, `mps_daemon` the MPS
+    /// daemon it needs (recorded with it, so a restarted plugin starts the daemon again). (One
+    /// claim of [`Checkpoint::batch`].)
     pub fn begin_prepare(
         &mut self,
         claim: &PreparedClaim,
         host_dirs: Vec<String>,
+        mps_daemon: Option<MpsDaemon>,
     ) -> Result<Begin> {
-        self.batch().begin_prepare(claim, host_dirs)
+        self.batch().begin_prepare(claim, host_dirs, mps_daemon)
     }
 
     /// A batch of [`Checkpoint::begin_prepare`]s against this record: who holds what, and how
@@ -261,18 +263,6 @@ impl Checkpoint {
         PrepareBatch {
             record: self,
             holdings,
-        }
-    }
-
-    /// Records the MPS daemon a started claim needs, so a restarted plugin starts it again;
-    /// returns whether the claim is recorded.
-    pub fn set_mps_daemon(&mut self, uid: &str, daemon: Option<MpsDaemon>) -> bool {
-        match self.claims.get_mut(uid) {
-            Some(entry) => {
-                entry.mps_daemon = daemon;
-                true
-            }
-            None => false,
         }
     }
 
@@ -334,6 +324,7 @@ impl PrepareBatch<'_> {
         &mut self,
         claim: &PreparedClaim,
         host_dirs: Vec<String>,
+        mps_daemon: Option<MpsDaemon>,
     ) -> Result<Begin> {
         if let Some(entry) = self.record.claims.get(&claim.uid)
             && entry.state == PrepareState::PrepareCompleted
@@ -363,7 +354,7 @@ impl PrepareBatch<'_> {
                 state: PrepareState::PrepareStarted,
                 devices,
                 host_dirs,
-                mps_daemon: None,
+                mps_daemon,
             },
         );
         Ok(Begin::Started)
@@ -425,7 +416,7 @@ mod tests {
 
     /// Begins `claim` in `record`, with no host directories.
     fn begin(record: &mut Checkpoint, claim: &PreparedClaim) -> Result<Begin> {
-        record.begin_prepare(claim, Vec::new())
+        record.begin_prepare(claim, Vec::new(), None)
     }
 
     /// Why `record` refuses to begin `claim`.
@@ -595,7 +586,7 @@ mod tests {
         let mut record = Checkpoint::new("boot-1");
         begin(&mut record, &one("u1", "gpu-0", "GPU-0", None, false)).unwrap();
         let mut batch = record.batch();
-        let mut in_batch = |claim: PreparedClaim| batch.begin_prepare(&claim, Vec::new());
+        let mut in_batch = |claim: PreparedClaim| batch.begin_prepare(&claim, Vec::new(), None);
         // Held whole before the batch.
         let err = in_batch(one("u2", "gpu-0", "GPU-0", Some(1), false)).unwrap_err();
         assert!(
@@ -634,11 +625,28 @@ mod tests {
             d.tier = crate::rules::config::Tier::Batch;
             let share = claim(&format!("u{i}"), vec![d]);
             assert_eq!(
-                batch.begin_prepare(&share, Vec::new()).unwrap(),
+                batch.begin_prepare(&share, Vec::new(), None).unwrap(),
                 Begin::Started
             );
         }
         assert_eq!(record.claims.len(), 10_000);
+    }
+
+    #[test]
+    fn a_started_claim_is_recorded_with_its_mps_daemon_in_the_one_write() {
+        let mut record = Checkpoint::new("boot-1");
+        let daemon = crate::testing::mps_daemon(&["GPU-0"]);
+        let begun = record
+            .begin_prepare(
+                &one("u1", "gpu-0", "GPU-0", Some(2), false),
+                Vec::new(),
+                Some(daemon.clone()),
+            )
+            .unwrap();
+        assert_eq!(begun, Begin::Started);
+        let entry = record.get("u1").unwrap();
+        assert_eq!(entry.state, PrepareState::PrepareStarted);
+        assert_eq!(entry.mps_daemon, Some(daemon));
     }
 
     #[test]
@@ -648,6 +656,7 @@ mod tests {
             .begin_prepare(
                 &one("u1", "gpu-0", "GPU-0", Some(2), false),
                 vec!["/run/tessera/hami/u1".to_owned()],
+                None,
             )
             .unwrap();
         let envelope = Envelope {

@@ -1,17 +1,23 @@
-//! Telling a pod that its claim went over its booking: the [`EventSink`] seam, core v1 Events
-//! through the plugin's API client ([`KubeEvents`]) and a recorder ([`FakeEvents`]). Both build
-//! the Event with [`event_object`], so tests see the object the API server gets.
+//! Telling a pod that its claim went over its booking: the [`EventSink`] seam, Events through
+//! kube-runtime's [`Recorder`] ([`KubeEvents`]: events.k8s.io/v1, a repeat within its cache
+//! time a series on the first) and a recorder of what it was handed ([`FakeEvents`]). Both take
+//! the Event from [`pod_event`], so tests see what the Recorder gets.
 
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tessera_driver::names;
 use tessera_driver::node::accounting::OverBooking;
 
 use crate::error::{Error, Result};
+
+/// The most bytes an events.k8s.io/v1 Event's `note` may hold (the API server refuses more).
+pub const NOTE_BYTES: usize = 1024;
+
+/// What the plugin did to the pod's processes, as the Event's `action`.
+pub const ACTION_STOP_PROCESSES: &str = "StopProcesses";
 
 /// Where over-booking Events go.
 #[tonic::async_trait]
@@ -20,44 +26,43 @@ pub trait EventSink: Send + Sync {
     async fn record(&self, over: &OverBooking) -> Result<()>;
 }
 
-/// The Warning Event on `over`'s pod, reported by the plugin on `node` at `now`: a core v1
-/// Event of the legacy shape (no `eventTime`), as kubelet's own recorder writes them.
-pub fn event_object(over: &OverBooking, node: &str, now: Timestamp) -> Event {
-    Event {
-        metadata: ObjectMeta {
-            // Unique per pod and moment, as kubelet's recorder names its Events.
-            name: Some(format!("{}.{:x}", over.pod_name, now.as_nanosecond())),
-            namespace: Some(over.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some(names::CORE_API_V1.to_owned()),
-            kind: Some(names::POD.kind.to_owned()),
-            namespace: Some(over.namespace.clone()),
-            name: Some(over.pod_name.clone()),
-            uid: Some(over.pod_uid.clone()),
-            ..ObjectReference::default()
-        },
-        reason: Some(names::REASON_GPU_MEMORY_OVER_BOOKING.to_owned()),
-        message: Some(over.message()),
-        type_: Some("Warning".to_owned()),
-        source: Some(EventSource {
-            component: Some(names::KUBELET_PLUGIN_COMPONENT.to_owned()),
-            host: Some(node.to_owned()),
-        }),
-        reporting_component: Some(names::KUBELET_PLUGIN_COMPONENT.to_owned()),
-        reporting_instance: Some(node.to_owned()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        ..Event::default()
+/// The Warning Event on `over`'s pod and the pod it is about. The note is the over-booking's
+/// message, cut at [`NOTE_BYTES`] (on a character boundary, saying so) when a long list of
+/// stopped processes makes it longer.
+pub fn pod_event(over: &OverBooking) -> (Event, ObjectReference) {
+    const CUT: &str = " …";
+    let mut note = over.message();
+    if note.len() > NOTE_BYTES {
+        let mut end = NOTE_BYTES - CUT.len();
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str(CUT);
     }
+    let event = Event {
+        type_: EventType::Warning,
+        reason: names::REASON_GPU_MEMORY_OVER_BOOKING.to_owned(),
+        note: Some(note),
+        action: ACTION_STOP_PROCESSES.to_owned(),
+        secondary: None,
+    };
+    let pod = ObjectReference {
+        api_version: Some(names::CORE_API_V1.to_owned()),
+        kind: Some(names::POD.kind.to_owned()),
+        namespace: Some(over.namespace.clone()),
+        name: Some(over.pod_name.clone()),
+        uid: Some(over.pod_uid.clone()),
+        ..ObjectReference::default()
+    };
+    (event, pod)
 }
 
-/// Events through the API server.
+/// Events through the API server, reported by the plugin (`reportingController`) on its node
+/// (`reportingInstance`).
 #[derive(Clone)]
 pub struct KubeEvents {
-    client: kube::Client,
+    recorder: Recorder,
     node: String,
 }
 
@@ -72,9 +77,14 @@ impl std::fmt::Debug for KubeEvents {
 impl KubeEvents {
     /// Events reported by the plugin on `node`.
     pub fn new(client: kube::Client, node: impl Into<String>) -> Self {
+        let node = node.into();
+        let reporter = Reporter {
+            controller: names::KUBELET_PLUGIN_COMPONENT.to_owned(),
+            instance: Some(node.clone()),
+        };
         Self {
-            client,
-            node: node.into(),
+            recorder: Recorder::new(client, reporter),
+            node,
         }
     }
 }
@@ -82,29 +92,43 @@ impl KubeEvents {
 #[tonic::async_trait]
 impl EventSink for KubeEvents {
     async fn record(&self, over: &OverBooking) -> Result<()> {
-        let event = event_object(over, &self.node, Timestamp::now());
-        Api::<Event>::namespaced(self.client.clone(), &over.namespace)
-            .create(&PostParams::default(), &event)
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                Error::api(
-                    format!(
-                        "recording an Event on Pod {}/{}",
-                        over.namespace, over.pod_name
-                    ),
-                    &e,
-                )
-            })
+        let (event, pod) = pod_event(over);
+        self.recorder.publish(&event, &pod).await.map_err(|e| {
+            Error::api(
+                format!(
+                    "recording an Event on Pod {}/{}",
+                    over.namespace, over.pod_name
+                ),
+                &e,
+            )
+        })
     }
 }
 
-/// Records the Events it would post.
-#[derive(Debug, Clone, Default)]
-pub struct FakeEvents {
-    events: Arc<Mutex<Vec<Event>>>,
+/// What [`FakeEvents`] was handed: the fields of one Event and the object it is about.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedEvent {
+    /// Whether the Event is a Warning (else Normal).
+    pub warning: bool,
+    /// Its reason.
+    pub reason: String,
+    /// Its note (the message `kubectl describe` shows).
+    pub note: Option<String>,
+    /// Its action.
+    pub action: String,
+    /// The object it is about.
+    pub regarding: ObjectReference,
 }
 
+/// Records the Events it would hand the Recorder.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Debug, Clone, Default)]
+pub struct FakeEvents {
+    events: Arc<Mutex<Vec<RecordedEvent>>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
 impl FakeEvents {
     /// No Events yet.
     pub fn new() -> Self {
@@ -112,7 +136,7 @@ impl FakeEvents {
     }
 
     /// The Events so far.
-    pub fn events(&self) -> Vec<Event> {
+    pub fn events(&self) -> Vec<RecordedEvent> {
         self.events
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -120,14 +144,70 @@ impl FakeEvents {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[tonic::async_trait]
 impl EventSink for FakeEvents {
     async fn record(&self, over: &OverBooking) -> Result<()> {
-        let event = event_object(over, "fake-node", Timestamp::now());
+        let (event, regarding) = pod_event(over);
+        let recorded = RecordedEvent {
+            warning: event.type_ == EventType::Warning,
+            reason: event.reason,
+            note: event.note,
+            action: event.action,
+            regarding,
+        };
         self.events
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(event);
+            .push(recorded);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_driver::node::accounting::ClaimName;
+
+    use super::*;
+
+    fn over(stopped: u32) -> OverBooking {
+        OverBooking {
+            namespace: "team".to_owned(),
+            pod_name: "trainer".to_owned(),
+            pod_uid: "pod-uid".to_owned(),
+            claims: vec![ClaimName {
+                namespace: "team".to_owned(),
+                name: "train".to_owned(),
+                uid: "claim-uid".to_owned(),
+            }],
+            gpu_uuid: "GPU-1".to_owned(),
+            booked_bytes: 10 << 30,
+            used_bytes: 20 << 30,
+            stopped: (0..stopped).map(|pid| (100_000 + pid, 1 << 30)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_event_is_a_warning_on_the_pod_with_the_overbookings_message() {
+        let over = over(2);
+        let (event, pod) = pod_event(&over);
+        assert_eq!(event.type_, EventType::Warning);
+        assert_eq!(event.reason, names::REASON_GPU_MEMORY_OVER_BOOKING);
+        assert_eq!(event.action, ACTION_STOP_PROCESSES);
+        assert_eq!(event.note, Some(over.message()));
+        assert_eq!(pod.kind.as_deref(), Some("Pod"));
+        assert_eq!(pod.namespace.as_deref(), Some("team"));
+        assert_eq!(pod.name.as_deref(), Some("trainer"));
+        assert_eq!(pod.uid.as_deref(), Some("pod-uid"));
+    }
+
+    #[test]
+    fn a_note_longer_than_the_api_allows_is_cut_and_says_so() {
+        let over = over(200);
+        assert!(over.message().len() > NOTE_BYTES);
+        let note = pod_event(&over).0.note.unwrap();
+        assert!(note.len() <= NOTE_BYTES, "{} bytes", note.len());
+        assert!(note.ends_with(" …"), "{note}");
+        assert!(over.message().starts_with(note.trim_end_matches(" …")));
     }
 }

@@ -1,9 +1,12 @@
 //! The processes NVML lists on each GPU: the [`GpuProcesses`] seam (NVML's is
-//! [`crate::nvml::WrapperLibrary`], the plugin's one NVML handle) and a fake GPU ([`FakeGpu`])
+//! [`crate::gpus::nvml::WrapperLibrary`], the plugin's one NVML handle) and a fake GPU ([`FakeGpu`])
 //! whose processes tests start, and whose memory `SIGKILL` and MPS `terminate_client` free, as
 //! on the hardware.
 
-use std::collections::{BTreeMap, BTreeSet};
+#[cfg(any(test, feature = "testing"))]
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::Result;
@@ -26,6 +29,7 @@ pub trait GpuProcesses: Send + Sync {
     fn list(&self, gpus: &BTreeSet<String>) -> Result<Vec<ProcessUse>>;
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// A fake node's GPUs and processes: tests start processes on GPUs; killing a process or
 /// terminating an MPS client frees its memory. Clones share the same GPUs.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +37,7 @@ pub struct FakeGpu {
     processes: Arc<Mutex<BTreeMap<u32, ProcessUse>>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeGpu {
     /// No processes on any GPU.
     pub fn new() -> Self {
@@ -68,6 +73,7 @@ impl FakeGpu {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl GpuProcesses for FakeGpu {
     fn list(&self, gpus: &BTreeSet<String>) -> Result<Vec<ProcessUse>> {
         Ok(self

@@ -13,23 +13,34 @@
 //! commands from its records, one message per command and one per answer; [`FakeMpsControl`]
 //! is the control binary's side of it.
 
+#[cfg(any(test, feature = "testing"))]
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read as _, Write as _};
+#[cfg(any(test, feature = "testing"))]
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+#[cfg(any(test, feature = "testing"))]
+use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+#[cfg(any(test, feature = "testing"))]
 use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex, MutexGuard};
+#[cfg(any(test, feature = "testing"))]
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+#[cfg(any(test, feature = "testing"))]
 use nix::sys::socket::{setsockopt, sockopt};
+#[cfg(any(test, feature = "testing"))]
 use nix::sys::time::TimeVal;
 use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::mps;
 
+#[cfg(any(test, feature = "testing"))]
 use super::gpu_processes::FakeGpu;
 use crate::error::{Error, Result};
+#[cfg(any(test, feature = "testing"))]
 use crate::mps::socket;
 
 /// The longest answer read from the control binary or the fake daemon.
@@ -159,6 +170,7 @@ impl MpsControl for BinaryMpsControl {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Sets how long a receive (and, on a listening socket, an accept) on `fd` may wait.
 fn receive_timeout(fd: &OwnedFd, timeout: Duration, path: &Path) -> Result<()> {
     let micros = i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX);
@@ -170,6 +182,7 @@ fn receive_timeout(fd: &OwnedFd, timeout: Duration, path: &Path) -> Result<()> {
     .map_err(|e| Error::io("setting a timeout on", path, e.into()))
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Sends one message and reads the one answer (the fake protocol's round trip).
 fn round_trip(path: &Path, message: &str, timeout: Duration) -> Result<String> {
     let fd = socket::connect_to(path)?;
@@ -179,12 +192,14 @@ fn round_trip(path: &Path, message: &str, timeout: Duration) -> Result<String> {
     Ok(answer.strip_suffix('\n').unwrap_or(&answer).to_owned())
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// The control binary's side of [`FakeMpsDaemon`]: one `SOCK_SEQPACKET` connection per command.
 #[derive(Debug, Clone)]
 pub struct FakeMpsControl {
     timeout: Duration,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Default for FakeMpsControl {
     fn default() -> Self {
         Self {
@@ -193,6 +208,7 @@ impl Default for FakeMpsControl {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeMpsControl {
     /// Commands that wait up to 5 s for their answer.
     pub fn new() -> Self {
@@ -204,6 +220,7 @@ impl FakeMpsControl {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl MpsControl for FakeMpsControl {
     fn servers(&self, daemon: &MpsDaemon) -> Result<Vec<u32>> {
         parse_pids(
@@ -228,6 +245,7 @@ impl MpsControl for FakeMpsControl {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeMps {
     servers: BTreeMap<u32, BTreeSet<u32>>,
@@ -235,6 +253,7 @@ struct FakeMps {
     commands: Vec<String>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// A stand-in MPS control daemon on a real `SOCK_SEQPACKET` socket at `<pipe>/control`. Its
 /// servers and clients are what the test says; `terminate_client` ends the client on the
 /// [`FakeGpu`] (its memory is freed) and leaves the other clients alone. Stops when dropped.
@@ -246,17 +265,20 @@ pub struct FakeMpsDaemon {
     thread: Option<JoinHandle<()>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 fn lock(state: &Mutex<FakeMps>) -> MutexGuard<'_, FakeMps> {
     state
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Pids, one a line.
 fn lines<'a>(pids: impl Iterator<Item = &'a u32>) -> String {
     pids.map(|p| format!("{p}\n")).collect::<Vec<_>>().concat()
 }
 
+#[cfg(any(test, feature = "testing"))]
 fn answer(state: &Mutex<FakeMps>, gpu: &FakeGpu, command: &str) -> String {
     let mut s = lock(state);
     s.commands.push(command.to_owned());
@@ -284,6 +306,7 @@ fn answer(state: &Mutex<FakeMps>, gpu: &FakeGpu, command: &str) -> String {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 fn serve(
     listener: &OwnedFd,
     path: &Path,
@@ -313,6 +336,7 @@ fn serve(
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeMpsDaemon {
     /// Serves the control socket in `pipe_dir` (created if missing).
     pub fn start(pipe_dir: &Path, gpu: FakeGpu) -> Result<Self> {
@@ -363,6 +387,7 @@ impl FakeMpsDaemon {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Drop for FakeMpsDaemon {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

@@ -4,14 +4,17 @@
 //! NVML reports pids in the host's PID namespace, so the plugin must run in it (`hostPID` in the
 //! chart) for `/proc/<pid>` and the kill to reach the process NVML means.
 
+#[cfg(any(test, feature = "testing"))]
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 
+#[cfg(any(test, feature = "testing"))]
 use super::gpu_processes::FakeGpu;
 use crate::error::{Error, Result};
 
@@ -112,6 +115,7 @@ impl HostProcesses for ProcFs {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Processes that exist as records: tests add them with their cgroup text and start time;
 /// [`HostProcesses::kill`] ends one and frees its GPU memory on the [`FakeGpu`].
 #[derive(Debug, Clone)]
@@ -120,12 +124,14 @@ pub struct FakeHostProcesses {
     state: Arc<Mutex<FakeProcs>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeProcs {
     processes: BTreeMap<u32, (String, u64)>,
     killed: BTreeSet<u32>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeHostProcesses {
     /// No processes; kills end processes on `gpu`.
     pub fn new(gpu: FakeGpu) -> Self {
@@ -161,6 +167,7 @@ impl FakeHostProcesses {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl HostProcesses for FakeHostProcesses {
     fn cgroup(&self, pid: u32) -> Result<Option<String>> {
         Ok(self.lock().processes.get(&pid).map(|(c, _)| c.clone()))

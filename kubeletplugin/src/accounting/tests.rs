@@ -141,16 +141,17 @@ async fn a_claim_over_its_booking_loses_its_newest_processes_through_mps_and_its
     let events = w.events.events();
     assert_eq!(events.len(), 1);
     let e = &events[0];
-    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert!(e.warning);
     assert_eq!(
-        e.reason.as_deref(),
-        Some(tessera_driver::names::REASON_GPU_MEMORY_OVER_BOOKING)
+        e.reason,
+        tessera_driver::names::REASON_GPU_MEMORY_OVER_BOOKING
     );
-    assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
-    assert_eq!(e.involved_object.name.as_deref(), Some("trainer"));
-    assert_eq!(e.involved_object.uid.as_deref(), Some(POD));
-    assert_eq!(e.metadata.namespace.as_deref(), Some("team"));
-    let message = e.message.as_deref().unwrap();
+    assert_eq!(e.regarding.kind.as_deref(), Some("Pod"));
+    assert_eq!(e.regarding.name.as_deref(), Some("trainer"));
+    assert_eq!(e.regarding.uid.as_deref(), Some(POD));
+    // The Recorder creates the Event in the namespace of the object it is about.
+    assert_eq!(e.regarding.namespace.as_deref(), Some("team"));
+    let message = e.note.as_deref().unwrap();
     assert!(message.contains("ResourceClaim team/train"), "{message}");
     assert!(message.contains("booked 10240 MiB"), "{message}");
     assert!(message.contains("used 29184 MiB"), "{message}");

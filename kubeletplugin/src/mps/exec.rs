@@ -3,7 +3,7 @@
 //! binary (`tessera_driver::node::mps_exec::plan`). No shell, `unshare` or `mount` binary is needed:
 //! the image has none. The steps run in this single-threaded process on itself, so no code
 //! runs between `fork` and `exec` and nothing here needs `unsafe`. The isolation probe's child
-//! applies its claim's mounts with the same [`apply_steps`] (`crate::isolation`).
+//! applies its claim's mounts with the same [`apply_steps`] (`crate::gpus::isolation`).
 
 use std::os::unix::process::CommandExt as _;
 use std::process::Command;

@@ -1,14 +1,18 @@
 //! Processes as the MPS supervisor uses them: the `ProcessHost` seam, real processes
 //! (`OsProcessHost`) and recorded ones (`FakeProcessHost`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
+#[cfg(any(test, feature = "testing"))]
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::mps::{self, ControlSocket};
+#[cfg(any(test, feature = "testing"))]
+use tessera_driver::node::mps;
+use tessera_driver::node::mps::ControlSocket;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -177,6 +181,7 @@ impl ProcessHost for OsProcessHost {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// A call the supervisor made on a [`FakeProcessHost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostCall {
@@ -192,6 +197,7 @@ pub enum HostCall {
     RemoveFile(PathBuf),
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Processes that exist only as records: spawned processes get ids from 100 up and answer on
 /// the daemon's control socket at once (unless told not to); [`FakeProcessHost::kill`] ends
 /// one and leaves its socket file behind, refusing connections, as a real crash does.
@@ -200,6 +206,7 @@ pub struct FakeProcessHost {
     state: Mutex<FakeState>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeState {
     calls: Vec<HostCall>,
@@ -211,6 +218,7 @@ struct FakeState {
     fail_spawn: bool,
 }
 
+#[cfg(any(test, feature = "testing"))]
 fn control_of(spec: &ProcessSpec) -> Option<PathBuf> {
     spec.env
         .iter()
@@ -218,6 +226,7 @@ fn control_of(spec: &ProcessSpec) -> Option<PathBuf> {
         .map(|(_, pipe)| PathBuf::from(format!("{pipe}/{}", mps::CONTROL_SOCKET)))
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeProcessHost {
     /// A host where every spawned daemon becomes ready at once.
     pub fn new() -> Self {
@@ -277,6 +286,7 @@ impl FakeProcessHost {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl ProcessHost for FakeProcessHost {
     fn spawn(&self, spec: &ProcessSpec) -> Result<u32> {
         let mut s = self.state();

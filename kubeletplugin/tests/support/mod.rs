@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_driver::node::checkpoint::Checkpoint;
-use tessera_kubelet_plugin::crash;
+use tessera_kubelet_plugin::claims::crash;
 use tessera_proto::dra::v1;
 use tonic::transport::Channel;
 

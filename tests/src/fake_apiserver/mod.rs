@@ -4,7 +4,7 @@
 //! Plain HTTP on 127.0.0.1 with an ephemeral port. It serves discovery (`/api`, `/api/v1`,
 //! `/apis`, `/apis/resource.k8s.io[/<version>]`, with the resource.k8s.io versions a test
 //! chooses), and for Nodes, Pods, Events, DeviceClasses, ResourceSlices, ResourceClaims,
-//! ResourceClaimTemplates and (coordination.k8s.io/v1) Leases: get, list (label and field
+//! ResourceClaimTemplates, (coordination.k8s.io/v1) Leases and (events.k8s.io/v1) Events: get, list (label and field
 //! selectors, pages with `limit` and `continue`), watch (`?watch=true`,
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first; `allowWatchBookmarks=true` gets
@@ -53,6 +53,12 @@ pub const RESOURCE_GROUP: &str = "resource.k8s.io";
 pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
 /// The only version of [`COORDINATION_GROUP`] the fake serves.
 const COORDINATION_VERSION: &str = "v1";
+/// The events.k8s.io group (Events as kube-runtime's `Recorder` writes them), served in v1
+/// only. Its Events are the core group's `events` too, as on a real server, though the fake
+/// keeps each object in the shape it was written in.
+pub const EVENTS_GROUP: &str = "events.k8s.io";
+/// The only version of [`EVENTS_GROUP`] the fake serves.
+const EVENTS_VERSION: &str = "v1";
 /// The policy group (`PodDisruptionBudgets`), served in v1 only.
 pub const POLICY_GROUP: &str = "policy";
 /// The only version of [`POLICY_GROUP`] the fake serves.
@@ -141,6 +147,13 @@ const KINDS: [Kind; 9] = [
         resource: "events",
         kind: "Event",
         group: "",
+        namespaced: true,
+        has_status: false,
+    },
+    Kind {
+        resource: "events",
+        kind: "Event",
+        group: EVENTS_GROUP,
         namespaced: true,
         has_status: false,
     },
@@ -555,6 +568,11 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         {
             (POLICY_GROUP, *version, rest)
         }
+        ["apis", group, version, rest @ ..]
+            if *group == EVENTS_GROUP && *version == EVENTS_VERSION =>
+        {
+            (EVENTS_GROUP, *version, rest)
+        }
         _ => return None,
     };
     let (namespace, rest) = match rest {
@@ -662,6 +680,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
     };
     let coordination = || one_version_group(COORDINATION_GROUP, COORDINATION_VERSION);
     let policy = || one_version_group(POLICY_GROUP, POLICY_VERSION);
+    let events = || one_version_group(EVENTS_GROUP, EVENTS_VERSION);
     let resources = resource_list;
     match segments {
         ["api"] => Some(json!({
@@ -678,6 +697,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             };
             groups.push(coordination());
             groups.push(policy());
+            groups.push(events());
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["apis", g] if *g == RESOURCE_GROUP && !versions.is_empty() => {
@@ -697,12 +717,19 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
         }
         ["apis", g, v]
             if (*g == COORDINATION_GROUP && *v == COORDINATION_VERSION)
-                || (*g == POLICY_GROUP && *v == POLICY_VERSION) =>
+                || (*g == POLICY_GROUP && *v == POLICY_VERSION)
+                || (*g == EVENTS_GROUP && *v == EVENTS_VERSION) =>
         {
             Some(resources(g, v))
         }
         ["apis", g] if *g == POLICY_GROUP => {
             let mut g = policy();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            Some(g)
+        }
+        ["apis", g] if *g == EVENTS_GROUP => {
+            let mut g = events();
             g["kind"] = json!("APIGroup");
             g["apiVersion"] = json!("v1");
             Some(g)

@@ -14,10 +14,10 @@ use tessera_driver::apiversion::ApiVersion;
 use tessera_driver::names;
 use tessera_driver::node::cdi::Enforcement;
 use tessera_driver::node::inventory::{Inventory, NodeInventory};
-use tessera_kubelet_plugin::apiserver::ApiClaimSource;
-use tessera_kubelet_plugin::preparer::{CdiPreparer, CdiPreparerConfig};
+use tessera_kubelet_plugin::claims::apiserver::ApiClaimSource;
+use tessera_kubelet_plugin::claims::preparer::{CdiPreparer, CdiPreparerConfig};
+use tessera_kubelet_plugin::kubelet::server::{self, PluginConfig};
 use tessera_kubelet_plugin::publisher::{PublisherConfig, SlicePublisher};
-use tessera_kubelet_plugin::server::{self, PluginConfig};
 use tessera_proto::dra::v1;
 
 use crate::plugin_run::connect;

@@ -67,7 +67,7 @@ impl RunningArgs {
             command_line.push(path(file));
         }
         command_line.extend(extra.iter().map(ToString::to_string));
-        let args = tessera_kubelet_plugin::args::Args::try_parse_from(command_line).unwrap();
+        let args = tessera_kubelet_plugin::cli::args::Args::try_parse_from(command_line).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(args.run(async move {
             let _ = stopped.await;

@@ -120,7 +120,7 @@ fn three_processes_each_under_the_limit_but_together_over_the_booking_lose_the_n
 }
 
 #[test]
-fn a_claim_within_its_booking_is_left_alone_and_its_use_reported() {
+fn a_claim_within_its_booking_is_left_alone_and_its_use_is_the_sum_of_its_processes() {
     let (record, who, mut procs) = three_workers();
     for p in &mut procs {
         p.used_bytes = 3 * GIB;
@@ -128,10 +128,15 @@ fn a_claim_within_its_booking_is_left_alone_and_its_use_reported() {
     let verdict = judge(&record, &who, &procs, &BTreeSet::new());
     assert!(verdict.stops.is_empty());
     assert!(verdict.over.is_empty());
-    assert_eq!(
-        verdict.used[&("c1".to_owned(), "GPU-1".to_owned())],
-        9 * GIB
-    );
+    // One more byte than the booking's last free GiB puts the claim over: the three processes
+    // counted 9 GiB together, exactly.
+    procs.push(GpuProcess {
+        used_bytes: GIB + 1,
+        ..process(104, "GPU-1", 0, 1003, Some("p1"))
+    });
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [104]);
+    assert_eq!(verdict.over[0].used_bytes, 10 * GIB + 1);
 }
 
 #[test]
@@ -329,10 +334,11 @@ fn a_process_listed_by_both_nvml_lists_counts_once() {
     procs.push(procs[0].clone());
     let verdict = judge(&record, &who, &procs, &BTreeSet::new());
     assert!(verdict.stops.is_empty());
-    assert_eq!(
-        verdict.used[&("c1".to_owned(), "GPU-1".to_owned())],
-        95 * GIB / 10
-    );
+    // Over the booking, the use it reports counts the twice-listed process once.
+    procs.push(process(104, "GPU-1", 10, 1003, Some("p1")));
+    let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [104]);
+    assert_eq!(verdict.over[0].used_bytes, 105 * GIB / 10);
 }
 
 #[test]
@@ -393,4 +399,24 @@ fn a_claims_consumers_are_the_pods_it_is_reserved_for() {
         .unwrap();
     let names: Vec<String> = pod_consumers(&claim).into_iter().map(|c| c.name).collect();
     assert_eq!(names, ["a", "b"]);
+}
+
+#[test]
+fn only_shares_on_whole_gpus_are_booked_never_a_mig_device_or_a_whole_device() {
+    let mut record = Checkpoint::new("b");
+    let mig = HeldDevice {
+        mig: true,
+        ..share("GPU-1", 10)
+    };
+    claim(
+        &mut record,
+        "c1",
+        vec![mig, share("GPU-2", 5), whole("GPU-3")],
+        None,
+    );
+    assert_eq!(
+        booked(&record.claims["c1"]).collect::<Vec<_>>(),
+        [("GPU-2", 5 * GIB)]
+    );
+    assert_eq!(booked_gpus(&record), BTreeSet::from(["GPU-2".to_owned()]));
 }

@@ -18,10 +18,10 @@ use tessera_driver::node::checkpoint::{Checkpoint, PrepareState};
 use tessera_driver::node::inventory::{GpuMode, NodeInventory};
 use tracing::warn;
 
-use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
+use crate::claims::cancel::Cancel;
+use crate::claims::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 use crate::error::{Error, Result};
-use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 
 /// The content type of what `/metrics` serves: `prometheus_client` writes the text format of
 /// `OpenMetrics` 1.0 (it ends with `# EOF`), not the Prometheus 0.0.4 text format.

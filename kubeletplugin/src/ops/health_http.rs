@@ -18,8 +18,8 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::metrics::{self, Metrics};
-use crate::registration::KubeletVerdict;
+use crate::kubelet::registration::KubeletVerdict;
+use crate::ops::metrics::{self, Metrics};
 
 /// Largest read buffer for a request head (hyper's smallest allowed); a longer head is refused.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;

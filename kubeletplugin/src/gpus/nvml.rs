@@ -9,6 +9,7 @@
 //! thread because NVML's event wait blocks) has seen.
 
 mod events;
+#[cfg(any(test, feature = "testing"))]
 mod fake;
 mod wrapper;
 
@@ -23,10 +24,11 @@ use tessera_driver::node::inventory::discovered::{
 };
 use tracing::{info, warn};
 
-use crate::discovery::GpuDiscovery;
 use crate::error::{Error, NvmlErrorKind, Result};
+use crate::gpus::discovery::GpuDiscovery;
 
 pub use events::{NvmlHealthWatcher, watch_step};
+#[cfg(any(test, feature = "testing"))]
 pub use fake::{FakeNvml, FakeNvmlGpu};
 pub use wrapper::WrapperLibrary;
 
@@ -105,7 +107,7 @@ pub fn pcie_root_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<String> {
 /// The NUMA node of a PCI device from sysfs (`numa_node`; -1, meaning none, gives `None`).
 pub fn numa_from_sysfs(sysfs: &Path, bus_id: &str) -> Option<u32> {
     let path = sysfs.join("bus/pci/devices").join(bus_id).join("numa_node");
-    crate::input_file::read_text(&path, "numa_node")
+    crate::claims::input_file::read_text(&path, "numa_node")
         .ok()?
         .trim()
         .parse()

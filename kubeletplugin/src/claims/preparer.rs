@@ -11,16 +11,18 @@
 //! hold), then the host directories and the CDI specs, then checkpoint "prepare completed" for
 //! the claims that got that far; a claim that failed on the way has its files removed and its
 //! entry dropped in that same write. For unprepare: checkpoint "unprepare started", the host
-//! directories (moved aside, see [`crate::reaper`]) and the CDI specs, then the entries go. A
+//! directories (moved aside, see [`crate::claims::reaper`]) and the CDI specs, then the entries go. A
 //! crash between any two steps leaves a claim recorded as half done; the next start rolls every
 //! such claim back to absent (kubelet never saw it prepared, or asked to remove it), removes
 //! the temp files of interrupted writes and every spec no entry records, so after a restart
 //! each claim is either fully prepared or cleanly absent, and kubelet's retry finishes the job.
 //!
+//! The phases live apart: preparing is here, [`recovery`] runs once at start, [`unprepare`]
+//! removes claims, and [`outcome`] holds the per-claim answers of a call.
+//!
 //! The checkpoint's lock is only ever taken on blocking workers: it is held while the record is
 //! written, and an async worker waiting on it would stall every call, `GetInfo` included.
 
-use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -33,16 +35,23 @@ use tessera_driver::node::inventory::NodeInventory;
 use tessera_driver::node::prepare::prepare_and_render;
 use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, debug, info, warn};
 
-use crate::atomic_file;
-use crate::cancel::Cancel;
+use crate::claims::atomic_file;
+use crate::claims::cancel::Cancel;
+use crate::claims::crash;
+use crate::claims::input_file;
+use crate::claims::reaper::Reaper;
 use crate::claims::{ClaimRef, ClaimSource};
-use crate::crash;
 use crate::error::{Error, Result};
-use crate::input_file;
 use crate::mps::DaemonKeeper;
-use crate::reaper::Reaper;
+
+mod outcome;
+mod recovery;
+mod unprepare;
+
+pub(crate) use outcome::OneOutcome;
+use outcome::{Outcomes, fail_unanswered, finish, shared};
 
 /// File name of the checkpoint in the state directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
@@ -109,19 +118,6 @@ pub trait ClaimPreparer: Send + Sync + 'static {
     }
 }
 
-/// The one outcome of a call made for one claim (`prepare_all(vec![claim])`, ...).
-pub(crate) trait OneOutcome<T> {
-    /// The outcome, or an error when the call answered none.
-    fn only_outcome(self) -> Result<T>;
-}
-
-impl<T> OneOutcome<T> for Vec<Result<T>> {
-    fn only_outcome(mut self) -> Result<T> {
-        self.pop()
-            .unwrap_or_else(|| Err(Error::Task("no answer for the claim".to_owned())))
-    }
-}
-
 /// Where and how [`CdiPreparer`] works.
 #[derive(Debug, Clone)]
 pub struct CdiPreparerConfig {
@@ -155,33 +151,6 @@ struct Started {
     spec: String,
     host_dirs: Vec<String>,
     daemon: Option<MpsDaemon>,
-}
-
-/// What each claim of a call came to; `None` while undecided.
-type Outcomes<T> = Vec<Option<Result<T>>>;
-
-fn finish<T>(outcomes: Outcomes<T>) -> Vec<Result<T>> {
-    outcomes
-        .into_iter()
-        .map(|o| o.unwrap_or_else(|| Err(Error::Task("a claim was left without an answer".into()))))
-        .collect()
-}
-
-/// One failure (of a write shared by many claims) as each claim's error.
-fn shared(error: &Error) -> Error {
-    match error {
-        Error::Cancelled => Error::Cancelled,
-        other => Error::Shared(other.to_string()),
-    }
-}
-
-/// The call's outcomes when a step shared by its claims failed with `error`: each claim not
-/// answered yet gets it.
-fn fail_unanswered<T>(mut outcomes: Outcomes<T>, error: &Error) -> Vec<Result<T>> {
-    for o in outcomes.iter_mut().filter(|o| o.is_none()) {
-        *o = Some(Err(shared(error)));
-    }
-    finish(outcomes)
 }
 
 /// The host directories of `dirs` not inside another of them: removing these removes all.
@@ -244,96 +213,6 @@ impl CdiPreparer {
     /// The reaper removing the host directories of unprepared claims.
     pub fn reaper(&self) -> &Reaper {
         &self.reaper
-    }
-
-    /// Finishes what a crash interrupted: temp files of interrupted writes go, every claim
-    /// recorded as half prepared or half unprepared is rolled back to absent, every CDI spec
-    /// of ours that no entry records goes (a record of another boot, or a leak), and the trees
-    /// an earlier run set aside are removed in the background. A host directory that cannot be
-    /// removed is a warning, never a failed start.
-    fn recover(&self) -> Result<()> {
-        let temps = atomic_file::remove_temp_files(&self.config.state_dir, CHECKPOINT_FILE)?
-            + atomic_file::remove_temp_files(&self.config.cdi_dir, &cdi_spec_prefix())?;
-        if temps > 0 {
-            info!(files = temps, "removed temp files of interrupted writes");
-        }
-        let mut record = self.lock()?;
-        let mut parents = BTreeSet::new();
-        if let Enforcement::HamiCore { cache_dir, .. } = &self.config.enforcement {
-            parents.insert(PathBuf::from(cache_dir));
-        }
-        for entry in record.claims.values() {
-            for dir in &entry.host_dirs {
-                if let Some(parent) = Path::new(dir).parent() {
-                    parents.insert(parent.to_owned());
-                }
-            }
-        }
-        for parent in &parents {
-            self.reaper.resume(parent);
-        }
-        let unfinished = record.unfinished();
-        if !unfinished.is_empty() {
-            let mut next = record.clone();
-            for uid in &unfinished {
-                if let Some(entry) = next.get(uid) {
-                    if let Err(e) = self.discard_dirs(entry) {
-                        warn!(claim = %uid, error = %e, "a host directory of a claim a crash left half done could not be removed");
-                    }
-                    crash::point(crash::UNPREPARE_AFTER_HOST_DIRS_REMOVED);
-                    atomic_file::remove(&self.config.cdi_dir, &cdi::spec_file_name(uid))?;
-                    crash::point(crash::UNPREPARE_AFTER_CDI_REMOVED);
-                }
-                next.remove(uid);
-                info!(claim = %uid, "rolled back a claim a crash left half done");
-            }
-            self.commit(&mut record, next)?;
-        }
-        self.remove_orphan_specs(&record)
-    }
-
-    /// Removes every spec file of ours whose claim `record` does not hold.
-    fn remove_orphan_specs(&self, record: &Checkpoint) -> Result<()> {
-        let dir = &self.config.cdi_dir;
-        let entries = std::fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?;
-        let prefix = cdi_spec_prefix();
-        let mut orphans = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Some(uid) = name
-                .strip_prefix(&prefix)
-                .and_then(|rest| rest.strip_suffix(".json"))
-            else {
-                continue;
-            };
-            if !record.claims.keys().any(|k| cdi::spec_file_name(k) == name) {
-                debug!(claim = %uid.escape_debug(), "a CDI spec no entry records");
-                orphans.push(name.to_owned());
-            }
-        }
-        if orphans.is_empty() {
-            return Ok(());
-        }
-        let names: Vec<&str> = orphans.iter().map(String::as_str).collect();
-        for result in atomic_file::remove_all(dir, &names) {
-            result?;
-        }
-        info!(
-            specs = orphans.len(),
-            "removed CDI specs of claims the checkpoint does not record (another boot's, or left by a failure)"
-        );
-        Ok(())
-    }
-
-    /// Moves the claim's host directories aside for the reaper (each one rename, whatever a
-    /// container left in them).
-    fn discard_dirs(&self, entry: &ClaimEntry) -> Result<()> {
-        for dir in top_dirs(&entry.host_dirs) {
-            self.reaper.discard(Path::new(dir))?;
-        }
-        Ok(())
     }
 
     /// UIDs of the claims the checkpoint records, with how far each got.
@@ -421,6 +300,7 @@ impl CdiPreparer {
         let mut failed: Vec<(Started, Error)> = Vec::new();
         let mut writing: Vec<Started> = Vec::new();
         for s in started {
+            let _span = s.claim.span("prepare").entered();
             if cancel.is_cancelled() {
                 failed.push((s, Error::Cancelled));
                 continue;
@@ -448,6 +328,7 @@ impl CdiPreparer {
         crash::point(crash::PREPARE_AFTER_CDI_WRITTEN);
         let mut done: Vec<Started> = Vec::new();
         for (s, result) in writing.into_iter().zip(written) {
+            let _span = s.claim.span("prepare").entered();
             let result = result.and_then(|()| {
                 if cancel.is_cancelled() {
                     return Err(Error::Cancelled);
@@ -481,6 +362,7 @@ impl CdiPreparer {
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
         let mut rendered = Vec::new();
         for (index, (claim, object)) in claims.iter().enumerate() {
+            let _span = claim.span("prepare").entered();
             if cancel.is_cancelled() {
                 out[index] = Some(Err(Error::Cancelled));
                 continue;
@@ -518,12 +400,11 @@ impl CdiPreparer {
                         continue;
                     }
                 }
-                match batch.begin_prepare(&prepared, host_dirs.clone()) {
+                match batch.begin_prepare(&prepared, host_dirs.clone(), daemon.clone()) {
                     Ok(Begin::AlreadyPrepared(devices)) => {
                         out[index] = Some(Ok(answer(&devices)));
                     }
                     Ok(Begin::Started) => {
-                        batch.record().set_mps_daemon(&prepared.uid, daemon.clone());
                         started.push(Started {
                             index,
                             claim,
@@ -552,6 +433,7 @@ impl CdiPreparer {
     ) {
         let mut removing = Vec::new();
         for (s, _) in &failed {
+            let _span = s.claim.span("prepare").entered();
             for dir in top_dirs(&s.host_dirs) {
                 if let Err(e) = self.reaper.discard(Path::new(dir)) {
                     warn!(claim = %s.claim, error = %e, "removing a failed claim's host directory failed");
@@ -564,6 +446,7 @@ impl CdiPreparer {
             .into_iter()
             .zip(&failed)
         {
+            let _span = s.claim.span("prepare").entered();
             if let Err(e) = result {
                 warn!(claim = %s.claim, error = %e, "removing a failed claim's CDI spec failed; the next start removes it");
             }
@@ -590,6 +473,7 @@ impl CdiPreparer {
             Ok(answers) => {
                 crash::point(crash::PREPARE_AFTER_CHECKPOINT_COMPLETED);
                 for (s, devices) in done.into_iter().zip(answers) {
+                    let _span = s.claim.span("prepare").entered();
                     out[s.index] = Some(devices.map(|d| {
                         info!(claim = %s.claim, devices = d.len(), "prepared");
                         answer(&d)
@@ -607,128 +491,6 @@ impl CdiPreparer {
         }
     }
 
-    /// Unprepares a claim (one claim of [`CdiPreparer::unprepare_all_blocking`]). Blocking.
-    pub fn unprepare_blocking(&self, claim: &ClaimRef) -> Result<()> {
-        self.unprepare_all_blocking(std::slice::from_ref(claim), &Cancel::new())
-            .only_outcome()
-    }
-
-    /// Unprepares the claims of one call: one write to record them started, their host
-    /// directories moved aside and their specs removed (one sync for all), one write to drop
-    /// their entries. A claim whose entry names another namespace or name than kubelet's is
-    /// refused. Blocking.
-    pub fn unprepare_all_blocking(&self, claims: &[ClaimRef], cancel: &Cancel) -> Vec<Result<()>> {
-        let mut out: Outcomes<()> = claims.iter().map(|_| None).collect();
-        let begun = self.begin_unprepare_all(claims, cancel, &mut out);
-        let removing = match begun {
-            Ok(removing) => removing,
-            Err(e) => return fail_unanswered(out, &e),
-        };
-        if removing.is_empty() {
-            return finish(out);
-        }
-        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_STARTED);
-        let mut specs = Vec::new();
-        for (index, entry) in removing {
-            if cancel.is_cancelled() {
-                out[index] = Some(Err(Error::Cancelled));
-                continue;
-            }
-            match self.discard_dirs(&entry) {
-                Ok(()) => specs.push(index),
-                Err(e) => out[index] = Some(Err(e)),
-            }
-        }
-        crash::point(crash::UNPREPARE_AFTER_HOST_DIRS_REMOVED);
-        let names: Vec<String> = specs
-            .iter()
-            .map(|&i| cdi::spec_file_name(&claims[i].uid))
-            .collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let mut gone = Vec::new();
-        for (index, result) in specs
-            .into_iter()
-            .zip(atomic_file::remove_all(&self.config.cdi_dir, &refs))
-        {
-            match result {
-                Ok(()) => gone.push(index),
-                Err(e) => out[index] = Some(Err(e)),
-            }
-        }
-        crash::point(crash::UNPREPARE_AFTER_CDI_REMOVED);
-        let removed = (|| {
-            let mut record = self.lock()?;
-            let mut next = record.clone();
-            for &index in &gone {
-                next.remove(&claims[index].uid);
-            }
-            self.commit(&mut record, next)
-        })();
-        if let Err(e) = removed {
-            for index in gone {
-                out[index] = Some(Err(shared(&e)));
-            }
-            return finish(out);
-        }
-        crash::point(crash::UNPREPARE_AFTER_CHECKPOINT_REMOVED);
-        for index in gone {
-            let claim = &claims[index];
-            if let Some(supervisor) = &self.mps {
-                // The claim is gone from the record either way; a daemon that does not stop
-                // cleanly is killed and forgotten by the supervisor.
-                if let Err(e) = supervisor.release(&claim.uid) {
-                    warn!(%claim, error = %e, "stopping the claim's MPS daemon failed");
-                }
-            }
-            info!(%claim, "unprepared");
-            out[index] = Some(Ok(()));
-        }
-        finish(out)
-    }
-
-    /// Records "unprepare started" for every claim of `claims` the checkpoint holds, in one
-    /// write; returns them with their entries. The others get their outcome in `out`: not
-    /// prepared is fine, an entry of another namespace or name is refused.
-    fn begin_unprepare_all(
-        &self,
-        claims: &[ClaimRef],
-        cancel: &Cancel,
-        out: &mut Outcomes<()>,
-    ) -> Result<Vec<(usize, ClaimEntry)>> {
-        let mut record = self.lock()?;
-        let mut next = record.clone();
-        let mut changed = false;
-        let mut removing = Vec::new();
-        for (index, claim) in claims.iter().enumerate() {
-            if cancel.is_cancelled() {
-                out[index] = Some(Err(Error::Cancelled));
-                continue;
-            }
-            if let Err(e) = claim.validate() {
-                out[index] = Some(Err(e));
-                continue;
-            }
-            let Some(entry) = next.get(&claim.uid).cloned() else {
-                debug!(%claim, "not prepared; nothing to undo");
-                out[index] = Some(Ok(()));
-                continue;
-            };
-            if entry.namespace != claim.namespace || entry.name != claim.name {
-                out[index] = Some(Err(mismatch(claim, &entry)));
-                continue;
-            }
-            if entry.state != PrepareState::UnprepareStarted {
-                next.begin_unprepare(&claim.uid);
-                changed = true;
-            }
-            removing.push((index, entry));
-        }
-        if changed {
-            self.commit(&mut record, next)?;
-        }
-        Ok(removing)
-    }
-
     /// Fetches the claims the checkpoint does not answer, [`FETCHES_AT_ONCE`] at a time.
     async fn fetch_all(
         &self,
@@ -743,10 +505,14 @@ impl CdiPreparer {
                 && let Some((index, claim)) = waiting.next()
             {
                 let source = Arc::clone(&self.source);
-                set.spawn(async move {
-                    let object = source.claim(&claim).await;
-                    (index, claim, object)
-                });
+                let span = claim.span("prepare");
+                set.spawn(
+                    async move {
+                        let object = source.claim(&claim).await;
+                        (index, claim, object)
+                    }
+                    .instrument(span),
+                );
             }
             match set.join_next().await {
                 None => break,
@@ -817,9 +583,10 @@ fn answer(devices: &[HeldDevice]) -> Vec<KubeletDevice> {
         .collect()
 }
 
-/// Runs `work` on a blocking worker.
+/// Runs `work` on a blocking worker, inside the caller's span (the kubelet call's).
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work)
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(work))
         .await
         .map_err(|e| Error::Task(e.to_string()))
 }

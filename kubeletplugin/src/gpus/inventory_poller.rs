@@ -14,12 +14,12 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
-use crate::discovery::GpuDiscovery;
+use crate::claims::cancel::Cancel;
+use crate::claims::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
-use crate::preparer::{CdiPreparer, ClaimPreparer, KubeletDevice};
+use crate::gpus::discovery::GpuDiscovery;
+use crate::ops::metrics::Metrics;
 
 /// A running watcher.
 #[derive(Debug)]
@@ -66,7 +66,7 @@ impl InventoryPoller {
     ) -> Self {
         let last = path
             .as_ref()
-            .and_then(|p| crate::input_file::read(p, "the inventory file").ok());
+            .and_then(|p| crate::claims::input_file::read(p, "the inventory file").ok());
         let last_node = preparer.inventory().ok();
         Self {
             path,
@@ -102,11 +102,12 @@ impl InventoryPoller {
 
     /// Re-discovers (with a file: only when its content changed) and, when the inventory
     /// changed, reconfigures. Blocking (file reads, NVML calls).
+    #[tracing::instrument(name = "discovery_pass", skip_all, fields(source = %self.source()))]
     pub fn poll(&mut self) -> Poll {
         if let Some(path) = &self.path {
             // Content, not the modification time: an edit within the file system's timestamp
             // granularity, or a copy that keeps the time, is still seen.
-            let content = match crate::input_file::read(path, "the inventory file") {
+            let content = match crate::claims::input_file::read(path, "the inventory file") {
                 Ok(c) => c,
                 Err(e) => return self.failed(&e),
             };
@@ -277,8 +278,8 @@ mod tests {
 
     use super::*;
     use crate::claims::FakeClaimSource;
-    use crate::discovery::FakeDiscovery;
-    use crate::preparer::CdiPreparerConfig;
+    use crate::claims::preparer::CdiPreparerConfig;
+    use crate::gpus::discovery::FakeDiscovery;
 
     const ONE: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n";
     const SHARED: &str = "nodes:\n- name: n\n  gpus:\n  - model: a100-80g\n    mode: shared\n";

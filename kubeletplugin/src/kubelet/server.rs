@@ -21,12 +21,12 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
-use crate::authority::AuthorityShim;
-use crate::dra::DraService;
+use crate::claims::preparer::ClaimPreparer;
 use crate::error::{Error, Result};
-use crate::health_stream::HealthService;
-use crate::preparer::ClaimPreparer;
-use crate::registration::{KubeletVerdict, RegistrationService};
+use crate::kubelet::authority::AuthorityShim;
+use crate::kubelet::dra::DraService;
+use crate::kubelet::health_stream::HealthService;
+use crate::kubelet::registration::{KubeletVerdict, RegistrationService};
 
 /// Where the plugin listens.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::crash;
+use crate::claims::crash;
 use crate::error::{Error, Result};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -5,7 +5,7 @@
 //! A claim's failure is that claim's `error`, never a failed call (which would make kubelet
 //! discard the whole batch). A UID sent twice is prepared once (the answer has one entry per
 //! UID). When kubelet gives up on the call, the work stops at the next claim
-//! ([`crate::cancel`]). An answer must fit the 4 MiB a gRPC message may hold (kubelet reads no
+//! ([`crate::claims::cancel`]). An answer must fit the 4 MiB a gRPC message may hold (kubelet reads no
 //! more): past it, each claim's error is cut (to [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`]),
 //! and an answer still too large fails the call with `RESOURCE_EXHAUSTED`, naming the size,
 //! rather than reaching kubelet unreadable.
@@ -13,11 +13,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use tracing::warn;
+use tracing::{Instrument as _, warn};
 
-use crate::cancel::Cancel;
 use crate::claims::ClaimRef;
-use crate::preparer::{ClaimPreparer, KubeletDevice};
+use crate::claims::cancel::Cancel;
+use crate::claims::preparer::{ClaimPreparer, KubeletDevice};
 
 /// The largest gRPC message kubelet reads (grpc-go's default receive limit), and tonic's
 /// default limit on a request the plugin reads.
@@ -46,11 +46,16 @@ fn distinct(claims: Vec<ClaimRef>) -> Vec<ClaimRef> {
         .collect()
 }
 
-fn outcome<T>(claims: Vec<ClaimRef>, results: Vec<crate::Result<T>>) -> Outcome<T> {
+fn outcome<T>(
+    work: &'static str,
+    claims: Vec<ClaimRef>,
+    results: Vec<crate::Result<T>>,
+) -> Outcome<T> {
     claims
         .into_iter()
         .zip(results)
         .map(|(claim, result)| {
+            let _span = claim.span(work).entered();
             let result = result.map_err(|e| {
                 warn!(%claim, error = %e, retryable = e.is_retryable(), "claim failed");
                 e.to_string()
@@ -113,18 +118,21 @@ impl DraService {
     /// Prepares every claim; one outcome per distinct UID, in request order. Dropping the
     /// future cancels the claims not done yet.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Outcome<Vec<KubeletDevice>> {
-        self.call(claims, ClaimPreparer::prepare_all).await
+        self.call("prepare", claims, ClaimPreparer::prepare_all)
+            .await
     }
 
     /// Unprepares every claim; one outcome per distinct UID, in request order. Dropping the
     /// future cancels the claims not done yet.
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Outcome<()> {
-        self.call(claims, ClaimPreparer::unprepare_all).await
+        self.call("unprepare", claims, ClaimPreparer::unprepare_all)
+            .await
     }
 
     /// One call of `work` for the distinct claims, cancelled if the future is dropped.
     async fn call<T, F>(
         &self,
+        name: &'static str,
         claims: Vec<ClaimRef>,
         work: impl FnOnce(Arc<dyn ClaimPreparer>, Vec<ClaimRef>, Cancel) -> F,
     ) -> Outcome<T>
@@ -132,11 +140,14 @@ impl DraService {
         F: Future<Output = Vec<crate::Result<T>>>,
     {
         let claims = distinct(claims);
+        let span = tracing::info_span!("kubelet_call", call = name, claims = claims.len());
         let cancel = Cancel::new();
         let guard = cancel.on_drop();
-        let results = work(Arc::clone(&self.preparer), claims.clone(), cancel).await;
+        let results = work(Arc::clone(&self.preparer), claims.clone(), cancel)
+            .instrument(span.clone())
+            .await;
         guard.finish();
-        outcome(claims, results)
+        span.in_scope(|| outcome(name, claims, results))
     }
 }
 

@@ -5,7 +5,7 @@ use tessera_driver::node::gpu_mode::ModeChoice;
 use tessera_driver::node::inventory::GpuMode;
 
 use super::*;
-use crate::discovery::{ChosenModes, FakeDiscovery};
+use crate::gpus::discovery::{ChosenModes, FakeDiscovery};
 
 const TWO_SHARED: &str = "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n  - model: h200-141g\n    isolation: unverified\n  - model: h200-141g\n    mode: exclusive\n";
 

@@ -11,13 +11,13 @@ use clap::{Parser, Subcommand};
 use tessera_driver::node::mps::{Launch, Wrapper};
 use tracing::warn;
 
-use crate::driver_files;
+use crate::claims::preparer::CHECKPOINT_FILE;
 use crate::error::{Error, Result};
+use crate::gpus::driver_files;
 use crate::mps::exec::{ExecRequest, exec};
 use crate::mps::host::{self, HostConfig};
 use crate::mps::{MpsConfig, MpsSupervisor, OsProcessHost};
 use crate::ops::{LogFormat, init_logs};
-use crate::preparer::CHECKPOINT_FILE;
 
 /// The MPS daemons' host and wrapper.
 #[derive(Debug, Parser)]

@@ -10,7 +10,7 @@ use tracing::warn;
 
 use crate::error::{Error, Result};
 
-/// Finds the node's GPUs: NVML on real nodes (`crate::nvml::NvmlDiscovery`), an inventory file
+/// Finds the node's GPUs: NVML on real nodes (`crate::gpus::nvml::NvmlDiscovery`), an inventory file
 /// in tests and demos ([`FakeDiscovery`]).
 pub trait GpuDiscovery: Send + Sync + std::fmt::Debug {
     /// The node's GPUs and MIG instances as of now.
@@ -41,7 +41,7 @@ impl FakeDiscovery {
 
 impl GpuDiscovery for FakeDiscovery {
     fn discover(&self) -> Result<NodeInventory> {
-        let text = crate::input_file::read_text(&self.path, "the inventory file")?;
+        let text = crate::claims::input_file::read_text(&self.path, "the inventory file")?;
         let inventory = Inventory::from_yaml(&text)?;
         inventory.node(&self.node_name).cloned().ok_or_else(|| {
             Error::Config(format!(

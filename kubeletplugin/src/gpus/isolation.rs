@@ -26,9 +26,9 @@ use tessera_driver::node::inventory::{Gpu, NodeInventory};
 use tessera_driver::node::isolation::{self, Isolation, ProbeOutcome, ProbeRecord, Verdict};
 use tracing::{info, warn};
 
-use crate::discovery::GpuDiscovery;
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::gpus::discovery::GpuDiscovery;
+use crate::ops::metrics::Metrics;
 
 pub use child::{SUBCOMMAND, run_child};
 pub use runner::ChildProbe;
@@ -199,6 +199,7 @@ impl Verified {
 }
 
 impl GpuDiscovery for Verified {
+    #[tracing::instrument(name = "probe_pass", skip_all)]
     fn discover(&self) -> Result<NodeInventory> {
         let mut node = self.inner.discover()?;
         let mut state = self
