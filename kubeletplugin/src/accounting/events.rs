@@ -107,7 +107,7 @@ impl EventSink for KubeEvents {
 
 /// What [`FakeEvents`] was handed: the fields of one Event and the object it is about.
 #[cfg(any(test, feature = "testing"))]
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RecordedEvent {
     /// Whether the Event is a Warning (else Normal).
     pub warning: bool,

@@ -100,7 +100,7 @@ pub struct Kind {
     pub has_status: bool,
 }
 
-const KINDS: [Kind; 9] = [
+const KINDS: [Kind; 10] = [
     Kind {
         resource: "nodes",
         kind: "Node",
