@@ -378,7 +378,7 @@ fn stop(seams: &Seams, s: &Stop) -> Result<Option<Stopped>> {
 
 fn terminate(
     seams: &Seams,
-    daemons: &[tessera_driver::node::cdi::MpsDaemon],
+    daemons: &[tessera_driver::node::mps::MpsDaemon],
     pid: u32,
 ) -> Result<bool> {
     for daemon in daemons {
