@@ -99,7 +99,7 @@ pub trait Writes: Send + Sync {
 
     /// Records an Event about the pod: `action` is what the controller did or tried
     /// (`names::ACTION_*`), `reason` why, `message` the whole story (an Event keeps at most its
-    /// first [`NOTE_LIMIT`] bytes).
+    /// first `tessera_kubeapi::events::NOTE_BYTES`).
     fn event(
         &self,
         pod: &Pod,
@@ -108,23 +108,6 @@ pub trait Writes: Send + Sync {
         reason: &str,
         message: &str,
     ) -> impl Future<Output = Result<()>> + Send;
-}
-
-/// The most bytes the API server takes in an events.k8s.io/v1 Event's `note`.
-pub const NOTE_LIMIT: usize = 1024;
-
-/// `message` as an Event's note: whole when it fits in [`NOTE_LIMIT`] bytes, else its first
-/// characters that fit with ` …` after them (the pod's condition and the log keep it whole).
-fn note(message: &str) -> String {
-    const CUT: &str = " …";
-    if message.len() <= NOTE_LIMIT {
-        return message.to_owned();
-    }
-    let mut end = NOTE_LIMIT - CUT.len();
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{CUT}", &message[..end])
 }
 
 /// The `reservedFor` entry naming `pod`.
@@ -402,7 +385,7 @@ impl Writes for Writer {
                 EventType::Normal
             },
             reason: reason.to_owned(),
-            note: Some(note(message)),
+            note: Some(tessera_kubeapi::events::note(message)),
             action: action.to_owned(),
             secondary: None,
         };
@@ -442,26 +425,5 @@ impl Writes for Writer {
             }
             Err(e) => Err(Error::api(format!("evicting Pod {namespace}/{name}"), &e)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_note_is_the_whole_message_when_it_fits() {
-        let message = "x".repeat(NOTE_LIMIT);
-        assert_eq!(note(&message), message);
-    }
-
-    #[test]
-    fn a_longer_message_is_cut_at_a_character_within_the_limit_and_says_so() {
-        // Two-byte characters: the limit falls inside one.
-        let message = "é".repeat(NOTE_LIMIT);
-        let cut = note(&message);
-        assert!(cut.len() <= NOTE_LIMIT, "{}", cut.len());
-        assert!(cut.ends_with(" …"));
-        assert!(message.starts_with(cut.trim_end_matches(" …")));
     }
 }

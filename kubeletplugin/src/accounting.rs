@@ -40,7 +40,7 @@ use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
 use crate::ops::metrics::Metrics;
 
-pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, NOTE_BYTES, pod_event};
+pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, pod_event};
 pub use gpu_processes::{GpuProcesses, ProcessUse};
 pub use mps_control::{BinaryMpsControl, MpsControl};
 pub use procfs::{HostProcesses, ProcFs};

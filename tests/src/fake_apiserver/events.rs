@@ -37,7 +37,7 @@ const RENAMED: [(&str, &str); 7] = [
     ("deprecatedCount", "count"),
 ];
 
-/// The API server's limits on an events.k8s.io/v1 Event's fields, in characters.
+/// The API server's limits on an events.k8s.io/v1 Event's fields, in bytes (Go's `len`).
 const REPORTING_INSTANCE_LIMIT: usize = 128;
 const ACTION_LIMIT: usize = 128;
 const REASON_LIMIT: usize = 128;
@@ -205,13 +205,13 @@ fn common(event: &Value, problems: &mut Vec<String>) {
         let value = text(event, core);
         if value.is_empty() {
             problems.push(format!("{field}: Required value"));
-        } else if value.chars().count() > limit {
+        } else if value.len() > limit {
             problems.push(format!(
                 "{field}: Invalid value: \"\": can have at most {limit} characters"
             ));
         }
     }
-    if text(event, "message").chars().count() > NOTE_LIMIT {
+    if text(event, "message").len() > NOTE_LIMIT {
         problems.push(format!(
             "note: Invalid value: \"\": can have at most {NOTE_LIMIT} characters"
         ));
