@@ -295,9 +295,9 @@ impl Writes for MemoryApi {
         &self,
         _pod: &Pod,
         _warning: bool,
+        _action: &str,
         _reason: &str,
         _message: &str,
-        _now: Timestamp,
     ) -> tessera_controller::Result<()> {
         Ok(())
     }

@@ -23,7 +23,7 @@ use tessera_driver::placement::allocator::{
 use tessera_driver::placement::gate::{self, PodPlan};
 use tessera_driver::placement::nodefit::{self, Resources};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, Span, debug, info, info_span, warn};
 
 use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
@@ -209,6 +209,20 @@ fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("default", key))
 }
 
+/// The span of one pod's work in a pass (its gate decision, its writes, what is reported), by
+/// its `namespace/name` key: every line logged for the pod carries both, so one grep follows it.
+fn pod_span(key: &str) -> Span {
+    let (namespace, name) = split_key(key);
+    info_span!("pod", namespace, name)
+}
+
+/// The span of one claim's work (its allocation written, or given back), by its
+/// `namespace/name` key.
+fn claim_span(key: &str) -> Span {
+    let (namespace, name) = split_key(key);
+    info_span!("claim", namespace, name)
+}
+
 fn now() -> Timestamp {
     Timestamp::now()
 }
@@ -256,8 +270,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         *self.leader.borrow()
     }
 
-    /// One pass; see the module docs.
+    /// One pass; see the module docs. Logged in a `reconcile` span (with the view's
+    /// generation), each pod's part in a `pod` span inside it.
     #[allow(clippy::too_many_lines)] // Reason: the pass's order (release, place, report) reads best in one place.
+    #[tracing::instrument(name = "reconcile", skip_all, fields(generation = view.generation()))]
     pub async fn pass(&mut self, view: &mut ClusterView) -> PassReport {
         let mut report = PassReport::default();
         if !self.leading() {
@@ -301,51 +317,19 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 report.lost_leadership = true;
                 break;
             }
-            let Some(pod) = view.pods().get(&key) else {
-                continue;
-            };
-            if let Some(r) = self.remembered.get(&key)
-                && r.still_holds(view, pod)
+            if let Some(job) = self
+                .gate_pod(view, &key, &mut usage, &mut report)
+                .instrument(pod_span(&key))
+                .await
             {
-                report.pending += 1;
-                continue;
-            }
-            let pod: Pod = (**pod).clone();
-            match gate::plan_pod(&pod, view.claims()) {
-                PodPlan::Ignore => {}
-                PodPlan::Wait(why) => {
-                    debug!(pod = %key, why, "waiting");
-                    report.pending += 1;
-                }
-                PodPlan::Refuse(why) => {
-                    report.pending += 1;
-                    self.not_placed(view, &pod, NotPlaced::Refused(why), &mut report)
-                        .await;
-                }
-                PodPlan::Ungate => jobs.push(Job {
-                    pod,
-                    claims: Vec::new(),
-                    reserve: false,
-                    started: Instant::now(),
-                }),
-                PodPlan::Allocate {
-                    pending,
-                    allocated,
-                    node,
-                } => match self
-                    .decide(view, &pod, &pending, &allocated, node, &mut usage)
-                    .await
-                {
-                    Ok(job) => jobs.push(job),
-                    Err(e) => {
-                        report.pending += 1;
-                        self.not_placed(view, &pod, e, &mut report).await;
-                    }
-                },
+                jobs.push(job);
             }
         }
         for done in self.write_all(jobs).await {
-            self.apply_done(view, done, &mut report).await;
+            let span = pod_span(&pod_key(&done.job.pod));
+            self.apply_done(view, done, &mut report)
+                .instrument(span)
+                .await;
         }
         if !report.lost_leadership {
             let due = self
@@ -396,6 +380,60 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         report
     }
 
+    /// One gated pod's turn in a pass: skipped while what stopped it last still holds, else
+    /// planned, and decided when its claims are ready; answers the writes to carry out.
+    async fn gate_pod(
+        &mut self,
+        view: &mut ClusterView,
+        key: &str,
+        usage: &mut Option<BTreeMap<String, Resources>>,
+        report: &mut PassReport,
+    ) -> Option<Job> {
+        let pod = view.pods().get(key)?;
+        if let Some(r) = self.remembered.get(key)
+            && r.still_holds(view, pod)
+        {
+            report.pending += 1;
+            return None;
+        }
+        let pod: Pod = (**pod).clone();
+        match gate::plan_pod(&pod, view.claims()) {
+            PodPlan::Ignore => None,
+            PodPlan::Wait(why) => {
+                debug!(pod = %key, why, "waiting");
+                report.pending += 1;
+                None
+            }
+            PodPlan::Refuse(why) => {
+                report.pending += 1;
+                self.not_placed(view, &pod, NotPlaced::Refused(why), report)
+                    .await;
+                None
+            }
+            PodPlan::Ungate => Some(Job {
+                pod,
+                claims: Vec::new(),
+                reserve: false,
+                started: Instant::now(),
+            }),
+            PodPlan::Allocate {
+                pending,
+                allocated,
+                node,
+            } => match self
+                .decide(view, &pod, &pending, &allocated, node, usage)
+                .await
+            {
+                Ok(job) => Some(job),
+                Err(e) => {
+                    report.pending += 1;
+                    self.not_placed(view, &pod, e, report).await;
+                    None
+                }
+            },
+        }
+    }
+
     async fn not_placed(
         &mut self,
         view: &mut ClusterView,
@@ -441,7 +479,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             if let Err(e) = self
                 .protocol
                 .writer
-                .event(pod, warning, reason, &message, at)
+                .event(pod, warning, names::ACTION_ALLOCATE, reason, &message)
                 .await
             {
                 warn!(pod = %key, error = %e, "recording the Event failed");
@@ -691,7 +729,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 }
             }
             let protocol = self.protocol.clone();
-            set.spawn(async move { protocol.run(job).await });
+            // A spawned task starts outside every span: it gets the pod's, inside this pass's.
+            let span = pod_span(&pod_key(&job.pod));
+            set.spawn(async move { protocol.run(job).await }.instrument(span));
         }
         while let Some(done) = set.join_next().await {
             push_done(&mut out, done);
@@ -846,18 +886,23 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                 u.claim,
                 u.age.as_secs()
             );
-            warn!(claim = %u.claim, pods = ?u.pods, age_seconds = u.age.as_secs(), "allocation not bound");
-            for p in &u.pods {
-                if let Some(pod) = view.pods().get(p)
-                    && let Err(e) = self
-                        .protocol
-                        .writer
-                        .event(pod, true, REASON_UNBOUND, &message, now())
-                        .await
-                {
-                    warn!(pod = %p, error = %e, "recording the Event failed");
+            let span = claim_span(&u.claim);
+            async {
+                warn!(claim = %u.claim, pods = ?u.pods, age_seconds = u.age.as_secs(), "allocation not bound");
+                for p in &u.pods {
+                    if let Some(pod) = view.pods().get(p)
+                        && let Err(e) = self
+                            .protocol
+                            .writer
+                            .event(pod, true, names::ACTION_ALLOCATE, REASON_UNBOUND, &message)
+                            .await
+                    {
+                        warn!(pod = %p, error = %e, "recording the Event failed");
+                    }
                 }
             }
+            .instrument(span)
+            .await;
         }
         self.reported_unbound = keys;
     }

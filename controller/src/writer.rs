@@ -6,12 +6,13 @@
 
 use std::future::Future;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodCondition};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 use tessera_driver::{names, placement::gate};
@@ -96,14 +97,16 @@ pub trait Writes: Send + Sync {
     /// respected), or with `dry_run` only whether it would.
     fn evict(&self, pod: &Pod, dry_run: bool) -> impl Future<Output = Result<Eviction>> + Send;
 
-    /// Records an Event about the pod.
+    /// Records an Event about the pod: `action` is what the controller did or tried
+    /// (`names::ACTION_*`), `reason` why, `message` the whole story (an Event keeps at most its
+    /// first `tessera_kubeapi::events::NOTE_BYTES`).
     fn event(
         &self,
         pod: &Pod,
         warning: bool,
+        action: &str,
         reason: &str,
         message: &str,
-        now: Timestamp,
     ) -> impl Future<Output = Result<()>> + Send;
 }
 
@@ -124,6 +127,9 @@ fn name_of(meta: &ObjectMeta) -> (&str, &str) {
 pub struct Writer {
     client: kube::Client,
     claims: ApiResource,
+    /// Writes the Events (events.k8s.io/v1), as `tessera-controller` on this host; one
+    /// recorder, so that a repeated Event is counted on the first one (a `series`).
+    events: Recorder,
 }
 
 impl std::fmt::Debug for Writer {
@@ -138,6 +144,7 @@ impl Writer {
     /// A writer of claims in resource.k8s.io `version`.
     pub fn new(client: kube::Client, version: ApiVersion) -> Self {
         Self {
+            events: Recorder::new(client.clone(), Reporter::from(names::CONTROLLER_COMPONENT)),
             client,
             claims: tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM),
         }
@@ -350,47 +357,41 @@ impl Writes for Writer {
             .await
     }
 
-    /// Records a core v1 Event about the pod.
+    /// Records an events.k8s.io/v1 Event about the pod through kube-runtime's [`Recorder`],
+    /// which names it `<pod>.<nanoseconds>` and patches a `series` onto it when the same
+    /// action, reason and pod come again within minutes.
     async fn event(
         &self,
         pod: &Pod,
         warning: bool,
+        action: &str,
         reason: &str,
         message: &str,
-        now: Timestamp,
     ) -> Result<()> {
         let (namespace, name) = name_of(&pod.metadata);
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-                namespace: Some(namespace.to_owned()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some(names::CORE_API_V1.to_owned()),
-                kind: Some(names::POD.kind.to_owned()),
-                namespace: Some(namespace.to_owned()),
-                name: Some(name.to_owned()),
-                uid: pod.metadata.uid.clone(),
-                resource_version: pod.metadata.resource_version.clone(),
-                ..ObjectReference::default()
-            },
-            reason: Some(reason.to_owned()),
-            message: Some(message.to_owned()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
-            source: Some(EventSource {
-                component: Some(names::CONTROLLER_COMPONENT.to_owned()),
-                host: None,
-            }),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            count: Some(1),
-            ..Event::default()
+        let regarding = ObjectReference {
+            api_version: Some(names::CORE_API_V1.to_owned()),
+            kind: Some(names::POD.kind.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            uid: pod.metadata.uid.clone(),
+            resource_version: pod.metadata.resource_version.clone(),
+            ..ObjectReference::default()
         };
-        Api::<Event>::namespaced(self.client.clone(), namespace)
-            .create(&PostParams::default(), &event)
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(tessera_kubeapi::events::note(message)),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        self.events
+            .publish(&event, &regarding)
             .await
-            .map(|_| ())
             .map_err(|e| Error::api(format!("recording an Event on Pod {namespace}/{name}"), &e))
     }
 

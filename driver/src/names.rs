@@ -206,6 +206,11 @@ pub const KUBELET_PLUGIN_MANAGER: &str = "tessera-kubelet-plugin";
 pub const ANNOTATION_ALLOCATED_BY: &str = "gpu.tessera.dev/allocated-by";
 /// Component name the controller reports in Events and the allocated-by annotation.
 pub const CONTROLLER_COMPONENT: &str = "tessera-controller";
+/// `action` of the controller's Events about placing a pod's claims: why it could not place them
+/// yet, or that an allocation it made is not bound.
+pub const ACTION_ALLOCATE: &str = "Allocate";
+/// `action` of the controller's Events on a pod it evicted to make room for a higher tier.
+pub const ACTION_PREEMPT: &str = "Preempt";
 /// Pod condition the controller sets on a gated pod it cannot place (status `False`, with the
 /// allocator's reason) and once it placed it (status `True`).
 pub const CONDITION_ALLOCATED: &str = "gpu.tessera.dev/Allocated";

@@ -9,6 +9,20 @@
 //!
 //! May import: `rules` and the shared top-level modules `names` and `error`. Nothing here
 //! imports `placement`, `tools`, `admission` or `apiversion`.
+//!
+//! Inside the wing the arrows run one way, from the modules that decide to the values they
+//! share (no two files import each other):
+//!
+//! * leaves, importing nothing of the wing: `prepared` (a prepared claim, its devices and
+//!   shares), `inventory` (the GPUs, with the isolation verdict each one stores and publishes),
+//!   `mps` (the MPS daemon a claim needs, and how daemons are run), `mps_exec`, `driver_root`;
+//! * `cdi` renders a prepared claim (`prepared`, `mps`, and `inventory` for the device-plugin
+//!   variables); `checkpoint` records it (`prepared`, `cdi`, `mps`);
+//! * `prepare` builds the prepared claim and has it rendered (`prepared`, `inventory`, `cdi`);
+//!   `isolation` judges probes and runs its probe's claim through a container's CDI edits
+//!   (`prepared`, `inventory`, `cdi`, `mps_exec`), and writes its verdicts into the inventory;
+//! * `accounting` (`checkpoint`, `mps`), `reconfigure` (`checkpoint`, `inventory`), `gpu_mode`,
+//!   `health` and `slices` (`inventory`).
 
 pub mod accounting;
 pub mod cdi;
@@ -21,5 +35,6 @@ pub mod isolation;
 pub mod mps;
 pub mod mps_exec;
 pub mod prepare;
+pub mod prepared;
 pub mod reconfigure;
 pub mod slices;

@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::{Value, json};
 
 use crate::names;
-use crate::node::cdi::{MpsDaemon, mps_daemon_id};
 use crate::node::inventory::{Inventory, NodeInventory};
+use crate::node::mps::{MpsDaemon, mps_daemon_id};
 use crate::rules::config::AppliedConfig;
 
 /// The driver name every fixture publishes and configures under.

@@ -37,6 +37,7 @@
 mod client;
 mod discovery;
 mod error;
+pub mod events;
 mod json_object;
 pub mod probes;
 pub mod text;

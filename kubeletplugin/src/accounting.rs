@@ -40,7 +40,7 @@ use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
 use crate::ops::metrics::Metrics;
 
-pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, NOTE_BYTES, pod_event};
+pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, pod_event};
 pub use gpu_processes::{GpuProcesses, ProcessUse};
 pub use mps_control::{BinaryMpsControl, MpsControl};
 pub use procfs::{HostProcesses, ProcFs};
@@ -378,7 +378,7 @@ fn stop(seams: &Seams, s: &Stop) -> Result<Option<Stopped>> {
 
 fn terminate(
     seams: &Seams,
-    daemons: &[tessera_driver::node::cdi::MpsDaemon],
+    daemons: &[tessera_driver::node::mps::MpsDaemon],
     pid: u32,
 ) -> Result<bool> {
     for daemon in daemons {

@@ -23,9 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::checkpoint::Checkpoint;
-use tessera_driver::node::mps::{self, ControlSocket, Launch, StartAction};
+use tessera_driver::node::mps::{self, ControlSocket, Launch, MpsDaemon, StartAction};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -325,7 +324,7 @@ impl MpsSupervisor {
     /// not start is retried by [`MpsSupervisor::check`]. Blocking.
     pub fn restore(&self, record: &Checkpoint) -> Result<()> {
         let now = Instant::now();
-        for (id, wanted) in mps::wanted_daemons(record) {
+        for (id, wanted) in mps::wanted_daemons(record.mps_daemons()) {
             let process = match self.start(&wanted.daemon) {
                 Ok(process) => Some(process),
                 Err(e) => {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::cdi::MpsDaemon;
+use tessera_driver::node::mps::MpsDaemon;
 use tessera_kubelet_plugin::accounting::{BinaryMpsControl, MpsControl};
 use tessera_kubelet_plugin::mps::fake_control::TERMINATED_EXIT;
 

@@ -394,12 +394,10 @@ async fn a_pod_that_fits_nowhere_is_reported_and_retried_when_a_node_appears() {
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("c", 4)).await;
     create_pod(&client, &gated_pod("p", &["c"], &[], "1")).await;
     eventually(WAIT, "an Event says why", || async {
-        server.objects("events").iter().any(|e| {
+        server.events().iter().any(|e| {
             e["reason"] == "FailedAllocation"
-                && e["involvedObject"]["name"] == "p"
-                && e["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("default/c"))
+                && e["regarding"]["name"] == "p"
+                && e["note"].as_str().is_some_and(|m| m.contains("default/c"))
         })
     })
     .await;
@@ -490,9 +488,9 @@ async fn node_selectors_taints_cordons_and_cpu_steer_the_choice_of_node() {
     create_claim(&client, ApiVersion::V1, whole_gpu_claim("none", 1)).await;
     create_pod(&client, &gated_pod("none", &["none"], &[], "3")).await;
     eventually(WAIT, "the reason names every filter", || async {
-        server.objects("events").iter().any(|e| {
-            e["involvedObject"]["name"] == "none"
-                && e["message"].as_str().is_some_and(|m| {
+        server.events().iter().any(|e| {
+            e["regarding"]["name"] == "none"
+                && e["note"].as_str().is_some_and(|m| {
                     m.contains("1 node(s) were unschedulable")
                         && m.contains(
                             "1 node(s) had untolerated taint {dedicated=infra:NoSchedule}",
@@ -562,9 +560,9 @@ async fn a_claim_the_server_refuses_to_change_is_reported_not_retried_forever() 
     create_pod(&client, &gated_pod("p", &["broken"], &[], "1")).await;
     eventually(WAIT, "the pod is reported", || async {
         server
-            .objects("events")
+            .events()
             .iter()
-            .any(|e| e["reason"] == "AllocationRefused" && e["involvedObject"]["name"] == "p")
+            .any(|e| e["reason"] == "AllocationRefused" && e["regarding"]["name"] == "p")
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -717,11 +715,9 @@ async fn a_negative_capacity_request_is_refused_and_frees_nothing() {
     create_claim(&client, ApiVersion::V1, negative).await;
     create_pod(&client, &gated_pod("p", &["negative"], &[], "1")).await;
     eventually(WAIT, "the pod is refused with the rule", || async {
-        server.objects("events").iter().any(|e| {
+        server.events().iter().any(|e| {
             e["reason"] == "AllocationRefused"
-                && e["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("negative"))
+                && e["note"].as_str().is_some_and(|m| m.contains("negative"))
         })
     })
     .await;

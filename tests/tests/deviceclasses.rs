@@ -140,7 +140,7 @@ fn share_classes_select_only_gpus_whose_isolation_is_verified_or_accepted() {
     let text = "nodes:\n- name: n\n  mode: shared\n  gpus:\n  - model: h200-141g\n  - model: h200-141g\n    isolation: unverified\n  - model: h200-141g\n  - model: h200-141g\n    mode: exclusive\n";
     let mut node = Inventory::from_yaml(text).unwrap().nodes.remove(0);
     // As the kubelet plugin publishes a GPU the admin accepted unverified.
-    node.gpus[2].isolation = tessera_driver::node::isolation::Isolation::Accepted;
+    node.gpus[2].isolation = tessera_driver::node::inventory::Isolation::Accepted;
     let mut devices = Vec::new();
     for slice in slices::render(&node, &RenderOptions::default()).unwrap() {
         for device in slice.spec.devices.into_iter().flatten() {

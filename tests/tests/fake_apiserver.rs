@@ -427,3 +427,148 @@ async fn lists_come_in_pages_with_limit_and_continue() {
     assert_eq!(all.items.len(), 6);
     assert!(all.metadata.continue_.is_none());
 }
+
+/// A pod `p` in `ns` to hang Events on.
+fn regarding_pod() -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some("ns".into()),
+        name: Some("p".into()),
+        uid: Some("u-1".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_one_set_served_as_core_and_as_events_k8s_io_and_repeats_are_a_series() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::runtime::events::{Event as Note, EventType, Recorder, Reporter};
+
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let client = client(&server);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera-controller".into(),
+            instance: Some("replica-0".into()),
+        },
+    );
+    let note = Note {
+        type_: EventType::Warning,
+        reason: "FailedAllocation".into(),
+        note: Some("no node fits".into()),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    recorder.publish(&note, &regarding_pod()).await.unwrap();
+
+    // Through events.k8s.io/v1, as written.
+    let events = Api::<Event>::namespaced(client.clone(), "ns")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(events.len(), 1);
+    let event = &events[0];
+    assert_eq!(event.note.as_deref(), Some("no node fits"));
+    assert_eq!(event.regarding.as_ref().unwrap().name.as_deref(), Some("p"));
+    assert_eq!(
+        event.reporting_controller.as_deref(),
+        Some("tessera-controller")
+    );
+    assert_eq!(event.action.as_deref(), Some("Allocate"));
+    assert!(event.series.is_none());
+
+    // The same object through core v1, in its field names.
+    let core = Api::<CoreEvent>::namespaced(client.clone(), "ns")
+        .get(event.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(core.message.as_deref(), Some("no node fits"));
+    assert_eq!(core.involved_object.name.as_deref(), Some("p"));
+    assert_eq!(
+        core.reporting_component.as_deref(),
+        Some("tessera-controller")
+    );
+    assert_eq!(core.reason.as_deref(), Some("FailedAllocation"));
+
+    // The same action and reason again: the recorder patches a series onto the first Event.
+    recorder.publish(&note, &regarding_pod()).await.unwrap();
+    let events = Api::<Event>::namespaced(client.clone(), "ns")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].series.as_ref().unwrap().count, 2);
+    assert_eq!(events[0].note.as_deref(), Some("no node fits"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_k8s_io_refuses_what_the_api_server_refuses() {
+    use k8s_openapi::api::events::v1::Event;
+
+    let server = FakeApiServer::start(&["v1"]).await.unwrap();
+    let api = Api::<Event>::namespaced(client(&server), "ns");
+    let good = json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "p.1", "namespace": "ns"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "type": "Normal", "reason": "Placed", "action": "Allocate", "note": "ok",
+        "reportingController": "tessera-controller", "reportingInstance": "replica-0",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "p"},
+    });
+    let refused = |mut event: Value, field: &str, value: Value| {
+        event[field] = value;
+        serde_json::from_value::<Event>(event).unwrap()
+    };
+    let pp = PostParams::default();
+    for (field, value, says) in [
+        ("eventTime", Value::Null, "eventTime: Required value"),
+        ("action", Value::Null, "action: Required value"),
+        (
+            "reportingController",
+            json!("Not A Name"),
+            "reportingController",
+        ),
+        ("note", json!("x".repeat(1025)), "note: Invalid value"),
+        ("type", json!("Bad"), "type: Invalid value"),
+        (
+            "deprecatedCount",
+            json!(3),
+            "deprecatedCount: Invalid value",
+        ),
+    ] {
+        let err = api
+            .create(&pp, &refused(good.clone(), field, value))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains(says)),
+            "{field}: {err}"
+        );
+    }
+    api.create(&pp, &serde_json::from_value(good).unwrap())
+        .await
+        .unwrap();
+    // Only the series and the metadata change once it is written.
+    let err = api
+        .patch(
+            "p.1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"note": "changed"})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains("note: Invalid value: field is immutable"))
+    );
+    let series = json!({"series": {"count": 2, "lastObservedTime": "2026-01-01T00:00:01.000000Z"}});
+    let patched = api
+        .patch("p.1", &PatchParams::default(), &Patch::Merge(series))
+        .await
+        .unwrap();
+    assert_eq!(patched.series.unwrap().count, 2);
+}

@@ -190,6 +190,9 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
         ("", "pods/eviction", "create"),
         ("", "nodes", "list"),
         ("", "events", "create"),
+        // kube-runtime's Recorder: events.k8s.io/v1, a repeat patched onto the first.
+        ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
     ] {
         assert!(
             grants(controller, group, resource, verb),

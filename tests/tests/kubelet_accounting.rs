@@ -231,7 +231,7 @@ async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the
     assert_eq!(gpu.pids(), BTreeSet::from([4001]));
     assert!(host.killed().is_empty());
 
-    let events = server.objects("events");
+    let events = server.events();
     assert_eq!(events.len(), 1, "{events:?}");
     let event = &events[0];
     assert_eq!(event["apiVersion"], "events.k8s.io/v1");
@@ -264,6 +264,6 @@ async fn three_workers_of_one_share_over_its_booking_lose_the_newest_two_and_the
     // Back within its booking: the next pass leaves the last worker alone.
     let again = accountant.pass(Instant::now()).await.unwrap();
     assert!(again.terminated.is_empty() && again.killed.is_empty());
-    assert_eq!(server.objects("events").len(), 1);
+    assert_eq!(server.events().len(), 1);
     plugin.shutdown().await.unwrap();
 }

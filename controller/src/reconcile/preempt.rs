@@ -23,7 +23,7 @@ use tessera_driver::placement::allocator::preempt;
 use tessera_driver::placement::fragmentation::HostResources;
 use tracing::{info, warn};
 
-use super::{Eviction, NotPlaced, Reconciler, Writes, now, pod_key};
+use super::{Eviction, NotPlaced, Reconciler, Writes, pod_key};
 use crate::cluster::ClusterView;
 use crate::error::Error;
 
@@ -217,7 +217,13 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
                     if let Err(e) = self
                         .protocol
                         .writer
-                        .event(&victim, false, names::REASON_PREEMPTED, &message, now())
+                        .event(
+                            &victim,
+                            false,
+                            names::ACTION_PREEMPT,
+                            names::REASON_PREEMPTED,
+                            &message,
+                        )
                         .await
                     {
                         warn!(pod = %v, error = %e, "recording the Event failed");

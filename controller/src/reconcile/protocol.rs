@@ -149,7 +149,16 @@ impl<W: Writes> Protocol<W> {
     }
 
     /// Marks a claim and writes its allocation (with `reserve_for` in `reservedFor`, on the
-    /// fast path), re-reading and retrying on conflicts; answers the claim as written.
+    /// fast path), re-reading and retrying on conflicts; answers the claim as written. Logged
+    /// in the claim's span.
+    #[tracing::instrument(
+        name = "claim",
+        skip_all,
+        fields(
+            namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
+            name = claim.metadata.name.as_deref().unwrap_or_default(),
+        )
+    )]
     async fn write_claim(
         &self,
         pod: &Pod,
@@ -301,6 +310,11 @@ impl<W: Writes> Protocol<W> {
     /// the claim as last seen (`None`: nothing to do). A claim reserved for anyone is left
     /// alone, except a reservation for `own` (the UID of the pod being rolled back, whose
     /// reservation this controller wrote).
+    #[tracing::instrument(
+        name = "claim",
+        skip_all,
+        fields(namespace = split_key(key).0, name = split_key(key).1)
+    )]
     pub(super) async fn release_claim(
         &self,
         key: &str,

@@ -284,9 +284,9 @@ impl Writes for FakeWrites {
         &self,
         pod: &Pod,
         _warning: bool,
+        _action: &str,
         reason: &str,
         _message: &str,
-        _now: Timestamp,
     ) -> Result<()> {
         // A real server answers later: let other pods\' writes run meanwhile.
         tokio::task::yield_now().await;

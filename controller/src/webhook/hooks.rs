@@ -23,6 +23,7 @@ use tessera_driver::apiversion::{self, Object};
 use tessera_driver::names;
 use tessera_driver::placement::gate;
 use tessera_driver::rules::cel::CelCache;
+use tracing::Instrument as _;
 
 use super::lookup::AdmissionLookup;
 use super::review::{
@@ -142,22 +143,49 @@ impl Admission {
         let request = review
             .request
             .ok_or_else(|| "the AdmissionReview has no request".to_owned())?;
-        let response = match hook {
-            Hook::MutatePods => self.mutate_pod(&request).await,
-            Hook::MutateClaims => self.mutate_claim(&request).await,
-            Hook::ValidateClaims => self.validate_claim(&request).await,
-        };
-        tracing::debug!(
+        // The review's span: the object's name (or, at CREATE with `generateName`, the
+        // prefix it will get a name from), so one grep follows an object through admission.
+        let span = tracing::info_span!(
+            "review",
             hook = hook.path(),
             uid = %request.uid,
             operation = %request.operation,
             resource = %request.resource.resource,
             namespace = request.namespace.as_deref().unwrap_or_default(),
             name = request.name.as_deref().unwrap_or_default(),
-            allowed = response.allowed,
-            patched = response.patch.is_some(),
-            "reviewed"
+            generate_name = tracing::field::Empty,
         );
+        if request.name.as_deref().unwrap_or_default().is_empty()
+            && let Some(prefix) = request
+                .object
+                .as_ref()
+                .and_then(|o| o.pointer("/metadata/generateName"))
+                .and_then(serde_json::Value::as_str)
+        {
+            span.record("generate_name", prefix);
+        }
+        let response = async {
+            match hook {
+                Hook::MutatePods => self.mutate_pod(&request).await,
+                Hook::MutateClaims => self.mutate_claim(&request).await,
+                Hook::ValidateClaims => self.validate_claim(&request).await,
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        span.in_scope(|| {
+            tracing::debug!(
+                hook = hook.path(),
+                uid = %request.uid,
+                operation = %request.operation,
+                resource = %request.resource.resource,
+                namespace = request.namespace.as_deref().unwrap_or_default(),
+                name = request.name.as_deref().unwrap_or_default(),
+                allowed = response.allowed,
+                patched = response.patch.is_some(),
+                "reviewed"
+            );
+        });
         Ok(AdmissionReviewResponse::new(response))
     }
 

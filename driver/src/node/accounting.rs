@@ -34,8 +34,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::node::cdi::MpsDaemon;
 use crate::node::checkpoint::{Checkpoint, ClaimEntry};
+use crate::node::mps::MpsDaemon;
 
 /// A process NVML lists on a GPU, with what the node read about it in `/proc`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,15 +30,15 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::names;
-use crate::node::prepare::{PreparedClaim, PreparedDevice};
+use crate::node::mps::MpsDaemon;
+use crate::node::prepared::{PreparedClaim, PreparedDevice};
 use crate::rules::config::Tier;
 use crate::rules::share::PerDeviceShare;
 
 pub use enforcement::{
     Enforcement, HAMI_CACHE_DIR_IN_CONTAINER, HAMI_CACHE_FILE_IN_CONTAINER,
     HAMI_LIBRARY_IN_CONTAINER, HAMI_LOCK_DIR_IN_CONTAINER, MEMORY_LIMIT_ENV,
-    MPS_PIPE_DIR_IN_CONTAINER, MPS_SHM_IN_CONTAINER, MpsDaemon, hami_task_priority,
-    mps_client_priority, mps_daemon_id,
+    MPS_PIPE_DIR_IN_CONTAINER, MPS_SHM_IN_CONTAINER, hami_task_priority, mps_client_priority,
 };
 pub use spec::{CDI_VERSION, CdiDevice, CdiSpec, ContainerEdits, DeviceNode, Hook, Mount};
 

@@ -17,8 +17,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::node::cdi::{self, MpsDaemon};
-use crate::node::prepare::PreparedClaim;
+use crate::node::cdi;
+use crate::node::mps::MpsDaemon;
+use crate::node::prepared::PreparedClaim;
 use crate::rules::config::Tier;
 
 mod holdings;
@@ -188,6 +189,14 @@ impl Checkpoint {
             boot_id: boot_id.into(),
             claims: BTreeMap::new(),
         }
+    }
+
+    /// Each recorded claim that has an MPS daemon, as (claim UID, its daemon), in UID order: what
+    /// `crate::node::mps` decides the daemons from.
+    pub fn mps_daemons(&self) -> impl Iterator<Item = (&str, &MpsDaemon)> {
+        self.claims
+            .iter()
+            .filter_map(|(uid, e)| e.mps_daemon.as_ref().map(|d| (uid.as_str(), d)))
     }
 
     fn checksum(&self) -> Result<String> {
@@ -370,7 +379,7 @@ impl PrepareBatch<'_> {
 mod tests {
 
     use super::*;
-    use crate::node::prepare::{GpuNode, MigNode, PreparedDevice};
+    use crate::node::prepared::{GpuNode, MigNode, PreparedDevice};
     use crate::rules::share::PerDeviceShare;
 
     fn device(name: &str, gpu: &str, share: Option<u64>, mig: bool) -> PreparedDevice {

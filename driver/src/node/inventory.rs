@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::{Error, Result};
+use crate::names;
 
 pub use models::{GpuModel, MigProfile};
 
@@ -140,13 +141,73 @@ pub struct Gpu {
     /// its configuration waits for them (`reconfigure`), when it is published with the
     /// draining taint. Discovery never sets it.
     pub draining_to: Option<GpuMode>,
-    /// Whether the node proved its share isolation on this GPU (`crate::node::isolation`); published
-    /// on shared GPUs only. NVML discovery finds every GPU unverified until the kubelet
+    /// Whether the node proved its share isolation on this GPU (`crate::node::isolation`);
+    /// published on shared GPUs only. NVML discovery finds every GPU unverified until the kubelet
     /// plugin's probe says otherwise; a fake-inventory file states what the probe finds.
-    pub isolation: crate::node::isolation::Isolation,
-    /// Why, as a short code (`crate::node::isolation::REASON_*`), published as `isolationReason`
-    /// on shared GPUs when not empty.
+    pub isolation: Isolation,
+    /// Why, as a short code ([`REASON_NOT_PROBED`] until a probe, then
+    /// `crate::node::isolation::REASON_*`), published as `isolationReason` on shared GPUs when
+    /// not empty.
     pub isolation_reason: String,
+}
+
+/// Reason code of a GPU that no probe of the node's backend on its driver has judged yet: what
+/// discovery gives every GPU (the probe's own codes are `crate::node::isolation::REASON_*`).
+pub const REASON_NOT_PROBED: &str = "not-probed";
+
+/// What a shared GPU publishes as its `isolation` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Isolation {
+    /// The node's probe held there: refused past the limit, served under it.
+    Verified,
+    /// Not proven (not probed yet, failed, timed out, or a backend that limits nothing).
+    #[default]
+    Unverified,
+    /// Not proven, and the admin accepted that explicitly.
+    Accepted,
+}
+
+impl Isolation {
+    /// Every value, in the order errors list them.
+    pub const ALL: [Self; 3] = [Self::Verified, Self::Unverified, Self::Accepted];
+
+    /// The published value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Verified => names::ISOLATION_VERIFIED,
+            Self::Unverified => names::ISOLATION_UNVERIFIED,
+            Self::Accepted => names::ISOLATION_ACCEPTED,
+        }
+    }
+
+    /// Whether shares may be prepared on the GPU.
+    pub fn offers_shares(self) -> bool {
+        self != Self::Unverified
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|i| i.as_str() == s)
+            .ok_or_else(|| Error::Inventory {
+                field: "isolation".into(),
+                message: format!(
+                    "unknown isolation {s:?}; expected {}, {} or {}",
+                    names::ISOLATION_VERIFIED,
+                    names::ISOLATION_UNVERIFIED,
+                    names::ISOLATION_ACCEPTED
+                ),
+            })
+    }
 }
 
 /// One MIG instance (a GPU instance with its full compute instance).

@@ -29,15 +29,14 @@
 //! they publish no `isolation` attribute.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::names;
-use crate::node::inventory::{Gpu, GpuMode, NodeInventory};
-use crate::node::prepare::{GpuNode, PreparedClaim, PreparedDevice};
+use crate::node::cdi::ContainerEdits;
+use crate::node::inventory::{Gpu, GpuMode, Isolation, NodeInventory, REASON_NOT_PROBED};
+use crate::node::prepared::{GpuNode, PreparedClaim, PreparedDevice};
 use crate::rules::config::Tier;
 use crate::rules::share::PerDeviceShare;
 
@@ -50,8 +49,6 @@ pub const PROBE_CLAIM_PREFIX: &str = "isolation-probe-gpu-";
 
 /// Reason code: the probe held.
 pub const REASON_PROBE_HELD: &str = "probe-held";
-/// Reason code: no probe of the node's backend on the GPU's driver yet.
-pub const REASON_NOT_PROBED: &str = "not-probed";
 /// Reason code: an allocation past the limit was served.
 pub const REASON_LIMIT_NOT_ENFORCED: &str = "limit-not-enforced";
 /// Reason code: an allocation under the limit was refused.
@@ -70,61 +67,6 @@ pub const PRELOAD_HANDOFF_ENV: &str = "TESSERA_PROBE_LD_PRELOAD";
 
 /// Reason code: the node enforces nothing (`none`).
 pub const REASON_NO_ENFORCEMENT: &str = "no-enforcement";
-
-/// What a shared GPU publishes as its `isolation` attribute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum Isolation {
-    /// The node's probe held there: refused past the limit, served under it.
-    Verified,
-    /// Not proven (not probed yet, failed, timed out, or a backend that limits nothing).
-    #[default]
-    Unverified,
-    /// Not proven, and the admin accepted that explicitly.
-    Accepted,
-}
-
-impl Isolation {
-    /// Every value, in the order errors list them.
-    pub const ALL: [Self; 3] = [Self::Verified, Self::Unverified, Self::Accepted];
-
-    /// The published value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Verified => names::ISOLATION_VERIFIED,
-            Self::Unverified => names::ISOLATION_UNVERIFIED,
-            Self::Accepted => names::ISOLATION_ACCEPTED,
-        }
-    }
-
-    /// Whether shares may be prepared on the GPU.
-    pub fn offers_shares(self) -> bool {
-        self != Self::Unverified
-    }
-}
-
-impl fmt::Display for Isolation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Isolation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|i| i.as_str() == s)
-            .ok_or_else(|| Error::Inventory {
-                field: "isolation".into(),
-                message: format!(
-                    "unknown isolation {s:?}; expected {}, {} or {}",
-                    names::ISOLATION_VERIFIED,
-                    names::ISOLATION_UNVERIFIED,
-                    names::ISOLATION_ACCEPTED
-                ),
-            })
-    }
-}
 
 /// One allocation the probe made: served, or refused with the CUDA error's name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -470,7 +412,7 @@ pub struct ProbeCommand {
 /// `launcher` the mounts are left out (tests; a backend that needs them then fails its probe,
 /// which fails closed).
 pub fn probe_command(
-    edits: &crate::node::cdi::ContainerEdits,
+    edits: &ContainerEdits,
     program: &str,
     args: &[String],
     inherited: &[(String, String)],

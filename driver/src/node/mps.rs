@@ -1,5 +1,8 @@
-//! MPS control daemons as the kubelet plugin runs them: which daemons the recorded claims need,
-//! the command line and environment of each, and how soon one that died is started again.
+//! MPS control daemons as the kubelet plugin runs them: what a daemon is ([`MpsDaemon`], named
+//! by its device set: [`mps_daemon_id`]), which daemons the recorded claims need, the command
+//! line and environment of each, and how soon one that died is started again. `cdi` renders a
+//! claim's daemon into its spec, the checkpoint records it, `accounting` asks it for its
+//! clients; none of them is imported here.
 //!
 //! A supervisor (the plugin itself, or the node's `tessera-mps host`) runs
 //! `nvidia-cuda-mps-control -f` (foreground) as its own child rather than `-d`: with `-d` the
@@ -16,9 +19,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::node::cdi::MpsDaemon;
-use crate::node::checkpoint::Checkpoint;
-
 /// The argument that keeps the control daemon in the foreground.
 pub const FOREGROUND_ARG: &str = "-f";
 /// What is written to the control binary's stdin to stop a daemon.
@@ -30,6 +30,44 @@ pub const FIRST_RESTART_DELAY: Duration = Duration::from_secs(1);
 /// The longest delay before a daemon that died is started again.
 pub const MAX_RESTART_DELAY: Duration = Duration::from_mins(1);
 
+/// An MPS control daemon serving one set of CUDA devices.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemon {
+    /// [`mps_daemon_id`] of `devices`.
+    pub id: String,
+    /// The devices' UUIDs in the order the daemon must list them in `CUDA_VISIBLE_DEVICES`:
+    /// clients number devices in this order, and the spec's per-device limits use it.
+    pub devices: Vec<String>,
+    /// Host pipe directory (`CUDA_MPS_PIPE_DIRECTORY` of the daemon).
+    pub pipe_dir: String,
+    /// Host directory the daemon and its clients share as `/dev/shm`: a plain directory beside
+    /// the pipe directory that the plugin creates ([`daemon_dirs`]); nothing
+    /// mounts a filesystem on it. The claim's containers get it bound over `/dev/shm` by the
+    /// CDI spec, and the daemon by the `tessera-mps exec` wrapper in its own mount namespace
+    /// ([`crate::node::mps_exec`]); a daemon started without the wrapper keeps its own
+    /// `/dev/shm`.
+    pub shm_dir: String,
+    /// Host log directory (`CUDA_MPS_LOG_DIRECTORY` of the daemon).
+    pub log_dir: String,
+}
+
+/// The id of the MPS daemon serving a set of CUDA device UUIDs: `mps-` and 32 hex digits of a
+/// name-based (v5) UUID of the sorted, de-duplicated set. The same set always gives the same id
+/// (whatever the order), and the id is a valid directory name.
+pub fn mps_daemon_id<I, S>(uuids: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut set: Vec<String> = uuids.into_iter().map(|u| u.as_ref().to_owned()).collect();
+    set.sort();
+    set.dedup();
+    let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"mps.gpu.tessera.dev");
+    let id = uuid::Uuid::new_v5(&namespace, set.join(",").as_bytes());
+    format!("mps-{}", id.simple())
+}
+
 /// A daemon the recorded claims need, with the claims that use it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WantedDaemon {
@@ -39,19 +77,21 @@ pub struct WantedDaemon {
     pub claims: BTreeSet<String>,
 }
 
-/// The daemons `record`'s claims need, by daemon id: what a restarted plugin starts again.
-pub fn wanted_daemons(record: &Checkpoint) -> BTreeMap<String, WantedDaemon> {
+/// The daemons the recorded claims need, by daemon id: what a restarted plugin starts again.
+/// `claims` is each recorded claim that has a daemon, as (claim UID, its daemon)
+/// (`Checkpoint::mps_daemons`).
+pub fn wanted_daemons<'a>(
+    claims: impl IntoIterator<Item = (&'a str, &'a MpsDaemon)>,
+) -> BTreeMap<String, WantedDaemon> {
     let mut out: BTreeMap<String, WantedDaemon> = BTreeMap::new();
-    for (uid, entry) in &record.claims {
-        if let Some(daemon) = &entry.mps_daemon {
-            out.entry(daemon.id.clone())
-                .or_insert_with(|| WantedDaemon {
-                    daemon: daemon.clone(),
-                    claims: BTreeSet::new(),
-                })
-                .claims
-                .insert(uid.clone());
-        }
+    for (uid, daemon) in claims {
+        out.entry(daemon.id.clone())
+            .or_insert_with(|| WantedDaemon {
+                daemon: daemon.clone(),
+                claims: BTreeSet::new(),
+            })
+            .claims
+            .insert(uid.to_owned());
     }
     out
 }
@@ -202,13 +242,16 @@ pub struct Reconcile {
     pub release: Vec<String>,
 }
 
-/// The daemon host's step: every claim `record` holds with a daemon is ensured (idempotent),
-/// every supervised claim it no longer holds is released.
-pub fn reconcile(record: &Checkpoint, supervised: &BTreeSet<String>) -> Reconcile {
-    let ensure: Vec<(String, MpsDaemon)> = record
-        .claims
-        .iter()
-        .filter_map(|(uid, e)| e.mps_daemon.clone().map(|d| (uid.clone(), d)))
+/// The daemon host's step: every recorded claim with a daemon (`claims`, as (claim UID, its
+/// daemon): `Checkpoint::mps_daemons`) is ensured (idempotent), every supervised claim no
+/// longer recorded is released.
+pub fn reconcile<'a>(
+    claims: impl IntoIterator<Item = (&'a str, &'a MpsDaemon)>,
+    supervised: &BTreeSet<String>,
+) -> Reconcile {
+    let ensure: Vec<(String, MpsDaemon)> = claims
+        .into_iter()
+        .map(|(uid, d)| (uid.to_owned(), d.clone()))
         .collect();
     let release = supervised
         .iter()
@@ -241,7 +284,7 @@ pub fn restart_delay(failures: u32) -> Duration {
 mod tests {
 
     use super::*;
-    use crate::node::checkpoint::{ClaimEntry, PrepareState};
+    use crate::node::checkpoint::{Checkpoint, ClaimEntry, PrepareState};
     use crate::testing::mps_daemon as daemon;
 
     /// A record of the claims `uid → GPU set`, each with the daemon of its set (none for an
@@ -263,6 +306,21 @@ mod tests {
     }
 
     #[test]
+    fn daemon_id_is_stable_and_order_free() {
+        let a = mps_daemon_id(["GPU-b", "GPU-a"]);
+        assert_eq!(a, mps_daemon_id(["GPU-a", "GPU-b", "GPU-a"]));
+        assert_ne!(a, mps_daemon_id(["GPU-a"]));
+        assert_eq!(a.len(), 36);
+        assert!(a.starts_with("mps-"));
+        assert!(a[4..].chars().all(|c| c.is_ascii_hexdigit()));
+        // Pinned: daemons started by an older plugin must be found again after an upgrade.
+        assert_eq!(
+            mps_daemon_id(["GPU-8a0c4f7e-6f41-4b9e-9c51-1d2e3f405060"]),
+            "mps-a055420bcd0a5a6e81a7c0047733ef26"
+        );
+    }
+
+    #[test]
     fn claims_on_the_same_gpu_set_share_one_daemon() {
         let record = record(&[
             ("a", &["GPU-1"]),
@@ -270,9 +328,9 @@ mod tests {
             ("c", &["GPU-1", "GPU-2"]),
             ("whole", &[]),
         ]);
-        let wanted = wanted_daemons(&record);
+        let wanted = wanted_daemons(record.mps_daemons());
         assert_eq!(wanted.len(), 2);
-        let one = &wanted[&crate::node::cdi::mps_daemon_id(["GPU-1"])];
+        let one = &wanted[&mps_daemon_id(["GPU-1"])];
         assert_eq!(one.claims, BTreeSet::from(["a".to_owned(), "b".to_owned()]));
     }
 
@@ -364,7 +422,7 @@ mod tests {
     fn the_host_ensures_recorded_claims_and_releases_the_rest() {
         let record = record(&[("a", &["GPU-1"]), ("whole", &[])]);
         let supervised = BTreeSet::from(["a".to_owned(), "gone".to_owned()]);
-        let step = reconcile(&record, &supervised);
+        let step = reconcile(record.mps_daemons(), &supervised);
         assert_eq!(
             step.ensure
                 .iter()
@@ -374,7 +432,7 @@ mod tests {
         );
         assert_eq!(step.release, ["gone"]);
         assert_eq!(
-            reconcile(&Checkpoint::new("b"), &BTreeSet::new()),
+            reconcile(Checkpoint::new("b").mps_daemons(), &BTreeSet::new()),
             Reconcile::default()
         );
     }

@@ -30,11 +30,11 @@ use k8s_openapi::api::resource::v1 as res;
 
 use std::collections::BTreeMap;
 
-use crate::node::cdi;
-
 use crate::error::{Error, Result};
 use crate::names;
-use crate::node::inventory::{Gpu, Inventory, NodeInventory};
+use crate::node::cdi;
+use crate::node::inventory::{Gpu, Inventory, Isolation, NodeInventory};
+use crate::node::prepared::{GpuNode, MigNode, PreparedClaim, PreparedDevice};
 use crate::rules::config::{self, TesseraConfig, Tier};
 use crate::rules::quantity::Quantity;
 use crate::rules::share::PerDeviceShare;
@@ -59,71 +59,6 @@ fn claim_label(claim: &res::ResourceClaim) -> String {
     )
 }
 
-/// A claim allocated to this node, as the kubelet plugin prepares it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedClaim {
-    /// The claim's UID; names the spec file and the CDI devices.
-    pub uid: String,
-    /// The claim's namespace.
-    pub namespace: String,
-    /// The claim's name.
-    pub name: String,
-    /// The claim's allocated devices on this node, in allocation order.
-    pub devices: Vec<PreparedDevice>,
-}
-
-/// One allocation result of a claim, joined with what discovery knows about the device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedDevice {
-    /// The request (`request` or `request/subrequest`) the device was allocated for.
-    pub request: String,
-    /// The pool the device belongs to.
-    pub pool: String,
-    /// The device name within the pool, e.g. `gpu-0`.
-    pub device: String,
-    /// The physical GPU (for a MIG instance: its parent).
-    pub gpu: GpuNode,
-    /// The MIG instance, when the device is one.
-    pub mig: Option<MigNode>,
-    /// The resolved share, when the device is a share of a GPU; `None` for a whole device.
-    pub share: Option<PerDeviceShare>,
-    /// The share's tier as the allocator recorded it; online for a whole device.
-    pub tier: Tier,
-    /// Whether the share may use more memory than it is guaranteed (a batch share whose class
-    /// over-commits memory, [`crate::rules::overcommit`]): only a `hami-core` node can back that.
-    pub memory_overcommitted: bool,
-    /// The allocation result's `shareID`, for a device that allows several allocations;
-    /// returned to kubelet with the device.
-    pub share_id: Option<String>,
-}
-
-/// A GPU as discovery saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuNode {
-    /// The GPU's index on the node.
-    pub index: u32,
-    /// `GPU-…` UUID.
-    pub uuid: String,
-    /// Minor number of `/dev/nvidia<minor>`.
-    pub minor: u32,
-}
-
-/// A MIG instance as discovery saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigNode {
-    /// `MIG-…` UUID.
-    pub uuid: String,
-    /// GPU instance id.
-    pub gpu_instance: u32,
-    /// Compute instance id.
-    pub compute_instance: u32,
-    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` granting access to the GPU instance.
-    pub gpu_instance_cap_minor: u32,
-    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` granting access to the compute instance.
-    pub compute_instance_cap_minor: u32,
-}
-
-/// The devices of `claim`'s allocation that `driver` prepares on `node`, ready for the CDI
 /// Why `gpu` takes no share that over-commits memory: its isolation was not proven.
 fn no_memory_overcommit(gpu: &Gpu) -> String {
     format!(
@@ -145,6 +80,7 @@ fn no_shares(gpu: &Gpu) -> String {
     )
 }
 
+/// The devices of `claim`'s allocation that `driver` prepares on `node`, ready for the CDI
 /// builder. Errors name the claim and what does not match the node.
 pub fn prepare_on_node(
     claim: &res::ResourceClaim,
@@ -211,7 +147,7 @@ pub fn prepare_on_node(
         if share.is_some() && !gpu.isolation.offers_shares() {
             return Err(device_err(no_shares(gpu)));
         }
-        if memory_overcommitted && gpu.isolation != crate::node::isolation::Isolation::Verified {
+        if memory_overcommitted && gpu.isolation != Isolation::Verified {
             return Err(device_err(no_memory_overcommit(gpu)));
         }
         devices.push(PreparedDevice {

@@ -13,9 +13,6 @@ use tessera_driver::node::accounting::OverBooking;
 
 use crate::error::{Error, Result};
 
-/// The most bytes an events.k8s.io/v1 Event's `note` may hold (the API server refuses more).
-pub const NOTE_BYTES: usize = 1024;
-
 /// What the plugin did to the pod's processes, as the Event's `action`.
 pub const ACTION_STOP_PROCESSES: &str = "StopProcesses";
 
@@ -27,19 +24,10 @@ pub trait EventSink: Send + Sync {
 }
 
 /// The Warning Event on `over`'s pod and the pod it is about. The note is the over-booking's
-/// message, cut at [`NOTE_BYTES`] (on a character boundary, saying so) when a long list of
-/// stopped processes makes it longer.
+/// message, cut at `tessera_kubeapi::events::NOTE_BYTES` (on a character boundary, saying so)
+/// when a long list of stopped processes makes it longer.
 pub fn pod_event(over: &OverBooking) -> (Event, ObjectReference) {
-    const CUT: &str = " …";
-    let mut note = over.message();
-    if note.len() > NOTE_BYTES {
-        let mut end = NOTE_BYTES - CUT.len();
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str(CUT);
-    }
+    let note = tessera_kubeapi::events::note(&over.message());
     let event = Event {
         type_: EventType::Warning,
         reason: names::REASON_GPU_MEMORY_OVER_BOOKING.to_owned(),
@@ -167,6 +155,7 @@ impl EventSink for FakeEvents {
 #[cfg(test)]
 mod tests {
     use tessera_driver::node::accounting::ClaimName;
+    use tessera_kubeapi::events::NOTE_BYTES;
 
     use super::*;
 

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{setsockopt, sockopt};
 #[cfg(any(test, feature = "testing"))]
 use nix::sys::time::TimeVal;
-use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::mps;
+use tessera_driver::node::mps::MpsDaemon;
 
 #[cfg(any(test, feature = "testing"))]
 use super::gpu_processes::FakeGpu;

@@ -1,5 +1,5 @@
-use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::checkpoint::{ClaimEntry, HeldDevice, PrepareState};
+use tessera_driver::node::mps::MpsDaemon;
 
 use super::*;
 use crate::claims::FakeClaimSource;

@@ -29,9 +29,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_driver::names;
-use tessera_driver::node::cdi::{self, Enforcement, MpsDaemon};
+use tessera_driver::node::cdi::{self, Enforcement};
 use tessera_driver::node::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::node::inventory::NodeInventory;
+use tessera_driver::node::mps::MpsDaemon;
 use tessera_driver::node::prepare::prepare_and_render;
 use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tokio::task::JoinSet;

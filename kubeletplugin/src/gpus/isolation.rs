@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::inventory::{Gpu, NodeInventory};
-use tessera_driver::node::isolation::{self, Isolation, ProbeOutcome, ProbeRecord, Verdict};
+use tessera_driver::node::inventory::{Gpu, Isolation, NodeInventory};
+use tessera_driver::node::isolation::{self, ProbeOutcome, ProbeRecord, Verdict};
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};

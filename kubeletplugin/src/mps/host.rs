@@ -45,7 +45,7 @@ fn read(path: &Path, boot_id: &str) -> Result<Checkpoint> {
 /// daemon is never stopped because its claim could not be read). Blocking.
 pub fn pass(supervisor: &MpsSupervisor, config: &HostConfig) -> Result<()> {
     let record = read(&config.checkpoint, &config.boot_id)?;
-    let step = mps::reconcile(&record, &supervisor.claims()?);
+    let step = mps::reconcile(record.mps_daemons(), &supervisor.claims()?);
     for (claim, daemon) in &step.ensure {
         if let Err(e) = supervisor.ensure(claim, daemon) {
             warn!(claim, daemon = %daemon.id, error = %e, "MPS control daemon not running; retrying");

@@ -3,8 +3,9 @@
 //!
 //! Plain HTTP on 127.0.0.1 with an ephemeral port. It serves discovery (`/api`, `/api/v1`,
 //! `/apis`, `/apis/resource.k8s.io[/<version>]`, with the resource.k8s.io versions a test
-//! chooses), and for Nodes, Pods, Events, DeviceClasses, ResourceSlices, ResourceClaims,
-//! ResourceClaimTemplates, (coordination.k8s.io/v1) Leases and (events.k8s.io/v1) Events: get, list (label and field
+//! chooses), and for Nodes, Pods, Events (core v1 and events.k8s.io/v1), DeviceClasses,
+//! ResourceSlices, ResourceClaims, ResourceClaimTemplates and (coordination.k8s.io/v1) Leases:
+//! get, list (label and field
 //! selectors, pages with `limit` and `continue`), watch (`?watch=true`,
 //! resourceVersion-based, newline-delimited JSON events; `sendInitialEvents=true` streams the
 //! current state and an initial-events-end bookmark first; `allowWatchBookmarks=true` gets
@@ -14,7 +15,8 @@
 //! `spec.nodeName`; 409 for a pod already bound or still gated, as a real server answers, and
 //! for a UID that does not match), JSON merge patch, JSON patch,
 //! delete and deleteCollection; `PodDisruptionBudgets` (policy/v1) and the `pods/eviction`
-//! subresource with budget checks (see `eviction`). As on a real server, deleting an object that carries finalizers
+//! subresource with budget checks (see `eviction`); Events in core v1 and in events.k8s.io/v1,
+//! one set of objects converted and checked as the real server does (see `events`). As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
 //! by a merge patch (apply creates an absent object); `managedFields` are recorded only when a
@@ -24,11 +26,13 @@
 //! convert between API versions, so a test serves one resource.k8s.io version at a time.
 //! Errors come back as `metav1.Status`. A test can queue error answers per verb and resource.
 
+mod events;
 mod eviction;
 mod patch;
 mod store;
 mod watches;
 
+pub use events::GROUP as EVENTS_GROUP;
 pub use store::fields_v1;
 
 use std::convert::Infallible;
@@ -53,12 +57,6 @@ pub const RESOURCE_GROUP: &str = "resource.k8s.io";
 pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
 /// The only version of [`COORDINATION_GROUP`] the fake serves.
 const COORDINATION_VERSION: &str = "v1";
-/// The events.k8s.io group (Events as kube-runtime's `Recorder` writes them), served in v1
-/// only. Its Events are the core group's `events` too, as on a real server, though the fake
-/// keeps each object in the shape it was written in.
-pub const EVENTS_GROUP: &str = "events.k8s.io";
-/// The only version of [`EVENTS_GROUP`] the fake serves.
-const EVENTS_VERSION: &str = "v1";
 /// The policy group (`PodDisruptionBudgets`), served in v1 only.
 pub const POLICY_GROUP: &str = "policy";
 /// The only version of [`POLICY_GROUP`] the fake serves.
@@ -150,10 +148,12 @@ const KINDS: [Kind; 10] = [
         namespaced: true,
         has_status: false,
     },
+    // The same Events as the core ones above, served in their events.k8s.io/v1 shape (see
+    // `events`); the store keys both by the plural, so they are one set of objects.
     Kind {
         resource: "events",
         kind: "Event",
-        group: EVENTS_GROUP,
+        group: events::GROUP,
         namespaced: true,
         has_status: false,
     },
@@ -432,6 +432,15 @@ impl FakeApiServer {
         kind(resource).map_or_else(Vec::new, |k| self.shared.lock().list(&k, None))
     }
 
+    /// Every Event, as events.k8s.io/v1 serves it (`regarding`, `note`, `reportingController`,
+    /// …: what kube-runtime's `Recorder` writes), whichever API wrote it; in name order.
+    pub fn events(&self) -> Vec<Value> {
+        self.objects("events")
+            .into_iter()
+            .map(events::from_core)
+            .collect()
+    }
+
     /// Deletes an object directly.
     pub fn delete(
         &self,
@@ -569,9 +578,9 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
             (POLICY_GROUP, *version, rest)
         }
         ["apis", group, version, rest @ ..]
-            if *group == EVENTS_GROUP && *version == EVENTS_VERSION =>
+            if *group == events::GROUP && *version == events::VERSION =>
         {
-            (EVENTS_GROUP, *version, rest)
+            (events::GROUP, *version, rest)
         }
         _ => return None,
     };
@@ -680,7 +689,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
     };
     let coordination = || one_version_group(COORDINATION_GROUP, COORDINATION_VERSION);
     let policy = || one_version_group(POLICY_GROUP, POLICY_VERSION);
-    let events = || one_version_group(EVENTS_GROUP, EVENTS_VERSION);
+    let events_group = || one_version_group(events::GROUP, events::VERSION);
     let resources = resource_list;
     match segments {
         ["api"] => Some(json!({
@@ -697,7 +706,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             };
             groups.push(coordination());
             groups.push(policy());
-            groups.push(events());
+            groups.push(events_group());
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["apis", g] if *g == RESOURCE_GROUP && !versions.is_empty() => {
@@ -717,8 +726,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
         }
         ["apis", g, v]
             if (*g == COORDINATION_GROUP && *v == COORDINATION_VERSION)
-                || (*g == POLICY_GROUP && *v == POLICY_VERSION)
-                || (*g == EVENTS_GROUP && *v == EVENTS_VERSION) =>
+                || (*g == POLICY_GROUP && *v == POLICY_VERSION) =>
         {
             Some(resources(g, v))
         }
@@ -728,12 +736,13 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             g["apiVersion"] = json!("v1");
             Some(g)
         }
-        ["apis", g] if *g == EVENTS_GROUP => {
-            let mut g = events();
+        ["apis", g] if *g == events::GROUP => {
+            let mut g = events_group();
             g["kind"] = json!("APIGroup");
             g["apiVersion"] = json!("v1");
             Some(g)
         }
+        ["apis", g, v] if *g == events::GROUP && *v == events::VERSION => Some(resources(g, v)),
         ["version"] => Some(json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-fake"})),
         _ => None,
     }
@@ -916,6 +925,33 @@ fn serve(
     content_type: &str,
     body: &Bytes,
 ) -> Result<(u16, Value), StatusError> {
+    let events_api = target.kind.group == events::GROUP;
+    let answer = serve_stored(shared, target, verb, params, content_type, body, events_api)?;
+    Ok(if events_api {
+        (answer.0, events::from_core(answer.1))
+    } else {
+        answer
+    })
+}
+
+/// Serves a request on the stored objects; `events_api`: the request came through
+/// events.k8s.io/v1, whose bodies are converted to the stored core v1 shape and checked as
+/// the API server checks them (see `events`).
+#[allow(
+    clippy::too_many_lines,
+    reason = "one verb per arm, each short, read best side by side"
+)]
+fn serve_stored(
+    shared: &Arc<Shared>,
+    target: &Target,
+    verb: Verb,
+    params: &[(String, String)],
+    content_type: &str,
+    body: &Bytes,
+    events_api: bool,
+) -> Result<(u16, Value), StatusError> {
+    let parse_body =
+        |body: &Bytes| parse_body(body).map(|b| if events_api { events::to_core(b) } else { b });
     let ns = target.namespace.as_ref();
     let name = target.name.as_deref().unwrap_or("");
     let kind = &target.kind;
@@ -963,6 +999,13 @@ fn serve(
         }
         Verb::Create => {
             let object = parse_body(body)?;
+            if events_api {
+                let mut named = object.clone();
+                if let Some(ns) = ns {
+                    named["metadata"]["namespace"] = json!(ns);
+                }
+                events::check_create(&named)?;
+            }
             if params.iter().any(|(k, v)| k == "dryRun" && v == "All") {
                 return Ok((201, object));
             }
@@ -970,6 +1013,12 @@ fn serve(
         }
         Verb::Update => {
             let object = parse_body(body)?;
+            if events_api {
+                let old = store.get(kind, ns, name)?;
+                let mut new = object.clone();
+                new["metadata"]["namespace"] = old["metadata"]["namespace"].clone();
+                events::check_update(&new, &old)?;
+            }
             store
                 .update(kind, ns, name, object, target.status)
                 .map(|o| (200, o))
@@ -982,8 +1031,16 @@ fn serve(
                 return store.create(kind, ns, patch_doc).map(|o| (201, o));
             }
             let mut object = store.get(kind, ns, name)?;
+            let old = events_api.then(|| object.clone());
             let old_rv = object.pointer("/metadata/resourceVersion").cloned();
             if content_type.starts_with("application/json-patch+json") {
+                // `parse_body` renamed the keys of an object; a JSON patch names fields in
+                // its paths.
+                let patch_doc = if events_api {
+                    events::json_patch_to_core(patch_doc)
+                } else {
+                    patch_doc
+                };
                 patch::json_patch(&mut object, &patch_doc)
                     .map_err(|m| StatusError::new(422, "Invalid", format!("JSON patch: {m}")))?;
             } else if content_type.starts_with("application/merge-patch+json")
@@ -1005,6 +1062,9 @@ fn serve(
                 && let Some(Value::Object(meta)) = object.get_mut("metadata")
             {
                 meta.insert("resourceVersion".to_owned(), rv);
+            }
+            if let Some(old) = &old {
+                events::check_update(&object, old)?;
             }
             store
                 .update(kind, ns, name, object, target.status)
@@ -1084,7 +1144,13 @@ fn watch_response(
     tokio::spawn(async move {
         let deadline = tokio::time::sleep(std::time::Duration::from_secs(timeout));
         tokio::pin!(deadline);
+        let events_api = kind.group == events::GROUP;
         let line = |kind: &str, object: &Value| {
+            let object = if events_api && kind != "BOOKMARK" {
+                events::from_core(object.clone())
+            } else {
+                object.clone()
+            };
             let mut text = json!({"type": kind, "object": object}).to_string();
             text.push('\n');
             Ok(Frame::data(Bytes::from(text)))

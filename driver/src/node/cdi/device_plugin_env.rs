@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1 as res;
 use super::spec::CdiSpec;
 use crate::names;
 use crate::node::inventory::NodeInventory;
-use crate::node::prepare::PreparedClaim;
+use crate::node::prepared::PreparedClaim;
 use crate::rules::share::GIB;
 
 /// The extra variables for `claim` (prepared as `prepared` on `node`), in a stable order.
@@ -87,7 +87,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::node::prepare::{GpuNode, PreparedDevice};
+    use crate::node::prepared::{GpuNode, PreparedDevice};
     use crate::rules::share::PerDeviceShare;
 
     fn claim(forms: Option<&str>) -> res::ResourceClaim {

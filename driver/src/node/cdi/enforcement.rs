@@ -1,5 +1,5 @@
 //! What each share-enforcement backend puts into a container, and the MPS daemon a claim
-//! needs. See `docs/cdi.md` for the reasoning behind every edit.
+//! needs (the daemon's type and id are the MPS module's, `crate::node::mps`). See `docs/cdi.md` for the reasoning behind every edit.
 
 use std::fmt::Write as _;
 
@@ -8,6 +8,7 @@ use crate::rules::config::Tier;
 
 use super::spec::{ContainerEdits, Mount};
 use super::{CudaDevice, check};
+use crate::node::mps::{MpsDaemon, mps_daemon_id};
 
 /// Where the MPS pipe directory of a claim's daemon appears in the container.
 pub const MPS_PIPE_DIR_IN_CONTAINER: &str = "/tmp/nvidia-mps";
@@ -86,44 +87,6 @@ impl Enforcement {
             .into_iter()
             .try_for_each(|(field, path)| check::host_path(claim, field, path))
     }
-}
-
-/// An MPS control daemon serving one set of CUDA devices.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MpsDaemon {
-    /// [`mps_daemon_id`] of `devices`.
-    pub id: String,
-    /// The devices' UUIDs in the order the daemon must list them in `CUDA_VISIBLE_DEVICES`:
-    /// clients number devices in this order, and the spec's per-device limits use it.
-    pub devices: Vec<String>,
-    /// Host pipe directory (`CUDA_MPS_PIPE_DIRECTORY` of the daemon).
-    pub pipe_dir: String,
-    /// Host directory the daemon and its clients share as `/dev/shm`: a plain directory beside
-    /// the pipe directory that the plugin creates ([`crate::node::mps::daemon_dirs`]); nothing
-    /// mounts a filesystem on it. The claim's containers get it bound over `/dev/shm` by the
-    /// CDI spec, and the daemon by the `tessera-mps exec` wrapper in its own mount namespace
-    /// ([`crate::node::mps_exec`]); a daemon started without the wrapper keeps its own
-    /// `/dev/shm`.
-    pub shm_dir: String,
-    /// Host log directory (`CUDA_MPS_LOG_DIRECTORY` of the daemon).
-    pub log_dir: String,
-}
-
-/// The id of the MPS daemon serving a set of CUDA device UUIDs: `mps-` and 32 hex digits of a
-/// name-based (v5) UUID of the sorted, de-duplicated set. The same set always gives the same id
-/// (whatever the order), and the id is a valid directory name.
-pub fn mps_daemon_id<I, S>(uuids: I) -> String
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
-{
-    let mut set: Vec<String> = uuids.into_iter().map(|u| u.as_ref().to_owned()).collect();
-    set.sort();
-    set.dedup();
-    let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"mps.gpu.tessera.dev");
-    let id = uuid::Uuid::new_v5(&namespace, set.join(",").as_bytes());
-    format!("mps-{}", id.simple())
 }
 
 pub(super) fn mps_daemon(
@@ -277,25 +240,5 @@ fn bind(host: &str, container: &str, access: &str, noexec: bool) -> Mount {
         container_path: container.to_owned(),
         options,
         mount_type: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn daemon_id_is_stable_and_order_free() {
-        let a = mps_daemon_id(["GPU-b", "GPU-a"]);
-        assert_eq!(a, mps_daemon_id(["GPU-a", "GPU-b", "GPU-a"]));
-        assert_ne!(a, mps_daemon_id(["GPU-a"]));
-        assert_eq!(a.len(), 36);
-        assert!(a.starts_with("mps-"));
-        assert!(a[4..].chars().all(|c| c.is_ascii_hexdigit()));
-        // Pinned: daemons started by an older plugin must be found again after an upgrade.
-        assert_eq!(
-            mps_daemon_id(["GPU-8a0c4f7e-6f41-4b9e-9c51-1d2e3f405060"]),
-            "mps-a055420bcd0a5a6e81a7c0047733ef26"
-        );
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
-use crate::node::prepare::{GpuNode, MigNode};
+use crate::node::mps::mps_daemon_id;
+use crate::node::prepared::{GpuNode, MigNode};
 use crate::rules::share::GIB;
 
 const UID: &str = "0b7e2a64-1c0f-4a58-9d55-3f1f8e0c2a11";

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::HeldDevice;
 use crate::error::{Error, Result};
-use crate::node::prepare::PreparedClaim;
+use crate::node::prepared::PreparedClaim;
 use crate::rules::overcommit;
 
 /// Up to two distinct holders: enough to name one that is not the claim asking.

@@ -330,8 +330,8 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
             cuda_driver_version: cuda_version(node.cuda_driver_version),
             healthy: true,
             draining_to: None,
-            isolation: crate::node::isolation::Isolation::Unverified,
-            isolation_reason: crate::node::isolation::REASON_NOT_PROBED.to_owned(),
+            isolation: super::Isolation::Unverified,
+            isolation_reason: super::REASON_NOT_PROBED.to_owned(),
         });
     }
     gpus.sort_by_key(|g| g.index);

@@ -9,9 +9,8 @@ use serde::Deserialize;
 
 use super::mig::{self, PlaceError, Wanted};
 use super::models::{self, GpuModel};
-use super::{Gpu, GpuMode, Inventory, MigInstance, NodeInventory};
+use super::{Gpu, GpuMode, Inventory, Isolation, MigInstance, NodeInventory};
 use crate::error::{Error, Result};
-use crate::node::isolation::Isolation;
 use crate::rules::limits;
 use crate::rules::quantity::Quantity;
 

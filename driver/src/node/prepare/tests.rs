@@ -551,7 +551,7 @@ fn a_share_on_a_gpu_whose_isolation_is_unverified_is_refused() {
         &[record("10Gi", 50)],
     );
     let mut unverified = node();
-    unverified.gpus[0].isolation = crate::node::isolation::Isolation::Unverified;
+    unverified.gpus[0].isolation = crate::node::inventory::Isolation::Unverified;
     let msg = prepare_on_node(&c, DRIVER, &unverified)
         .unwrap_err()
         .to_string();
@@ -562,8 +562,8 @@ fn a_share_on_a_gpu_whose_isolation_is_unverified_is_refused() {
     assert!(msg.contains("--accept-unverified-isolation"), "{msg}");
     // Accepted by the admin, or verified: prepared.
     for ok in [
-        crate::node::isolation::Isolation::Accepted,
-        crate::node::isolation::Isolation::Verified,
+        crate::node::inventory::Isolation::Accepted,
+        crate::node::inventory::Isolation::Verified,
     ] {
         let mut n = node();
         n.gpus[0].isolation = ok;

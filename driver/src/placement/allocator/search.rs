@@ -707,7 +707,7 @@ impl<'a> Search<'a> {
 
     /// Whether claim `c` may add `per` to what its earlier requests already share of GPU
     /// `dev`: the node gives one claim one budget per GPU (the shares of its requests add
-    /// up, `cdi::PreparedClaim`), and that budget may use at most the GPU. Without
+    /// up, `node::prepared::PreparedClaim`), and that budget may use at most the GPU. Without
     /// over-commit the GPU's capacity already ensures it; a batch share may use more than
     /// it is guaranteed, so two of them could otherwise add up past the GPU and be refused
     /// only at prepare.

@@ -371,7 +371,7 @@ mod tests {
         )
         .unwrap();
         let gpu = &mut inventory.nodes[0].gpus[1];
-        gpu.isolation = crate::node::isolation::Isolation::Unverified;
+        gpu.isolation = crate::node::inventory::Isolation::Unverified;
         gpu.isolation_reason = crate::node::isolation::REASON_LIMIT_NOT_ENFORCED.to_owned();
         let slices = render(&inventory.nodes[0], &RenderOptions::default()).unwrap();
         let view = cluster_view(names::DEFAULT_DRIVER_NAME, &slices, &[], &[], &[]).unwrap();
