@@ -239,7 +239,7 @@ fn find_device<'a>(node: &'a NodeInventory, name: &str) -> Option<(&'a Gpu, Opti
             .find(|(_, m)| m.device_name(gpu.index) == name)
             .map(|(gi, m)| {
                 let gi = u32::try_from(gi).unwrap_or(u32::MAX);
-                let gi_minor = CAPS_FIRST + gpu.index * CAPS_PER_GPU + gi * CAPS_PER_GI;
+                let (gi_minor, ci_minor) = mig_cap_minors(gpu.index, gi, 0);
                 (
                     gpu,
                     Some(MigNode {
@@ -247,11 +247,26 @@ fn find_device<'a>(node: &'a NodeInventory, name: &str) -> Option<(&'a Gpu, Opti
                         gpu_instance: gi,
                         compute_instance: 0,
                         gpu_instance_cap_minor: gi_minor,
-                        compute_instance_cap_minor: gi_minor + 1,
+                        compute_instance_cap_minor: ci_minor,
                     }),
                 )
             })
     })
+}
+
+/// The nvidia-caps minors granting access to GPU instance `gpu_instance` of the GPU with minor
+/// `gpu_minor`, and to its compute instance `compute_instance`: the driver's
+/// `/proc/driver/nvidia-caps/mig-minors` layout (`gpu<g>/gi<i>/access`, then
+/// `gpu<g>/gi<i>/ci<c>/access`). Saturates instead of wrapping onto another instance's minor.
+fn mig_cap_minors(gpu_minor: u32, gpu_instance: u32, compute_instance: u32) -> (u32, u32) {
+    let gi_minor = gpu_minor
+        .saturating_mul(CAPS_PER_GPU)
+        .saturating_add(gpu_instance.saturating_mul(CAPS_PER_GI))
+        .saturating_add(CAPS_FIRST);
+    (
+        gi_minor,
+        gi_minor.saturating_add(1).saturating_add(compute_instance),
+    )
 }
 
 /// A share from `consumedCapacity`, for allocations kube-scheduler made on its own.

@@ -620,4 +620,28 @@ mod tests {
             json!("batch")
         );
     }
+
+    #[test]
+    fn a_config_applies_to_the_requests_it_names_and_their_subrequests_and_an_empty_list_to_all() {
+        let opaque: res::OpaqueDeviceConfiguration = serde_json::from_value(json!({
+            "driver": "gpu.tessera.dev",
+            "parameters": {"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare"}
+        }))
+        .unwrap();
+        let named = ["gpu".to_owned()];
+        let cfg = AppliedConfig {
+            requests: &named,
+            opaque: &opaque,
+            field: "spec.devices.config[0]",
+        };
+        assert!(cfg.applies_to("gpu"));
+        assert!(cfg.applies_to("gpu/small"));
+        assert!(!cfg.applies_to("other"));
+        assert!(!cfg.applies_to("other/gpu"));
+        let all = AppliedConfig {
+            requests: &[],
+            ..cfg
+        };
+        assert!(all.applies_to("gpu") && all.applies_to("other/small"));
+    }
 }

@@ -420,3 +420,20 @@ fn only_shares_on_whole_gpus_are_booked_never_a_mig_device_or_a_whole_device() {
     );
     assert_eq!(booked_gpus(&record), BTreeSet::from(["GPU-2".to_owned()]));
 }
+
+#[test]
+fn a_process_listed_twice_with_different_readings_counts_at_the_larger() {
+    // Booked 10 GiB; one process read at 4 GiB by one NVML list and 11 GiB by the other.
+    let (record, who, _) = three_workers();
+    let small = process(101, "GPU-1", 40, 1000, Some("p1"));
+    let large = process(101, "GPU-1", 110, 1000, Some("p1"));
+    for procs in [
+        vec![small.clone(), large.clone()],
+        vec![large.clone(), small.clone()],
+    ] {
+        let verdict = judge(&record, &who, &procs, &BTreeSet::new());
+        assert_eq!(pids(&verdict), [101]);
+        assert_eq!(verdict.over[0].used_bytes, 11 * GIB);
+        assert_eq!(verdict.stops[0].used_bytes, 11 * GIB);
+    }
+}

@@ -570,3 +570,175 @@ fn a_share_on_a_gpu_whose_isolation_is_unverified_is_refused() {
         assert!(prepare_on_node(&c, DRIVER, &n).is_ok(), "{ok}");
     }
 }
+
+#[test]
+fn a_claim_that_also_holds_another_drivers_node_a_gpu_1_prepares_only_its_own_device() {
+    // Another driver's device in this node's pool, named like a Tessera GPU, is not ours.
+    let mut c = claim_with(&[("a", "gpu-0", None)], &[]);
+    let devices = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap();
+    devices.results.as_mut().unwrap().push(
+        serde_json::from_value(json!({
+            "request": "b", "driver": "gpu.other.example", "pool": "node-a", "device": "gpu-1"
+        }))
+        .unwrap(),
+    );
+    let prepared = prepare(&c).unwrap();
+    let names: Vec<&str> = prepared.devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(names, ["gpu-0"]);
+}
+
+#[test]
+fn a_record_with_more_memory_than_was_booked_is_refused_even_when_compute_agrees() {
+    let c = claim(
+        Some(json!({"memory": "1Gi", "compute": "50"})),
+        &[],
+        &[record("10Gi", 50)],
+    );
+    let msg = refused(&c);
+    assert!(
+        msg.contains(&format!("memory {} bytes, compute 50", 10 * GIB)),
+        "{msg}"
+    );
+}
+
+#[test]
+fn memory_over_commit_on_a_gpu_whose_isolation_was_only_accepted_is_refused() {
+    let rec = guaranteed(with_tier(record("10Gi", 0), "batch"), Some("4Gi"), None);
+    let c = claim(Some(json!({"memory": "4Gi"})), &[], &[rec]);
+    let mut accepted = node();
+    accepted.gpus[0].isolation = crate::node::isolation::Isolation::Accepted;
+    let msg = prepare_on_node(&c, DRIVER, &accepted)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("over-commits memory, which needs isolation proven on GPU gpu-0"),
+        "{msg}"
+    );
+    // The same share without over-commit is prepared there.
+    let c = claim(
+        Some(json!({"memory": "10Gi"})),
+        &[],
+        &[with_tier(record("10Gi", 0), "batch")],
+    );
+    assert!(prepare_on_node(&c, DRIVER, &accepted).is_ok());
+}
+
+/// `claim`, with its one result allocated for subrequest `gpu/small` (a firstAvailable
+/// request) instead of `gpu`; a record in `alloc_config` is moved along with it.
+fn subrequest(mut c: res::ResourceClaim) -> res::ResourceClaim {
+    let devices = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap();
+    devices.results.as_mut().unwrap()[0].request = "gpu/small".to_owned();
+    for cfg in devices.config.iter_mut().flatten() {
+        let params = &mut cfg.opaque.as_mut().unwrap().parameters.0;
+        if let Some(records) = params.get_mut("devices") {
+            records[0]["request"] = json!("gpu/small");
+        }
+    }
+    c
+}
+
+#[test]
+fn a_subrequest_result_is_held_to_its_parents_gpu_share_and_tier_policy() {
+    // A GpuShare naming `gpu` needs a record for `gpu/small` too.
+    let c = subrequest(claim(
+        Some(json!({"memory": "1Gi", "compute": "5"})),
+        &[],
+        &[gpu_share("FromClaim", "10Gi", 50)],
+    ));
+    let msg = refused(&c);
+    assert!(msg.contains("no AllocatedShares record"), "{msg}");
+    // A class's allowOnline: false naming `gpu` refuses an online record for `gpu/small`.
+    let c = subrequest(claim(
+        None,
+        &[],
+        &[
+            tier_policy("FromClass", "batch", Some(false)),
+            record("10Gi", 50),
+        ],
+    ));
+    let msg = refused(&c);
+    assert!(msg.contains("allowOnline: false"), "{msg}");
+    // And its batch tier applies to a share kube-scheduler booked for `gpu/small`.
+    let c = subrequest(claim(
+        Some(json!({"memory": "10Gi", "compute": "50"})),
+        &[],
+        &[tier_policy("FromClass", "batch", None)],
+    ));
+    assert_eq!(tier(&c), Tier::Batch);
+}
+
+/// `c` with `cfg` added to its allocation's configs, naming `requests`.
+fn with_config(mut c: res::ResourceClaim, mut cfg: Value, requests: &[&str]) -> res::ResourceClaim {
+    cfg["requests"] = json!(requests);
+    let devices = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap();
+    devices
+        .config
+        .get_or_insert_with(Vec::new)
+        .push(serde_json::from_value(cfg).unwrap());
+    c
+}
+
+#[test]
+fn a_config_naming_one_of_two_requests_holds_only_that_one_and_requests_empty_holds_both() {
+    let booked = || Some(json!({"memory": "10Gi", "compute": "20"}));
+    let two = || claim_with(&[("a", "gpu-0", booked()), ("b", "gpu-0", booked())], &[]);
+    let share = gpu_share("FromClaim", "10Gi", 20);
+    // A GpuShare naming `b` refuses b's booking without a record, not a's.
+    let msg = refused(&with_config(two(), share.clone(), &["b"]));
+    assert!(msg.contains("(request b)"), "{msg}");
+    assert!(msg.contains("no AllocatedShares record"), "{msg}");
+    let c = with_config(
+        claim_with(&[("a", "gpu-0", booked())], &[]),
+        share.clone(),
+        &["b"],
+    );
+    assert!(prepare(&c).is_ok());
+    // `requests: []` names every request: both are held to it.
+    let msg = refused(&with_config(two(), share, &[]));
+    assert!(msg.contains("(request a)"), "{msg}");
+    let policy = tier_policy("FromClass", "batch", None);
+    let prepared = prepare(&with_config(two(), policy.clone(), &[])).unwrap();
+    assert!(prepared.devices.iter().all(|d| d.tier == Tier::Batch));
+    // A class policy naming `b` only leaves `a` online.
+    let prepared = prepare(&with_config(two(), policy, &["b"])).unwrap();
+    let tiers: Vec<Tier> = prepared.devices.iter().map(|d| d.tier).collect();
+    assert_eq!(tiers, [Tier::Online, Tier::Batch]);
+}
+
+#[test]
+fn mig_capability_minors_follow_the_drivers_layout_per_gpu_gpu_instance_and_compute_instance() {
+    // mig-minors: config 1, monitor 2, gpu0/gi0/access 3, gpu0/gi0/ci0..7/access 4..11,
+    // gpu0/gi1/access 12, …, gpu1/gi0/access 138 (15 GPU instances of 9 minors per GPU).
+    assert_eq!(mig_cap_minors(0, 0, 0), (3, 4));
+    assert_eq!(mig_cap_minors(0, 0, 7), (3, 11));
+    assert_eq!(mig_cap_minors(0, 1, 0), (12, 13));
+    assert_eq!(mig_cap_minors(1, 0, 0), (138, 139));
+    assert_eq!(mig_cap_minors(1, 2, 3), (156, 160));
+}
