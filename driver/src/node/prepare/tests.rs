@@ -615,7 +615,7 @@ fn memory_over_commit_on_a_gpu_whose_isolation_was_only_accepted_is_refused() {
     let rec = guaranteed(with_tier(record("10Gi", 0), "batch"), Some("4Gi"), None);
     let c = claim(Some(json!({"memory": "4Gi"})), &[], &[rec]);
     let mut accepted = node();
-    accepted.gpus[0].isolation = crate::node::isolation::Isolation::Accepted;
+    accepted.gpus[0].isolation = crate::node::inventory::Isolation::Accepted;
     let msg = prepare_on_node(&c, DRIVER, &accepted)
         .unwrap_err()
         .to_string();
