@@ -21,6 +21,7 @@
 //!
 //! `docs/cdi.md` explains what each backend injects and why.
 
+pub mod binds;
 mod check;
 pub mod device_plugin_env;
 mod enforcement;
@@ -293,6 +294,41 @@ fn device_nodes(d: &PreparedDevice) -> Vec<DeviceNode> {
     nodes
 }
 
+/// Mode of a host directory the claim's containers write (HAMi-core's accounting and lock
+/// directories): they may run as any user, and HAMi-core in each of their processes creates and
+/// locks files there. World-writable with the sticky bit, like the `/tmp` HAMi-core uses by
+/// default; only the claim's own containers see them.
+pub const CONTAINER_DIR_MODE: u32 = 0o1777;
+/// Mode of a host directory only the node writes (the claim's directory that holds the ones its
+/// containers write): a container never sees it, so no tenant can put a link in it.
+pub const NODE_DIR_MODE: u32 = 0o755;
+
+/// A host directory the node creates for a claim before its containers start (and moves aside
+/// at unprepare).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDir {
+    /// Its path on the host.
+    pub path: String,
+    /// Its mode: [`CONTAINER_DIR_MODE`] for one a container writes, else [`NODE_DIR_MODE`].
+    pub mode: u32,
+}
+
+impl HostDir {
+    fn node(path: String) -> Self {
+        Self {
+            path,
+            mode: NODE_DIR_MODE,
+        }
+    }
+
+    fn container(path: String) -> Self {
+        Self {
+            path,
+            mode: CONTAINER_DIR_MODE,
+        }
+    }
+}
+
 /// Everything the node makes for a prepared claim, decided at once: the CDI spec, the host
 /// directories to create before its containers start (and remove at unprepare), and the MPS
 /// daemon its containers connect to.
@@ -300,8 +336,9 @@ fn device_nodes(d: &PreparedDevice) -> Vec<DeviceNode> {
 pub struct Rendered {
     /// The claim's CDI spec.
     pub spec: CdiSpec,
-    /// Host directories of the claim (HAMi-core's per-claim accounting and lock directories).
-    pub host_dirs: Vec<String>,
+    /// Host directories of the claim, each after the one it lies in (HAMi-core's per-claim
+    /// directory, then the accounting and lock directories inside it).
+    pub host_dirs: Vec<HostDir>,
     /// The MPS control daemon of the claim's GPUs, when the node enforces with MPS and the
     /// claim holds a share; the kubelet plugin starts it before answering kubelet.
     pub mps_daemon: Option<MpsDaemon>,
@@ -362,8 +399,9 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
                 cache_dir,
             } => {
                 host_dirs = vec![
-                    enforcement::hami_claim_dir(cache_dir, &claim.uid),
-                    enforcement::hami_lock_dir(cache_dir, &claim.uid),
+                    HostDir::node(enforcement::hami_claim_dir(cache_dir, &claim.uid)),
+                    HostDir::container(enforcement::hami_cache_dir(cache_dir, &claim.uid)),
+                    HostDir::container(enforcement::hami_lock_dir(cache_dir, &claim.uid)),
                 ];
                 let mut edits = enforcement::hami_edits(
                     library_path,
@@ -398,6 +436,7 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
         devices,
         container_edits: Some(edits),
     };
+    check_tenant_reach(&who, &spec, &host_dirs, mps_daemon.as_ref())?;
     if version_tuple(spec.minimum_version()) > version_tuple(&spec.cdi_version) {
         return Err(Error::Cdi {
             claim: who,
@@ -413,6 +452,43 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
         host_dirs,
         mps_daemon,
     })
+}
+
+/// Applies [`binds::check_sources`] to a rendered spec: the mounts a container gets (the
+/// claim-wide ones with each device's), and the host paths the node uses beside them (the
+/// claim's own directories, the MPS daemon's log directory), so that no path the runtime or
+/// the node resolves lies where a tenant can put a link.
+fn check_tenant_reach(
+    who: &str,
+    spec: &CdiSpec,
+    host_dirs: &[HostDir],
+    daemon: Option<&MpsDaemon>,
+) -> Result<()> {
+    let mounts: Vec<&Mount> = spec
+        .container_edits
+        .iter()
+        .chain(spec.devices.iter().map(|d| &d.container_edits))
+        .flat_map(|e| &e.mounts)
+        .collect();
+    let mut node_paths: Vec<&str> = host_dirs
+        .iter()
+        .filter(|d| d.mode == NODE_DIR_MODE)
+        .map(|d| d.path.as_str())
+        .collect();
+    node_paths.extend(daemon.map(|d| d.log_dir.as_str()));
+    binds::check_sources(who, &mounts, &node_paths)?;
+    for dir in host_dirs.iter().filter(|d| d.mode == CONTAINER_DIR_MODE) {
+        if !mounts.iter().any(|m| m.host_path == dir.path) {
+            return Err(check::err(
+                who,
+                format!(
+                    "host directory {:?} is made writable for containers but no mount binds it",
+                    dir.path
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The CDI spec alone of [`render`].

@@ -56,7 +56,9 @@ pub enum Enforcement {
     HamiCore {
         /// Host path of the installed `libvgpu.so`.
         library_path: String,
-        /// Host directory under which each claim gets its accounting directory `<claim uid>`.
+        /// Host directory under which each claim gets its directory `<claim uid>`, holding
+        /// the accounting directory `cache` and the lock directory `vgpulock` its containers
+        /// write.
         cache_dir: String,
     },
     /// Time-slicing: shares are bookkeeping only, nothing is limited in the container.
@@ -178,12 +180,21 @@ pub(super) fn mps_edits(daemon: &MpsDaemon, devices: &[CudaDevice], tier: Tier) 
     }
 }
 
-/// The claim's HAMi-core directory on the host: `<cache_dir>/<claim uid>`.
+/// The claim's own directory on the host, `<cache_dir>/<claim uid>`: the node's, never mounted
+/// into a container. It holds the two directories the claim's containers write, side by side,
+/// so that neither lies inside the other (see [`super::binds`]).
 pub(super) fn hami_claim_dir(cache_dir: &str, uid: &str) -> String {
     format!("{}/{uid}", cache_dir.trim_end_matches('/'))
 }
 
-/// The claim's HAMi-core lock directory on the host, inside [`hami_claim_dir`].
+/// The claim's HAMi-core accounting directory on the host (mounted read-write at
+/// [`HAMI_CACHE_DIR_IN_CONTAINER`]), inside [`hami_claim_dir`].
+pub(super) fn hami_cache_dir(cache_dir: &str, uid: &str) -> String {
+    format!("{}/cache", hami_claim_dir(cache_dir, uid))
+}
+
+/// The claim's HAMi-core lock directory on the host (mounted read-write at
+/// [`HAMI_LOCK_DIR_IN_CONTAINER`]), inside [`hami_claim_dir`] beside [`hami_cache_dir`].
 pub(super) fn hami_lock_dir(cache_dir: &str, uid: &str) -> String {
     format!("{}/vgpulock", hami_claim_dir(cache_dir, uid))
 }
@@ -213,7 +224,7 @@ pub(super) fn hami_edits(
         mounts: vec![
             bind(library_path, HAMI_LIBRARY_IN_CONTAINER, "ro", false),
             bind(
-                &hami_claim_dir(cache_dir, uid),
+                &hami_cache_dir(cache_dir, uid),
                 HAMI_CACHE_DIR_IN_CONTAINER,
                 "rw",
                 true,

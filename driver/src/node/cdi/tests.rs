@@ -212,13 +212,37 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
     assert_eq!(
         dirs,
         [
-            format!("/var/lib/tessera/hami/{UID}"),
-            format!("/var/lib/tessera/hami/{UID}/vgpulock")
+            HostDir {
+                path: format!("/var/lib/tessera/hami/{UID}"),
+                mode: 0o755
+            },
+            HostDir {
+                path: format!("/var/lib/tessera/hami/{UID}/cache"),
+                mode: 0o1777
+            },
+            HostDir {
+                path: format!("/var/lib/tessera/hami/{UID}/vgpulock"),
+                mode: 0o1777
+            },
         ]
     );
-    assert_eq!(mounts[1].host_path, dirs[0]);
-    assert_eq!(mounts[2].host_path, dirs[1]);
+    assert_eq!(mounts[1].host_path, dirs[1].path);
+    assert_eq!(mounts[1].container_path, "/run/tessera/hami");
+    assert_eq!(mounts[2].host_path, dirs[2].path);
     assert_eq!(mounts[2].container_path, "/tmp/vgpulock");
+}
+
+#[test]
+fn a_hami_claims_two_writable_directories_lie_side_by_side_in_a_directory_no_container_sees() {
+    // The lock directory once lay inside the cache directory: a tenant replaced it with a link
+    // to `/` and the next container start bound the host's root read-write.
+    let r = render(&shared_claim(), &hami()).unwrap();
+    let mounts = r.spec.container_edits.unwrap().mounts;
+    let (cache, lock) = (&mounts[1].host_path, &mounts[2].host_path);
+    assert!(!binds::lies_within(lock, cache) && !binds::lies_within(cache, lock));
+    let own = &r.host_dirs[0].path;
+    assert!(binds::lies_within(cache, own) && binds::lies_within(lock, own));
+    assert!(mounts.iter().all(|m| m.host_path != *own));
 }
 
 #[test]
@@ -551,4 +575,168 @@ fn an_over_committed_batch_share_gets_what_it_may_use_and_memory_over_commit_nee
         env.contains(&"CUDA_DEVICE_SM_LIMIT=50".to_owned()),
         "{env:?}"
     );
+}
+
+mod tenant_reach {
+    use std::path::Path;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const GPUS: [&str; 3] = [GPU0, GPU1, "GPU-0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"];
+
+    fn root() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop::sample::select(vec!["run", "var", "lib", "tessera", "hami", "mps", "log"]),
+            1..4,
+        )
+        .prop_map(|s| format!("/{}", s.join("/")))
+    }
+
+    fn enforcement() -> impl Strategy<Value = Enforcement> {
+        prop_oneof![
+            (root(), root()).prop_map(|(pipe_dir_root, log_dir_root)| Enforcement::Mps {
+                pipe_dir_root,
+                log_dir_root
+            }),
+            (root(), root()).prop_map(|(lib, cache_dir)| Enforcement::HamiCore {
+                library_path: format!("{lib}/libvgpu.so"),
+                cache_dir
+            }),
+            Just(Enforcement::None),
+        ]
+    }
+
+    fn a_claim() -> impl Strategy<Value = PreparedClaim> {
+        (
+            "[a-f0-9]{8}-[a-f0-9]{4}",
+            prop::collection::vec((0..GPUS.len(), prop::option::of(1..8u64)), 1..4),
+        )
+            .prop_map(|(uid, picks)| {
+                let mut seen = Vec::new();
+                let devices = picks
+                    .into_iter()
+                    .filter(|(g, _)| {
+                        let fresh = !seen.contains(g);
+                        seen.push(*g);
+                        fresh
+                    })
+                    .map(|(g, gib)| {
+                        let index = u32::try_from(g).unwrap();
+                        device(
+                            "gpu",
+                            &format!("gpu-{g}"),
+                            gpu(index, GPUS[g]),
+                            gib.map(|gib| (gib, 10)),
+                        )
+                    })
+                    .collect();
+                PreparedClaim {
+                    uid,
+                    namespace: "team-a".into(),
+                    name: "train".into(),
+                    devices,
+                }
+            })
+    }
+
+    fn mounts(r: &Rendered) -> Vec<Mount> {
+        r.spec
+            .container_edits
+            .iter()
+            .chain(r.spec.devices.iter().map(|d| &d.container_edits))
+            .flat_map(|e| e.mounts.clone())
+            .collect()
+    }
+
+    /// Two roots that lie apart: the configurations an admin is expected to write.
+    fn apart(e: &Enforcement) -> bool {
+        let (a, b) = match e {
+            Enforcement::Mps {
+                pipe_dir_root,
+                log_dir_root,
+            } => (pipe_dir_root, log_dir_root),
+            Enforcement::HamiCore {
+                library_path,
+                cache_dir,
+            } => (library_path, cache_dir),
+            Enforcement::None => return true,
+        };
+        !Path::new(a).starts_with(b) && !Path::new(b).starts_with(a)
+    }
+
+    proptest! {
+        /// Whatever the claim and the node's paths, a rendered spec's mount sources lie apart
+        /// (as the file system's component-wise ancestry judges it), and no directory the node
+        /// keeps for itself lies inside one a container writes.
+        #[test]
+        fn no_rendered_source_lies_inside_another(c in a_claim(), e in enforcement()) {
+            let Ok(r) = render(&c, &e) else {
+                // Only a configuration whose roots nest may be refused.
+                prop_assert!(!apart(&e));
+                return Ok(());
+            };
+            let ms = mounts(&r);
+            for (i, a) in ms.iter().enumerate() {
+                for (j, b) in ms.iter().enumerate() {
+                    prop_assert!(
+                        i == j || !Path::new(&a.host_path).starts_with(&b.host_path),
+                        "{} inside {}", a.host_path, b.host_path
+                    );
+                }
+            }
+            let mut node: Vec<String> = r
+                .host_dirs
+                .iter()
+                .filter(|d| d.mode == NODE_DIR_MODE)
+                .map(|d| d.path.clone())
+                .collect();
+            node.extend(r.mps_daemon.iter().map(|d| d.log_dir.clone()));
+            for n in &node {
+                for m in ms.iter().filter(|m| binds::is_read_write(m)) {
+                    prop_assert!(!Path::new(n).starts_with(&m.host_path));
+                }
+            }
+        }
+
+        /// Two claims on one node never reach into each other's writable directories: a
+        /// source of one lies inside a read-write source of the other only where both mount
+        /// the very same directory (the MPS daemon they share).
+        #[test]
+        fn claims_stay_out_of_each_others_writable_directories(
+            a in a_claim(),
+            b in a_claim(),
+            e in enforcement(),
+        ) {
+            prop_assume!(a.uid != b.uid && apart(&e));
+            let (ra, rb) = (render(&a, &e).unwrap(), render(&b, &e).unwrap());
+            for (x, y) in [(&ra, &rb), (&rb, &ra)] {
+                let theirs: Vec<Mount> =
+                    mounts(y).into_iter().filter(binds::is_read_write).collect();
+                let mut mine: Vec<String> = mounts(x).into_iter().map(|m| m.host_path).collect();
+                mine.extend(x.host_dirs.iter().map(|d| d.path.clone()));
+                for p in &mine {
+                    for t in &theirs {
+                        prop_assert!(
+                            p == &t.host_path || !Path::new(p).starts_with(&t.host_path),
+                            "{p} inside another claim's {}", t.host_path
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_mps_log_directory_inside_the_pipe_directory_is_refused() {
+        let daemon = mps_daemon_id([GPU0]);
+        let e = Enforcement::Mps {
+            pipe_dir_root: "/run/tessera/mps".into(),
+            log_dir_root: format!("/run/tessera/mps/{daemon}/pipe"),
+        };
+        let err = err(&shared_claim(), &e);
+        assert!(err.contains("the node's path"), "{err}");
+        assert!(err.contains("/pipe"), "{err}");
+    }
 }
