@@ -30,6 +30,7 @@ pub mod checkpoint;
 pub mod driver_root;
 pub mod gpu_mode;
 pub mod health;
+pub mod host_dir;
 pub mod inventory;
 pub mod isolation;
 pub mod mps;

@@ -30,6 +30,17 @@ pub enum Error {
         message: String,
     },
 
+    /// A host directory the node makes for a claim or an MPS daemon is already there as
+    /// something the node did not make (a link, a file, another user's or a world-writable
+    /// directory): the claim fails rather than the node taking it over.
+    #[error("host directory {}: {message}", path.display())]
+    HostDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is there instead, and the rule.
+        message: String,
+    },
+
     /// The claim kubelet names does not exist.
     #[error("claim {namespace}/{name} not found")]
     ClaimNotFound {

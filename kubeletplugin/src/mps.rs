@@ -10,11 +10,16 @@
 //!
 //! Processes are host behaviour, behind [`ProcessHost`]: [`OsProcessHost`] spawns real ones,
 //! [`FakeProcessHost`] records the calls for unit tests.
+//!
+//! The host directories the node makes, the daemons' and the claims' alike, are made here
+//! ([`host_dirs`]), through handles that never follow a link: the bottom wing, so that the
+//! claims and the GPUs wings use the same code.
 
 pub mod exec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake_control;
 pub mod host;
+pub mod host_dirs;
 mod process;
 pub mod socket;
 
@@ -210,7 +215,7 @@ impl MpsSupervisor {
     /// plugin left that still answers is adopted instead (its clients keep working).
     fn start(&self, daemon: &MpsDaemon) -> Result<Process> {
         for dir in mps::daemon_dirs(daemon) {
-            self.host.create_dir_all(Path::new(dir))?;
+            self.host.create_dir(&dir)?;
         }
         let control = PathBuf::from(mps::control_socket(daemon));
         match mps::start_action(self.host.probe(&control)) {

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::node::mps::MpsDaemon;
 use crate::node::prepared::{PreparedClaim, PreparedDevice};
+use crate::node::host_dir::HostDir;
 use crate::rules::config::Tier;
 use crate::rules::share::PerDeviceShare;
 
@@ -294,41 +295,6 @@ fn device_nodes(d: &PreparedDevice) -> Vec<DeviceNode> {
     nodes
 }
 
-/// Mode of a host directory the claim's containers write (HAMi-core's accounting and lock
-/// directories): they may run as any user, and HAMi-core in each of their processes creates and
-/// locks files there. World-writable with the sticky bit, like the `/tmp` HAMi-core uses by
-/// default; only the claim's own containers see them.
-pub const CONTAINER_DIR_MODE: u32 = 0o1777;
-/// Mode of a host directory only the node writes (the claim's directory that holds the ones its
-/// containers write): a container never sees it, so no tenant can put a link in it.
-pub const NODE_DIR_MODE: u32 = 0o755;
-
-/// A host directory the node creates for a claim before its containers start (and moves aside
-/// at unprepare).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostDir {
-    /// Its path on the host.
-    pub path: String,
-    /// Its mode: [`CONTAINER_DIR_MODE`] for one a container writes, else [`NODE_DIR_MODE`].
-    pub mode: u32,
-}
-
-impl HostDir {
-    fn node(path: String) -> Self {
-        Self {
-            path,
-            mode: NODE_DIR_MODE,
-        }
-    }
-
-    fn container(path: String) -> Self {
-        Self {
-            path,
-            mode: CONTAINER_DIR_MODE,
-        }
-    }
-}
-
 /// Everything the node makes for a prepared claim, decided at once: the CDI spec, the host
 /// directories to create before its containers start (and remove at unprepare), and the MPS
 /// daemon its containers connect to.
@@ -398,11 +364,7 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
                 library_path,
                 cache_dir,
             } => {
-                host_dirs = vec![
-                    HostDir::node(enforcement::hami_claim_dir(cache_dir, &claim.uid)),
-                    HostDir::container(enforcement::hami_cache_dir(cache_dir, &claim.uid)),
-                    HostDir::container(enforcement::hami_lock_dir(cache_dir, &claim.uid)),
-                ];
+                host_dirs = enforcement::hami_dirs(cache_dir, &claim.uid);
                 let mut edits = enforcement::hami_edits(
                     library_path,
                     cache_dir,
@@ -470,23 +432,25 @@ fn check_tenant_reach(
         .chain(spec.devices.iter().map(|d| &d.container_edits))
         .flat_map(|e| &e.mounts)
         .collect();
+    let mounted = |path: &str| mounts.iter().any(|m| m.host_path == path);
     let mut node_paths: Vec<&str> = host_dirs
         .iter()
-        .filter(|d| d.mode == NODE_DIR_MODE)
         .map(|d| d.path.as_str())
+        .filter(|p| !mounted(p))
         .collect();
     node_paths.extend(daemon.map(|d| d.log_dir.as_str()));
     binds::check_sources(who, &mounts, &node_paths)?;
-    for dir in host_dirs.iter().filter(|d| d.mode == CONTAINER_DIR_MODE) {
-        if !mounts.iter().any(|m| m.host_path == dir.path) {
-            return Err(check::err(
-                who,
-                format!(
-                    "host directory {:?} is made writable for containers but no mount binds it",
-                    dir.path
-                ),
-            ));
-        }
+    if let Some(dir) = host_dirs
+        .iter()
+        .find(|d| d.world_writable() && !mounted(&d.path))
+    {
+        return Err(check::err(
+            who,
+            format!(
+                "host directory {:?} would be world-writable but no mount binds it",
+                dir.path
+            ),
+        ));
     }
     Ok(())
 }

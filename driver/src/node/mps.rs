@@ -19,6 +19,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::node::host_dir::HostDir;
+
 /// The argument that keeps the control daemon in the foreground.
 pub const FOREGROUND_ARG: &str = "-f";
 /// What is written to the control binary's stdin to stop a daemon.
@@ -261,9 +263,35 @@ pub fn reconcile<'a>(
     Reconcile { ensure, release }
 }
 
-/// The directories the plugin creates before starting the daemon.
-pub fn daemon_dirs(daemon: &MpsDaemon) -> [&str; 3] {
-    [&daemon.pipe_dir, &daemon.shm_dir, &daemon.log_dir]
+/// The directories the supervisor creates before starting the daemon, each after the one it
+/// lies in: `<pipe dir root>/<id>` (the node's: no container sees it) holding the pipe and shm
+/// directories side by side (mounted into the claims' containers), and the log directory
+/// `<log dir root>/<id>`. Each keeps its root, down from which it is created through handles
+/// that never follow a link (a daemon recorded with another layout gets its parent as root).
+pub fn daemon_dirs(daemon: &MpsDaemon) -> Vec<HostDir> {
+    let id = daemon.id.as_str();
+    let below = |path: &str, relative: &str| -> HostDir {
+        let root = path
+            .strip_suffix(relative)
+            .and_then(|r| r.strip_suffix('/'))
+            .filter(|r| !r.is_empty());
+        match root {
+            Some(root) => HostDir::node(root, relative),
+            None => {
+                let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+                HostDir::node(if parent.is_empty() { "/" } else { parent }, name)
+            }
+        }
+    };
+    let pipe = below(&daemon.pipe_dir, &format!("{id}/pipe"));
+    let mut dirs = Vec::new();
+    if pipe.segments().len() == 2 {
+        dirs.push(HostDir::node(&pipe.root, id));
+    }
+    dirs.push(pipe);
+    dirs.push(below(&daemon.shm_dir, &format!("{id}/shm")));
+    dirs.push(below(&daemon.log_dir, id));
+    dirs
 }
 
 /// The daemon's control socket path.
@@ -303,6 +331,35 @@ mod tests {
             record.claims.insert((*uid).to_owned(), entry);
         }
         record
+    }
+
+    #[test]
+    fn a_daemons_directories_are_made_from_their_roots_down_the_shared_ones_side_by_side() {
+        let d = daemon(&["GPU-a"]);
+        let dirs = daemon_dirs(&d);
+        let shown: Vec<(&str, Vec<&str>)> = dirs
+            .iter()
+            .map(|h| (h.root.as_str(), h.segments()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("/run/tessera/mps", vec![d.id.as_str()]),
+                ("/run/tessera/mps", vec![d.id.as_str(), "pipe"]),
+                ("/run/tessera/mps", vec![d.id.as_str(), "shm"]),
+                ("/var/log/tessera/mps", vec![d.id.as_str()]),
+            ]
+        );
+        assert_eq!(dirs[1].path, d.pipe_dir);
+        assert_eq!(dirs[2].path, d.shm_dir);
+        assert_eq!(dirs[3].path, d.log_dir);
+        // A daemon recorded with another layout is made below its parent.
+        let odd = MpsDaemon {
+            pipe_dir: "/srv/pipe-x".into(),
+            ..d
+        };
+        assert_eq!(daemon_dirs(&odd)[0].root, "/srv");
+        assert_eq!(daemon_dirs(&odd)[0].segments(), ["pipe-x"]);
     }
 
     #[test]

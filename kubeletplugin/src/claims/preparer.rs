@@ -23,7 +23,6 @@
 //! The checkpoint's lock is only ever taken on blocking workers: it is held while the record is
 //! written, and an async worker waiting on it would stall every call, `GetInfo` included.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -31,6 +30,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_driver::names;
 use tessera_driver::node::cdi::{self, Enforcement};
 use tessera_driver::node::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice, PrepareState};
+use tessera_driver::node::host_dir::HostDir;
 use tessera_driver::node::inventory::NodeInventory;
 use tessera_driver::node::mps::MpsDaemon;
 use tessera_driver::node::prepare::prepare_and_render;
@@ -45,7 +45,7 @@ use crate::claims::input_file;
 use crate::claims::reaper::Reaper;
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
-use crate::mps::DaemonKeeper;
+use crate::mps::{DaemonKeeper, host_dirs};
 
 mod outcome;
 mod recovery;
@@ -59,12 +59,6 @@ pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// Claims of one call fetched from the API server at a time.
 const FETCHES_AT_ONCE: usize = 16;
-
-/// Mode of a claim's host directories (HAMi-core's accounting and lock directories): they are
-/// mounted into the claim's containers, which may run as any user, and HAMi-core in each of
-/// their processes creates and locks files there. World-writable with the sticky bit, like the
-/// `/tmp` HAMi-core uses by default; only the claim's own containers see them.
-pub const HOST_DIR_MODE: u32 = 0o1777;
 
 /// One device of a prepared claim, as kubelet gets it back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,8 +144,14 @@ struct Started {
     claim: ClaimRef,
     uid: String,
     spec: String,
-    host_dirs: Vec<String>,
+    host_dirs: Vec<HostDir>,
     daemon: Option<MpsDaemon>,
+}
+
+impl Started {
+    fn dir_paths(&self) -> Vec<String> {
+        self.host_dirs.iter().map(|d| d.path.clone()).collect()
+    }
 }
 
 /// The host directories of `dirs` not inside another of them: removing these removes all.
@@ -401,7 +401,8 @@ impl CdiPreparer {
                         continue;
                     }
                 }
-                match batch.begin_prepare(&prepared, host_dirs.clone(), daemon.clone()) {
+                let paths = host_dirs.iter().map(|d| d.path.clone()).collect();
+                match batch.begin_prepare(&prepared, paths, daemon.clone()) {
                     Ok(Begin::AlreadyPrepared(devices)) => {
                         out[index] = Some(Ok(answer(&devices)));
                     }
@@ -435,7 +436,7 @@ impl CdiPreparer {
         let mut removing = Vec::new();
         for (s, _) in &failed {
             let _span = s.claim.span("prepare").entered();
-            for dir in top_dirs(&s.host_dirs) {
+            for dir in top_dirs(&s.dir_paths()) {
                 if let Err(e) = self.reaper.discard(Path::new(dir)) {
                     warn!(claim = %s.claim, error = %e, "removing a failed claim's host directory failed");
                 }
@@ -556,14 +557,10 @@ fn prepared_in(record: &Checkpoint, claim: &ClaimRef) -> Result<Option<Vec<Kubel
     }
 }
 
-/// Creates a claim's host directories with [`HOST_DIR_MODE`] (the umask would narrow it).
-fn create_host_dirs(dirs: &[String]) -> Result<()> {
-    for dir in dirs {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(HOST_DIR_MODE))
-            .map_err(|e| Error::io("setting the mode of", dir, e))?;
-    }
-    Ok(())
+/// Creates a claim's host directories, each with its mode, through handles that never follow
+/// a link ([`host_dirs::create`]).
+fn create_host_dirs(dirs: &[HostDir]) -> Result<()> {
+    dirs.iter().try_for_each(host_dirs::create)
 }
 
 /// What every claim's CDI spec file name starts with.

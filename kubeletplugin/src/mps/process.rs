@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 #[cfg(any(test, feature = "testing"))]
+use tessera_driver::node::host_dir::HostDir;
 use tessera_driver::node::mps;
 use tessera_driver::node::mps::ControlSocket;
 use tracing::{info, warn};
@@ -43,8 +44,9 @@ pub trait ProcessHost: Send + Sync + std::fmt::Debug {
     fn probe(&self, path: &Path) -> ControlSocket;
     /// Removes a file; a missing one is fine.
     fn remove_file(&self, path: &Path) -> Result<()>;
-    /// Creates a directory and its parents.
-    fn create_dir_all(&self, path: &Path) -> Result<()>;
+    /// Creates a host directory with its mode, from its root down, never following a link
+    /// ([`super::host_dirs::create`]).
+    fn create_dir(&self, dir: &HostDir) -> Result<()>;
 }
 
 /// Real processes (`std::process`), reaped by [`ProcessHost::has_exited`] and
@@ -176,8 +178,8 @@ impl ProcessHost for OsProcessHost {
         }
     }
 
-    fn create_dir_all(&self, path: &Path) -> Result<()> {
-        std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))
+    fn create_dir(&self, dir: &HostDir) -> Result<()> {
+        super::host_dirs::create(dir)
     }
 }
 
@@ -354,10 +356,10 @@ impl ProcessHost for FakeProcessHost {
         Ok(())
     }
 
-    fn create_dir_all(&self, path: &Path) -> Result<()> {
+    fn create_dir(&self, dir: &HostDir) -> Result<()> {
         self.state()
             .calls
-            .push(HostCall::CreateDir(path.to_owned()));
+            .push(HostCall::CreateDir(PathBuf::from(&dir.path)));
         Ok(())
     }
 }

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::error::Result;
+use crate::node::host_dir::HostDir;
 use crate::rules::config::Tier;
 
 use super::spec::{ContainerEdits, Mount};
@@ -180,23 +181,17 @@ pub(super) fn mps_edits(daemon: &MpsDaemon, devices: &[CudaDevice], tier: Tier) 
     }
 }
 
-/// The claim's own directory on the host, `<cache_dir>/<claim uid>`: the node's, never mounted
-/// into a container. It holds the two directories the claim's containers write, side by side,
-/// so that neither lies inside the other (see [`super::binds`]).
-pub(super) fn hami_claim_dir(cache_dir: &str, uid: &str) -> String {
-    format!("{}/{uid}", cache_dir.trim_end_matches('/'))
-}
-
-/// The claim's HAMi-core accounting directory on the host (mounted read-write at
-/// [`HAMI_CACHE_DIR_IN_CONTAINER`]), inside [`hami_claim_dir`].
-pub(super) fn hami_cache_dir(cache_dir: &str, uid: &str) -> String {
-    format!("{}/cache", hami_claim_dir(cache_dir, uid))
-}
-
-/// The claim's HAMi-core lock directory on the host (mounted read-write at
-/// [`HAMI_LOCK_DIR_IN_CONTAINER`]), inside [`hami_claim_dir`] beside [`hami_cache_dir`].
-pub(super) fn hami_lock_dir(cache_dir: &str, uid: &str) -> String {
-    format!("{}/vgpulock", hami_claim_dir(cache_dir, uid))
+/// The claim's HAMi-core directories, each after the one it lies in: its own directory
+/// `<cache_dir>/<claim uid>` (the node's, never mounted into a container), and inside it, side by
+/// side so that neither lies inside the other (see [`super::binds`]), the accounting directory
+/// `cache` (mounted read-write at [`HAMI_CACHE_DIR_IN_CONTAINER`]) and the lock directory
+/// `vgpulock` (at [`HAMI_LOCK_DIR_IN_CONTAINER`]).
+pub(super) fn hami_dirs(cache_dir: &str, uid: &str) -> Vec<HostDir> {
+    vec![
+        HostDir::node(cache_dir, uid),
+        HostDir::container(cache_dir, &format!("{uid}/cache")),
+        HostDir::container(cache_dir, &format!("{uid}/vgpulock")),
+    ]
 }
 
 pub(super) fn hami_edits(
@@ -206,6 +201,7 @@ pub(super) fn hami_edits(
     devices: &[CudaDevice],
     tier: Tier,
 ) -> ContainerEdits {
+    let dirs = hami_dirs(cache_dir, uid);
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
     let mut env = vec![
         format!("CUDA_VISIBLE_DEVICES={}", uuids.join(",")),
@@ -223,18 +219,8 @@ pub(super) fn hami_edits(
         env,
         mounts: vec![
             bind(library_path, HAMI_LIBRARY_IN_CONTAINER, "ro", false),
-            bind(
-                &hami_cache_dir(cache_dir, uid),
-                HAMI_CACHE_DIR_IN_CONTAINER,
-                "rw",
-                true,
-            ),
-            bind(
-                &hami_lock_dir(cache_dir, uid),
-                HAMI_LOCK_DIR_IN_CONTAINER,
-                "rw",
-                true,
-            ),
+            bind(&dirs[1].path, HAMI_CACHE_DIR_IN_CONTAINER, "rw", true),
+            bind(&dirs[2].path, HAMI_LOCK_DIR_IN_CONTAINER, "rw", true),
         ],
         ..ContainerEdits::default()
     }

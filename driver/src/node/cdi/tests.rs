@@ -1,4 +1,5 @@
 use super::*;
+use crate::node::host_dir::HostDir;
 use crate::node::mps::mps_daemon_id;
 use crate::node::prepared::{GpuNode, MigNode};
 use crate::rules::share::GIB;
@@ -213,14 +214,17 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
         dirs,
         [
             HostDir {
+                root: "/var/lib/tessera/hami".to_owned(),
                 path: format!("/var/lib/tessera/hami/{UID}"),
                 mode: 0o755
             },
             HostDir {
+                root: "/var/lib/tessera/hami".to_owned(),
                 path: format!("/var/lib/tessera/hami/{UID}/cache"),
                 mode: 0o1777
             },
             HostDir {
+                root: "/var/lib/tessera/hami".to_owned(),
                 path: format!("/var/lib/tessera/hami/{UID}/vgpulock"),
                 mode: 0o1777
             },
@@ -689,8 +693,8 @@ mod tenant_reach {
             let mut node: Vec<String> = r
                 .host_dirs
                 .iter()
-                .filter(|d| d.mode == NODE_DIR_MODE)
                 .map(|d| d.path.clone())
+                .filter(|p| ms.iter().all(|m| m.host_path != *p))
                 .collect();
             node.extend(r.mps_daemon.iter().map(|d| d.log_dir.clone()));
             for n in &node {

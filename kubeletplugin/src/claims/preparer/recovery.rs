@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use tessera_driver::node::cdi::{self, Enforcement};
 use tessera_driver::node::checkpoint::{Checkpoint, ClaimEntry};
+use tessera_driver::node::host_dir;
 use tracing::{debug, info, warn};
 
 use super::{CHECKPOINT_FILE, CdiPreparer, cdi_spec_prefix, top_dirs};
@@ -29,7 +30,7 @@ impl CdiPreparer {
             parents.insert(PathBuf::from(cache_dir));
         }
         for entry in record.claims.values() {
-            for dir in &entry.host_dirs {
+            for dir in top_dirs(&entry.host_dirs) {
                 if let Some(parent) = Path::new(dir).parent() {
                     parents.insert(parent.to_owned());
                 }
@@ -55,7 +56,45 @@ impl CdiPreparer {
             }
             self.commit(&mut record, next)?;
         }
+        self.drop_unrecorded_dirs(&record);
         self.remove_orphan_specs(&record)
+    }
+
+    /// Moves to the reaper every claim directory under the HAMi-core cache directory that
+    /// `record` does not hold ([`host_dir::dropped`]): its record was of another boot, lost, or
+    /// rolled back, and a tenant may have left anything in it, links included. A directory that
+    /// cannot be moved is a warning (creating a claim's directories refuses anything it did not
+    /// make anyway).
+    fn drop_unrecorded_dirs(&self, record: &Checkpoint) {
+        let Enforcement::HamiCore { cache_dir, .. } = &self.config.enforcement else {
+            return;
+        };
+        let root = Path::new(cache_dir);
+        let names = match list_names(root) {
+            Ok(names) => names,
+            Err(e) => {
+                warn!(path = %root.display(), error = %e, "cannot list the claim directories");
+                return;
+            }
+        };
+        let recorded: BTreeSet<&str> = record
+            .claims
+            .values()
+            .flat_map(|e| &e.host_dirs)
+            .filter_map(|d| Path::new(d).strip_prefix(root).ok())
+            .filter_map(|rest| rest.iter().next()?.to_str())
+            .collect();
+        for name in host_dir::dropped(names.iter().map(String::as_str), &recorded) {
+            let dir = root.join(name);
+            match self.reaper.discard(&dir) {
+                Ok(_) => {
+                    info!(path = %dir.display(), "moved a claim directory no record holds to the reaper");
+                }
+                Err(e) => {
+                    warn!(path = %dir.display(), error = %e, "a claim directory no record holds could not be moved aside");
+                }
+            }
+        }
     }
 
     /// Removes every spec file of ours whose claim `record` does not hold.
@@ -101,4 +140,21 @@ impl CdiPreparer {
         }
         Ok(())
     }
+}
+
+/// The names in `dir` that are text (others are no claim's); none when it does not exist.
+fn list_names(dir: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("listing", dir, e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
+        if let Ok(name) = entry.file_name().into_string() {
+            names.push(name);
+        }
+    }
+    Ok(names)
 }

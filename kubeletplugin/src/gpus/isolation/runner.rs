@@ -173,8 +173,8 @@ impl IsolationProbe for ChildProbe {
             Err(e) => return Self::did_not_run(e.to_string()),
         };
         for dir in &rendered.host_dirs {
-            if let Err(e) = std::fs::create_dir_all(dir) {
-                return Self::did_not_run(format!("creating {dir}: {e}"));
+            if let Err(e) = crate::mps::host_dirs::create(dir) {
+                return Self::did_not_run(format!("creating the probe's directory: {e}"));
             }
         }
         let daemon = match (&rendered.mps_daemon, &self.mps) {
@@ -197,7 +197,7 @@ impl IsolationProbe for ChildProbe {
         }
         // The host dirs hold only the probe's accounting; the deepest first.
         for dir in rendered.host_dirs.iter().rev() {
-            let _ = std::fs::remove_dir_all(Path::new(dir));
+            let _ = std::fs::remove_dir_all(Path::new(&dir.path));
         }
         outcome
     }
