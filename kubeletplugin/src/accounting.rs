@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tessera_driver::node::accounting::proc::{self, Skip};
 use tessera_driver::node::accounting::{
     self, Consumer, Consumers, GpuProcess, Means, ProcessKey, Stop, Verdict,
 };
@@ -43,11 +44,11 @@ use crate::ops::metrics::Metrics;
 pub use events::{ACTION_STOP_PROCESSES, EventSink, KubeEvents, pod_event};
 pub use gpu_processes::{GpuProcesses, ProcessUse};
 pub use mps_control::{BinaryMpsControl, MpsControl};
-pub use procfs::{HostProcesses, ProcFs};
+pub use procfs::{HostProcesses, MAX_PROC_FILE, ProcFiles, ProcFs};
 #[cfg(any(test, feature = "testing"))]
 pub use {
     events::FakeEvents, events::RecordedEvent, gpu_processes::FakeGpu, mps_control::FakeMpsControl,
-    mps_control::FakeMpsDaemon, procfs::FakeHostProcesses,
+    mps_control::FakeMpsDaemon, procfs::FakeHostProcesses, procfs::stat_line,
 };
 
 /// How long a claim's cached consumers are trusted before an unknown pod on its GPU makes the
@@ -86,8 +87,11 @@ pub struct Seams {
 /// What one pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
-    /// Processes NVML listed on booked GPUs.
+    /// Processes NVML listed on booked GPUs (those that ended before they were read aside).
     pub processes: usize,
+    /// Processes left out of the pass (their `/proc` files unreadable, or not saying whose
+    /// they are), with the reason.
+    pub skipped: Vec<(u32, Skip)>,
     /// Processes ended through MPS `terminate_client`.
     pub terminated: Vec<u32>,
     /// Processes killed.
@@ -146,9 +150,17 @@ impl Accountant {
             return Ok(PassReport::default());
         }
         let seams = self.seams.clone();
-        let observed = tokio::task::spawn_blocking(move || observe(&seams, &gpus))
+        let Observed {
+            processes: observed,
+            skipped,
+        } = tokio::task::spawn_blocking(move || observe(&seams, &gpus))
             .await
             .map_err(|e| Error::Task(e.to_string()))??;
+        if let Some(m) = &self.metrics {
+            for (_, skip) in &skipped {
+                m.observe_accounting_skip(skip.label());
+            }
+        }
         let consumers = self.consumers(&record, &observed, now).await?;
         let asked = self.state()?.asked.clone();
         let verdict = accounting::judge(&record, &consumers, &observed, &asked);
@@ -156,7 +168,8 @@ impl Accountant {
             debug!(pids = ?verdict.unattributed, "GPU processes of no claim that books their GPU");
         }
         let mut report = PassReport {
-            processes: observed.len(),
+            processes: observed.len() + skipped.len(),
+            skipped,
             ..PassReport::default()
         };
         if verdict.stops.is_empty() {
@@ -312,27 +325,43 @@ impl Accountant {
     }
 }
 
-/// Lists the booked GPUs' processes with their pods and start times (blocking).
-fn observe(seams: &Seams, gpus: &BTreeSet<String>) -> Result<Vec<GpuProcess>> {
+/// What a pass read about the booked GPUs' processes.
+#[derive(Debug, Default)]
+struct Observed {
+    /// The processes to judge, with their pods and start times.
+    processes: Vec<GpuProcess>,
+    /// The processes left out of this pass, and why.
+    skipped: Vec<(u32, Skip)>,
+}
+
+/// Lists the booked GPUs' processes with their pods and start times (blocking). A process whose
+/// `/proc` files cannot be read, or whose bytes do not say whose it is
+/// (`tessera_driver::node::accounting::proc::observe`), is left out of this pass with its
+/// reason; it never fails the pass for the others.
+fn observe(seams: &Seams, gpus: &BTreeSet<String>) -> Result<Observed> {
     let listed = seams.gpus.list(gpus)?;
-    let mut out = Vec::with_capacity(listed.len());
+    let mut out = Observed {
+        processes: Vec::with_capacity(listed.len()),
+        skipped: Vec::new(),
+    };
     for p in listed {
-        // A process that ended since NVML listed it is simply not there.
-        let Some(start_ticks) = seams.host.start_ticks(p.pid)? else {
-            continue;
+        let files = match seams.host.read(p.pid) {
+            Ok(Some(files)) => files,
+            // A process that ended since NVML listed it is simply not there.
+            Ok(None) => continue,
+            Err(e) => {
+                debug!(pid = p.pid, gpu = %p.gpu_uuid, error = %e, "cannot read the GPU process's /proc files; left out of this pass");
+                out.skipped.push((p.pid, Skip::Unreadable));
+                continue;
+            }
         };
-        let pod_uid = seams
-            .host
-            .cgroup(p.pid)?
-            .as_deref()
-            .and_then(accounting::pod_uid_from_cgroup);
-        out.push(GpuProcess {
-            pid: p.pid,
-            gpu_uuid: p.gpu_uuid,
-            used_bytes: p.used_bytes,
-            start_ticks,
-            pod_uid,
-        });
+        match proc::observe(p.pid, &p.gpu_uuid, p.used_bytes, &files.stat, &files.cgroup) {
+            Ok(process) => out.processes.push(process),
+            Err(skip) => {
+                debug!(pid = p.pid, gpu = %p.gpu_uuid, reason = skip.label(), "cannot tell whose the GPU process is; left out of this pass");
+                out.skipped.push((p.pid, skip));
+            }
+        }
     }
     Ok(out)
 }

@@ -11,7 +11,8 @@
 //! * **Bookings** come from the checkpoint alone (what the allocator wrote, recorded at
 //!   prepare): per claim and GPU, the sum of its shares' memory there. Whole devices have no
 //!   booking below the GPU and are not accounted.
-//! * **Who a process is**: its pod, from its cgroup ([`pod_uid_from_cgroup`]); a container's
+//! * **Who a process is**: its pod, from its cgroup ([`proc::attribute`]: every line that names
+//!   a pod must name the same one, else the process is left out of the pass); a container's
 //!   processes cannot leave their pod's cgroup, and the pod's UID is in that cgroup's path under
 //!   every kubelet cgroup driver. A pod's claims are the claims whose `status.reservedFor`
 //!   names the pod ([`Consumers`]). A process's *candidates* are the claims its pod uses that
@@ -36,6 +37,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::node::checkpoint::{Checkpoint, ClaimEntry};
 use crate::node::mps::MpsDaemon;
+
+pub mod proc;
 
 /// A process NVML lists on a GPU, with what the node read about it in `/proc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -410,53 +413,6 @@ pub fn pod_consumers(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> V
     out.sort();
     out.dedup();
     out
-}
-
-/// The UID of the pod whose cgroup a `/proc/<pid>/cgroup` text names, or `None` for a process
-/// outside kubelet's pods.
-///
-/// Kubelet puts every container under a pod cgroup named after the pod's UID, below a
-/// `kubepods` root. The cgroupfs driver writes `.../kubepods/<qos>/pod<uid>/<container>`; the
-/// systemd driver writes `kubepods-<qos>-pod<uid>.slice` below `kubepods.slice` and
-/// `kubepods-<qos>.slice`, with the UID's dashes as underscores (Guaranteed pods have no `<qos>`
-/// segment). Under a cgroup namespace the path is relative (`/../..`, the `kubepods` root may be
-/// above the reader's) but keeps the pod's segment. Both cgroup v1 lines and the v2 line name
-/// the same pod; the first line that names one wins.
-pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
-    text.lines().find_map(|line| {
-        let path = line.splitn(3, ':').nth(2)?;
-        let mut under_kubepods = false;
-        for segment in path.split('/') {
-            if segment == "kubepods" || segment.starts_with("kubepods.") || segment == ".." {
-                under_kubepods = true;
-                continue;
-            }
-            if under_kubepods
-                && let Some(uid) = segment.strip_prefix("pod").filter(|u| is_pod_uid(u))
-            {
-                return Some(uid.to_owned());
-            }
-            if let Some(slice) = segment
-                .strip_prefix("kubepods-")
-                .and_then(|s| s.strip_suffix(".slice"))
-                && let Some((_, uid)) = slice.rsplit_once("pod")
-            {
-                let uid = uid.replace('_', "-");
-                if is_pod_uid(&uid) {
-                    return Some(uid);
-                }
-            }
-        }
-        None
-    })
-}
-
-/// A pod UID as kubelet names cgroups after it: an RFC 4122 UUID, or the 32 hex digits of a
-/// static pod's manifest hash.
-fn is_pod_uid(s: &str) -> bool {
-    let hex = s.chars().filter(char::is_ascii_hexdigit).count();
-    let dashes = s.chars().filter(|c| *c == '-').count();
-    hex + dashes == s.len() && hex == 32 && (dashes == 0 || dashes == 4)
 }
 
 #[cfg(test)]

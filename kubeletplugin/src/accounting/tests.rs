@@ -254,3 +254,60 @@ async fn processes_of_a_pod_the_claim_is_not_reserved_for_are_left_alone() {
     assert!(report.killed.is_empty() && report.terminated.is_empty());
     assert_eq!(w.gpu.pids(), BTreeSet::from([1, 2]));
 }
+
+#[tokio::test]
+async fn processes_that_cannot_be_read_or_told_apart_are_skipped_and_counted_while_the_pass_goes_on()
+{
+    let w = world(None);
+    three_workers(&w);
+    // One renamed itself to bytes that are not UTF-8, one cannot be read, one sits in
+    // cgroups that name two pods.
+    w.gpu.run(401, "GPU-1", GIB / 2);
+    let mut odd_cgroup = cgroup(POD).trim_end().as_bytes().to_vec();
+    odd_cgroup.extend_from_slice(b"/\xff\xfe\n");
+    w.host.spawn_raw(
+        401,
+        ProcFiles {
+            stat: stat_line(401, b"\xff\xfe) S", 900),
+            cgroup: odd_cgroup,
+        },
+    );
+    w.gpu.run(402, "GPU-1", 20 * GIB);
+    w.host.spawn_unreadable(402);
+    w.gpu.run(403, "GPU-1", 20 * GIB);
+    w.host.spawn_raw(
+        403,
+        ProcFiles {
+            stat: stat_line(403, b"x", 901),
+            cgroup: format!(
+                "1:name=systemd:/kubepods/besteffort/pod{POD}/c\n\
+                 0::/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/c\n"
+            )
+            .into_bytes(),
+        },
+    );
+
+    let report = w.accountant.pass(Instant::now()).await.unwrap();
+    assert_eq!(
+        report.killed,
+        [303, 302],
+        "the claim's own workers over its booking are stopped as before"
+    );
+    assert_eq!(
+        report.skipped,
+        [(402, Skip::Unreadable), (403, Skip::PodsDisagree)]
+    );
+    assert!(
+        w.gpu.pids().contains(&401) && w.gpu.pids().contains(&403),
+        "the renamed process is judged (it started first), the unattributed one left alone"
+    );
+    let metrics = w.metrics.encode().unwrap();
+    for reason in ["unreadable", "pods_disagree"] {
+        assert!(
+            metrics.contains(&format!(
+                "tessera_kubelet_plugin_accounting_skipped_processes_total{{reason=\"{reason}\"}} 1"
+            )),
+            "{metrics}"
+        );
+    }
+}

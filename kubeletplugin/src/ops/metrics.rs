@@ -50,6 +50,11 @@ struct StopLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SkipLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IsolationLabels {
     gpu: String,
     uuid: String,
@@ -143,6 +148,7 @@ pub struct Metrics {
     mode_changes_refused: Family<GpuLabels, Counter>,
     gpu_healthy: Family<GpuLabels, Gauge>,
     accounting_stops: Family<StopLabels, Counter>,
+    accounting_skips: Family<SkipLabels, Counter>,
     gpu_isolation: Family<IsolationLabels, Gauge>,
 }
 
@@ -178,6 +184,14 @@ impl Metrics {
             "Processes stopped because their claim's processes together used more GPU memory \
              than it booked, by means (mps_terminate, kill; failed: an attempt that failed)",
             accounting_stops.clone(),
+        );
+        let accounting_skips = Family::<SkipLabels, Counter>::default();
+        registry.register(
+            "accounting_skipped_processes",
+            "GPU processes an accounting pass left out, by reason (unreadable: /proc could not \
+             be read; bad_stat: no start time in its stat; pods_disagree: its cgroup lines name \
+             different pods); the pass goes on for the others",
+            accounting_skips.clone(),
         );
         let gpu_isolation = Family::<IsolationLabels, Gauge>::default();
         registry.register(
@@ -249,6 +263,7 @@ impl Metrics {
             mode_changes_refused,
             gpu_healthy,
             accounting_stops,
+            accounting_skips,
             gpu_isolation,
         }
     }
@@ -349,6 +364,15 @@ impl Metrics {
         self.accounting_stops
             .get_or_create(&StopLabels {
                 means: means.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a GPU process an accounting pass left out, by `reason`.
+    pub fn observe_accounting_skip(&self, reason: &str) {
+        self.accounting_skips
+            .get_or_create(&SkipLabels {
+                reason: reason.to_owned(),
             })
             .inc();
     }

@@ -342,48 +342,6 @@ fn a_process_listed_by_both_nvml_lists_counts_once() {
 }
 
 #[test]
-fn the_pod_uid_is_read_from_the_cgroup_of_either_kubelet_cgroup_driver() {
-    let uid = "0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1";
-    let systemd = "0::/kubepods.slice/kubepods-burstable.slice/\
-                   kubepods-burstable-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/\
-                   cri-containerd-3f2a.scope\n";
-    assert_eq!(pod_uid_from_cgroup(systemd).as_deref(), Some(uid));
-    let guaranteed =
-        "0::/kubepods.slice/kubepods-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/crio-9.scope";
-    assert_eq!(pod_uid_from_cgroup(guaranteed).as_deref(), Some(uid));
-    let cgroupfs = "12:memory:/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n\
-                    0::/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n";
-    assert_eq!(pod_uid_from_cgroup(cgroupfs).as_deref(), Some(uid));
-    let namespaced =
-        "0::/../../kubepods-besteffort-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/x.scope";
-    assert_eq!(pod_uid_from_cgroup(namespaced).as_deref(), Some(uid));
-    let namespaced_cgroupfs = "0::/../../burstable/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a";
-    assert_eq!(
-        pod_uid_from_cgroup(namespaced_cgroupfs).as_deref(),
-        Some(uid)
-    );
-    let static_pod = "0::/kubepods/burstable/pod5f1e8a8c9d0b4e7fa1b2c3d4e5f60718/abc";
-    assert_eq!(
-        pod_uid_from_cgroup(static_pod).as_deref(),
-        Some("5f1e8a8c9d0b4e7fa1b2c3d4e5f60718")
-    );
-}
-
-#[test]
-fn processes_outside_kubelets_pods_have_no_pod() {
-    for text in [
-        "0::/system.slice/nvidia-persistenced.service\n",
-        "0::/user.slice/user-0.slice/session-1.scope\n",
-        "0::/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/x\n",
-        "0::/kubepods/besteffort/podnot-a-uid/x\n",
-        "",
-        "garbage",
-    ] {
-        assert_eq!(pod_uid_from_cgroup(text), None, "{text:?}");
-    }
-}
-
-#[test]
 fn a_claims_consumers_are_the_pods_it_is_reserved_for() {
     let claim: k8s_openapi::api::resource::v1::ResourceClaim =
         serde_json::from_value(serde_json::json!({
