@@ -364,17 +364,18 @@ fn in_mount_namespace(script: &str) -> String {
 
 /// What a tenant does with every read-write mount of its container: every entry in it becomes
 /// a link to `target`, and links to `target` appear under the names the node uses
-/// (`vgpulock`, `cache`, `hami`, the claim's own directory's name).
+/// (`vgpulock`, `cache`, `hami`, the claim's own directory's name). A step that fails (its
+/// directory went with an earlier step) is skipped, as a tenant would.
 fn tenant_links_script(root: &Path, mounts: &[Mount], target: &str, names: &[&str]) -> String {
     let mut script = String::new();
     for m in mounts.iter().filter(|m| read_write(m)) {
         let dir = format!("{}{}", root.display(), m.container_path);
         script.push_str(&format!(
-            "for e in '{dir}'/* '{dir}'/.[!.]*; do if [ -e \"$e\" ] || [ -L \"$e\" ]; then rm -rf \"$e\"; ln -s '{target}' \"$e\"; fi; done\n"
+            "for e in '{dir}'/* '{dir}'/.[!.]*; do if [ -e \"$e\" ] || [ -L \"$e\" ]; then rm -rf \"$e\"; ln -s '{target}' \"$e\" || true; fi; done\n"
         ));
         for name in names {
             script.push_str(&format!(
-                "[ -e '{dir}/{name}' ] || [ -L '{dir}/{name}' ] || ln -s '{target}' '{dir}/{name}'\n"
+                "[ -e '{dir}/{name}' ] || [ -L '{dir}/{name}' ] || ln -s '{target}' '{dir}/{name}' || true\n"
             ));
         }
     }
