@@ -152,7 +152,9 @@ fn bench(c: &mut Criterion) {
     );
 
     let mut group = c.benchmark_group("accounting");
-    group.sample_size(20).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(20));
     group.bench_function(
         "one pass over 1,000 GPU processes (100 renamed to non-UTF-8, 50 gone, 50 unreadable)",
         |b| b.iter(|| runtime.block_on(accountant.pass(Instant::now())).unwrap()),

@@ -145,12 +145,16 @@ async fn a_20000_deep_tree_in_a_hami_dir_neither_aborts_the_plugin_nor_fails_its
     let mut dra = node.dra(&mut child).await;
     let answer = prepare(&mut dra, vec![claim_ref(0)]).await;
     assert!(answer.claims["uid-0"].error.is_empty(), "{answer:?}");
-    // A non-root container's HAMi-core must be able to write its accounting there.
-    for dir in [hami.clone(), hami.join("vgpulock")] {
+    // A non-root container's HAMi-core must be able to write its accounting there; the
+    // claim's own directory that holds both is the node's.
+    for dir in [hami.join("cache"), hami.join("vgpulock")] {
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o7777, 0o1777, "{}", dir.display());
     }
-    deep_tree(&hami, 20_000).unwrap();
+    let mode = std::fs::metadata(&hami).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o755);
+    // What the claim's containers write: its accounting directory.
+    deep_tree(&hami.join("cache"), 20_000).unwrap();
     let answer = unprepare(&mut dra, vec![claim_ref(0)]).await;
     assert!(answer.claims["uid-0"].error.is_empty(), "{answer:?}");
     assert!(child.0.try_wait().unwrap().is_none(), "the plugin died");
@@ -161,7 +165,7 @@ async fn a_20000_deep_tree_in_a_hami_dir_neither_aborts_the_plugin_nor_fails_its
     // The same with a crash after "unprepare started": the start-up cleanup meets the tree.
     let answer = prepare(&mut dra, vec![claim_ref(0)]).await;
     assert!(answer.claims["uid-0"].error.is_empty(), "{answer:?}");
-    deep_tree(&hami, 20_000).unwrap();
+    deep_tree(&hami.join("cache"), 20_000).unwrap();
     stop(child);
     let mut crashing = node.command(&[]);
     crashing.env(

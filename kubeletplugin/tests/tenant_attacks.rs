@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{PermissionsExt as _, symlink};
@@ -104,7 +105,7 @@ impl Node {
         let mut command = command;
         let mut plugin = Plugin(command.spawn().unwrap());
         let socket = self.path("plugin").join("dra.sock");
-        let channel = support::dial_until_up(&mut plugin, &socket, Duration::from_secs(60)).await;
+        let channel = support::dial_until_up(&mut plugin, &socket, Duration::from_mins(1)).await;
         (plugin, Dra::new(channel))
     }
 
@@ -234,7 +235,10 @@ impl Sleeper {
         let script = match comm {
             None => "exec sleep 100000".to_owned(),
             Some(bytes) => {
-                let octal: String = bytes.iter().map(|b| format!("\\{b:03o}")).collect();
+                let octal = bytes.iter().fold(String::new(), |mut out, b| {
+                    let _ = write!(out, "\\{b:03o}");
+                    out
+                });
                 format!("printf '{octal}' > /proc/$$/comm && read line")
             }
         };
@@ -249,7 +253,10 @@ impl Sleeper {
             while std::fs::read(format!("/proc/{}/comm", sleeper.pid()))
                 .map_or(true, |c| !c.starts_with(bytes))
             {
-                assert!(Instant::now() < deadline, "the process never renamed itself");
+                assert!(
+                    Instant::now() < deadline,
+                    "the process never renamed itself"
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -323,10 +330,12 @@ fn nvml_command(node: &Node, library: &Path, processes: &Path, addr: &str) -> Co
 
 /// NVML's process list: `(pid, bytes)` on GPU 0.
 fn list(file: &Path, processes: &[(u32, u64)]) {
-    let text: String = processes
+    let text = processes
         .iter()
-        .map(|(pid, bytes)| format!("0 {pid} {bytes}\n"))
-        .collect();
+        .fold(String::new(), |mut out, (pid, bytes)| {
+            let _ = writeln!(out, "0 {pid} {bytes}");
+            out
+        });
     std::fs::write(file, text).unwrap();
 }
 
@@ -340,10 +349,11 @@ fn bind_script(root: &Path, mounts: &[Mount], then: &str) -> String {
     for m in mounts {
         let target = format!("{}{}", root.display(), m.container_path);
         let source = &m.host_path;
-        script.push_str(&format!(
+        let _ = write!(
+            script,
             "if [ -d '{source}' ]; then mkdir -p '{target}'; else mkdir -p \"$(dirname '{target}')\"; touch '{target}'; fi\n\
              mount --bind '{source}' '{target}'\n"
-        ));
+        );
     }
     script.push_str(then);
     script
@@ -370,13 +380,15 @@ fn tenant_links_script(root: &Path, mounts: &[Mount], target: &str, names: &[&st
     let mut script = String::new();
     for m in mounts.iter().filter(|m| read_write(m)) {
         let dir = format!("{}{}", root.display(), m.container_path);
-        script.push_str(&format!(
-            "for e in '{dir}'/* '{dir}'/.[!.]*; do if [ -e \"$e\" ] || [ -L \"$e\" ]; then rm -rf \"$e\"; ln -s '{target}' \"$e\" || true; fi; done\n"
-        ));
+        let _ = writeln!(
+            script,
+            "for e in '{dir}'/* '{dir}'/.[!.]*; do if [ -e \"$e\" ] || [ -L \"$e\" ]; then rm -rf \"$e\"; ln -s '{target}' \"$e\" || true; fi; done"
+        );
         for name in names {
-            script.push_str(&format!(
-                "[ -e '{dir}/{name}' ] || [ -L '{dir}/{name}' ] || ln -s '{target}' '{dir}/{name}' || true\n"
-            ));
+            let _ = writeln!(
+                script,
+                "[ -e '{dir}/{name}' ] || [ -L '{dir}/{name}' ] || ln -s '{target}' '{dir}/{name}' || true"
+            );
         }
     }
     script
@@ -399,25 +411,28 @@ async fn a_tenants_links_never_redirect_a_bind_at_the_next_container_start() {
 
     // The first container: the tenant puts links to `/` wherever it can write.
     let first = tempfile::tempdir().unwrap();
-    let attack = tenant_links_script(first.path(), &mounts, "/", &["vgpulock", "cache", "hami", uid]);
+    let attack = tenant_links_script(
+        first.path(),
+        &mounts,
+        "/",
+        &["vgpulock", "cache", "hami", uid],
+    );
     in_mount_namespace(&bind_script(first.path(), &mounts, &attack));
 
     // The next container of the pod binds the spec's sources again.
     let next = tempfile::tempdir().unwrap();
     let mut show = String::from("stat -L -c '/ %d:%i' /\n");
     for m in &mounts {
-        show.push_str(&format!(
-            "stat -L -c '{} %d:%i' '{}{}'\n",
+        let _ = writeln!(
+            show,
+            "stat -L -c '{} %d:%i' '{}{}'",
             m.container_path,
             next.path().display(),
             m.container_path
-        ));
+        );
     }
     let out = in_mount_namespace(&bind_script(next.path(), &mounts, &show));
-    let seen: BTreeMap<&str, &str> = out
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .collect();
+    let seen: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once(' ')).collect();
     let host_root = seen["/"];
     for m in &mounts {
         assert_ne!(
@@ -455,7 +470,11 @@ async fn a_link_a_tenant_left_never_gets_a_directory_opened_up_when_its_record_i
         // the tenant leaves links to the secret directory wherever it can write.
         for m in node.mounts(uid).iter().filter(|m| read_write(m)) {
             let dir = Path::new(&m.host_path);
-            if std::fs::symlink_metadata(dir).unwrap().file_type().is_symlink() {
+            if std::fs::symlink_metadata(dir)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+            {
                 continue; // Replaced through another mount already.
             }
             for entry in std::fs::read_dir(dir).unwrap() {
@@ -550,7 +569,11 @@ async fn a_process_named_with_bytes_that_are_not_utf8_never_switches_accounting_
     // Pod A's two workers use 18 GiB of their claim's 10; the odd process 1 GiB of nothing.
     list(
         &processes,
-        &[(first.pid(), 9 * GIB), (second.pid(), 9 * GIB), (odd.pid(), GIB)],
+        &[
+            (first.pid(), 9 * GIB),
+            (second.pid(), 9 * GIB),
+            (odd.pid(), GIB),
+        ],
     );
 
     let addr = format!("127.0.0.1:{}", tessera_tests::host::free_port());
@@ -566,7 +589,10 @@ async fn a_process_named_with_bytes_that_are_not_utf8_never_switches_accounting_
          accounting off"
     );
     assert!(first.alive(), "the oldest worker fits the booking");
-    assert!(odd.alive(), "the odd process books nothing and is left alone");
+    assert!(
+        odd.alive(),
+        "the odd process books nothing and is left alone"
+    );
     stop(plugin);
 }
 
@@ -609,7 +635,8 @@ async fn a_process_whose_cgroups_name_two_pods_is_never_counted_against_either()
     assert_eq!(prepare(&mut dra, claim_ref(0, uid)).await, "");
 
     // Several passes (one a second).
-    let skipped = "tessera_kubelet_plugin_accounting_skipped_processes_total{reason=\"pods_disagree\"}";
+    let skipped =
+        "tessera_kubelet_plugin_accounting_skipped_processes_total{reason=\"pods_disagree\"}";
     let counted = wait_for(Duration::from_secs(20), || {
         metrics(&addr)
             .lines()
@@ -619,6 +646,10 @@ async fn a_process_whose_cgroups_name_two_pods_is_never_counted_against_either()
     });
     assert!(a.alive(), "pod C's process was killed for pod D's memory");
     assert!(b.alive(), "pod D's process books nothing and is left alone");
-    assert!(counted, "the process of two pods is not counted as skipped:\n{}", metrics(&addr));
+    assert!(
+        counted,
+        "the process of two pods is not counted as skipped:\n{}",
+        metrics(&addr)
+    );
     stop(plugin);
 }

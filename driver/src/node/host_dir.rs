@@ -39,10 +39,10 @@ impl HostDir {
 
     /// `root/relative` with `mode`.
     pub fn at(root: &str, relative: &str, mode: u32) -> Self {
-        let root = root.trim_end_matches('/');
+        let trimmed = root.trim_end_matches('/');
         Self {
-            root: root.to_owned(),
-            path: format!("{root}/{relative}"),
+            root: if trimmed.is_empty() { "/" } else { trimmed }.to_owned(),
+            path: format!("{trimmed}/{relative}"),
             mode,
         }
     }
@@ -117,5 +117,8 @@ mod tests {
         assert_eq!(d.segments(), ["uid-1", "cache"]);
         assert!(d.world_writable());
         assert!(!HostDir::node("/r", "u").world_writable());
+        let top = HostDir::node("/", "srv");
+        assert_eq!((top.root.as_str(), top.path.as_str()), ("/", "/srv"));
+        assert_eq!(top.segments(), ["srv"]);
     }
 }

@@ -275,12 +275,11 @@ pub fn daemon_dirs(daemon: &MpsDaemon) -> Vec<HostDir> {
             .strip_suffix(relative)
             .and_then(|r| r.strip_suffix('/'))
             .filter(|r| !r.is_empty());
-        match root {
-            Some(root) => HostDir::node(root, relative),
-            None => {
-                let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-                HostDir::node(if parent.is_empty() { "/" } else { parent }, name)
-            }
+        if let Some(root) = root {
+            HostDir::node(root, relative)
+        } else {
+            let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+            HostDir::node(if parent.is_empty() { "/" } else { parent }, name)
         }
     };
     let pipe = below(&daemon.pipe_dir, &format!("{id}/pipe"));

@@ -70,19 +70,22 @@ impl ProcFs {
     /// Reads `file` of the process directory `dir`, at most [`MAX_PROC_FILE`] bytes; `None`
     /// when the process is gone.
     fn read_in(dir: &OwnedFd, path: &std::path::Path, file: &str) -> Result<Option<Vec<u8>>> {
-        let fd = match rustix::fs::openat(dir, file, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-        {
-            Ok(fd) => fd,
-            Err(e) if gone(e) => return Ok(None),
-            Err(e) => return Err(Error::io("opening", path.join(file), e.into())),
-        };
+        let fd =
+            match rustix::fs::openat(dir, file, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(e) if gone(e) => return Ok(None),
+                Err(e) => return Err(Error::io("opening", path.join(file), e.into())),
+            };
         let mut bytes = Vec::new();
         match std::fs::File::from(fd)
             .take(MAX_PROC_FILE + 1)
             .read_to_end(&mut bytes)
         {
             Ok(_) => {}
-            Err(e) if e.raw_os_error().is_some_and(|n| gone(Errno::from_raw_os_error(n))) => {
+            Err(e)
+                if e.raw_os_error()
+                    .is_some_and(|n| gone(Errno::from_raw_os_error(n))) =>
+            {
                 return Ok(None);
             }
             Err(e) => return Err(Error::io("reading", path.join(file), e)),
@@ -308,12 +311,10 @@ mod tests {
     #[test]
     fn a_process_named_with_bytes_that_are_not_utf8_is_read_as_bytes() {
         // A process may rename only itself (through `/proc/self/comm` or `prctl`): the shell
-        // does, with its builtin `printf`, and stays.
+        // does, with its builtin `printf`, and waits in its builtin `read`.
         let mut child = Command::new("sh")
-            .args([
-                "-c",
-                r#"printf '\377\376)x (y' > /proc/$$/comm && while :; do sleep 1; done"#,
-            ])
+            .args(["-c", r"printf '\377\376)x (y' > /proc/$$/comm && read line"])
+            .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("sh runs");
         let pid = child.id();
@@ -324,7 +325,10 @@ mod tests {
             if files.stat.windows(2).any(|w| w == b"\xff\xfe") {
                 break files;
             }
-            assert!(std::time::Instant::now() < deadline, "the child never renamed itself");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never renamed itself"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         assert!(std::str::from_utf8(&files.stat).is_err());

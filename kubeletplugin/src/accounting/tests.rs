@@ -257,7 +257,7 @@ async fn processes_of_a_pod_the_claim_is_not_reserved_for_are_left_alone() {
 
 #[tokio::test]
 async fn processes_that_cannot_be_read_or_told_apart_are_skipped_and_counted_while_the_pass_goes_on()
-{
+ {
     let w = world(None);
     three_workers(&w);
     // One renamed itself to bytes that are not UTF-8, one cannot be read, one sits in

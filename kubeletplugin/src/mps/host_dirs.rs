@@ -43,7 +43,13 @@ fn refused(path: &Path, message: impl Into<String>) -> Error {
 
 /// The admin's root, opened as configured (created first, `0755`, when missing).
 fn open_root(root: &Path) -> Result<OwnedFd> {
-    let open = || rustix::fs::open(root, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty());
+    let open = || {
+        rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
     match open() {
         Ok(fd) => Ok(fd),
         Err(Errno::NOENT) => {
@@ -149,7 +155,11 @@ mod tests {
     use super::*;
 
     fn mode(path: &Path) -> u32 {
-        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
     }
 
     fn root(t: &tempfile::TempDir) -> String {

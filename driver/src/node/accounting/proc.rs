@@ -115,8 +115,7 @@ fn pod_in_path(path: &[u8]) -> Option<String> {
             under_kubepods = true;
             continue;
         }
-        if under_kubepods
-            && let Some(uid) = segment.strip_prefix(b"pod").filter(|u| is_pod_uid(u))
+        if under_kubepods && let Some(uid) = segment.strip_prefix(b"pod").filter(|u| is_pod_uid(u))
         {
             return Some(ascii(uid));
         }
@@ -140,9 +139,15 @@ fn pod_in_path(path: &[u8]) -> Option<String> {
 /// A pod UID as kubelet names cgroups after it: an RFC 4122 UUID, or the 32 hex digits of a
 /// static pod's manifest hash.
 fn is_pod_uid(s: &[u8]) -> bool {
-    let hex = s.iter().filter(|b| b.is_ascii_hexdigit()).count();
-    let dashes = s.iter().filter(|&&b| b == b'-').count();
-    hex + dashes == s.len() && hex == 32 && (dashes == 0 || dashes == 4)
+    let (mut hex, mut dashes) = (0, 0);
+    for &b in s {
+        match b {
+            b'-' => dashes += 1,
+            b if b.is_ascii_hexdigit() => hex += 1,
+            _ => return false,
+        }
+    }
+    hex == 32 && (dashes == 0 || dashes == 4)
 }
 
 /// Bytes already checked to be ASCII, as text.
@@ -235,13 +240,15 @@ mod tests {
         let guaranteed =
             b"0::/kubepods.slice/kubepods-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/crio-9.scope";
         assert_eq!(attribute(guaranteed), pod(UID));
-        let cgroupfs = b"12:memory:/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n\
+        let cgroupfs =
+            b"12:memory:/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n\
                     0::/kubepods/besteffort/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a\n";
         assert_eq!(attribute(cgroupfs), pod(UID));
         let namespaced =
             b"0::/../../kubepods-besteffort-pod0c6f33a4_5e2b_4a1b_9e0c_51d4b2a3f7e1.slice/x.scope";
         assert_eq!(attribute(namespaced), pod(UID));
-        let namespaced_cgroupfs = b"0::/../../burstable/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a";
+        let namespaced_cgroupfs =
+            b"0::/../../burstable/pod0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1/3f2a";
         assert_eq!(attribute(namespaced_cgroupfs), pod(UID));
         let static_pod = b"0::/kubepods/burstable/pod5f1e8a8c9d0b4e7fa1b2c3d4e5f60718/abc";
         assert_eq!(
@@ -289,9 +296,7 @@ mod tests {
         );
         assert_eq!(attribute(text.as_bytes()), Attribution::Disagree);
         // Lines that name no pod do not disagree.
-        let text = format!(
-            "12:name=systemd:/\n4:memory:/kubepods/besteffort/pod{OTHER}/y\n0::/\n"
-        );
+        let text = format!("12:name=systemd:/\n4:memory:/kubepods/besteffort/pod{OTHER}/y\n0::/\n");
         assert_eq!(attribute(text.as_bytes()), pod(OTHER));
     }
 

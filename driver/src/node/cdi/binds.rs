@@ -159,7 +159,10 @@ mod tests {
         let err = check(&[mount("/run/mps/x/pipe", "rw")], &["/run/mps/x/pipe/log"])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("the node's path \"/run/mps/x/pipe/log\""), "{err}");
+        assert!(
+            err.contains("the node's path \"/run/mps/x/pipe/log\""),
+            "{err}"
+        );
         check(&[mount("/lib/hami", "ro")], &["/lib/hami/state"]).unwrap();
     }
 
