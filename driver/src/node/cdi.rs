@@ -31,9 +31,9 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::names;
+use crate::node::host_dir::HostDir;
 use crate::node::mps::MpsDaemon;
 use crate::node::prepared::{PreparedClaim, PreparedDevice};
-use crate::node::host_dir::HostDir;
 use crate::rules::config::Tier;
 use crate::rules::share::PerDeviceShare;
 
