@@ -35,6 +35,8 @@ pub mod inventory;
 pub mod isolation;
 pub mod mps;
 pub mod mps_exec;
+pub mod mps_peer;
+pub mod mps_user;
 pub mod prepare;
 pub mod prepared;
 pub mod reconfigure;
