@@ -55,6 +55,10 @@ pub use {
 /// pass fetch them again.
 pub const CONSUMERS_REFRESH: Duration = Duration::from_secs(30);
 
+/// How long NVML may keep listing a process holding GPU memory after MPS said it terminated
+/// the process's GPU work; then the process is killed.
+pub const TERMINATE_CONFIRM: Duration = Duration::from_secs(5);
+
 /// Where the pass reads the prepared claims from.
 pub trait PreparedClaims: Send + Sync {
     /// The checkpoint as it is now.
@@ -111,6 +115,7 @@ pub struct Accountant {
     seams: Seams,
     metrics: Option<Arc<Metrics>>,
     state: Mutex<State>,
+    terminate_confirm: Duration,
 }
 
 impl std::fmt::Debug for Accountant {
@@ -126,7 +131,16 @@ impl Accountant {
             seams,
             metrics,
             state: Mutex::new(State::default()),
+            terminate_confirm: TERMINATE_CONFIRM,
         }
+    }
+
+    /// How long NVML may go on listing a process with memory after `terminate_client` before
+    /// it is killed ([`TERMINATE_CONFIRM`] unless set).
+    #[must_use]
+    pub fn with_terminate_confirm(mut self, wait: Duration) -> Self {
+        self.terminate_confirm = wait;
+        self
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
@@ -178,10 +192,11 @@ impl Accountant {
         }
         let seams = self.seams.clone();
         let stops = verdict.stops.clone();
+        let confirm = self.terminate_confirm;
         let done = tokio::task::spawn_blocking(move || {
             stops
                 .iter()
-                .map(|s| (s.clone(), stop(&seams, s)))
+                .map(|s| (s.clone(), stop(&seams, s, confirm)))
                 .collect::<Vec<_>>()
         })
         .await
@@ -383,11 +398,22 @@ impl Stopped {
 }
 
 /// Stops one process (blocking): through the MPS daemon that serves it as a client, else by
-/// `SIGKILL`. `None`: it was gone already (or its pid now names another process).
-fn stop(seams: &Seams, s: &Stop) -> Result<Option<Stopped>> {
+/// `SIGKILL`. A `terminate_client` counts only once NVML confirms, within `confirm`, that the
+/// process no longer holds GPU memory there; otherwise it is killed too. `None`: it was gone
+/// already (or its pid now names another process).
+fn stop(seams: &Seams, s: &Stop, confirm: Duration) -> Result<Option<Stopped>> {
     if let Means::MpsTerminate(daemons) = &s.means {
         match terminate(seams, daemons, s.pid) {
-            Ok(true) => return Ok(Some(Stopped::Terminated)),
+            Ok(true) => {
+                if released(seams, s, confirm)? {
+                    return Ok(Some(Stopped::Terminated));
+                }
+                warn!(
+                    pid = s.pid,
+                    gpu = %s.gpu_uuid,
+                    "MPS said the client was terminated, but NVML still lists it holding GPU memory; killing it"
+                );
+            }
             Ok(false) => {
                 info!(
                     pid = s.pid,
@@ -403,6 +429,26 @@ fn stop(seams: &Seams, s: &Stop) -> Result<Option<Stopped>> {
         .host
         .kill(s.pid, s.start_ticks)?
         .then_some(Stopped::Killed))
+}
+
+/// Whether NVML stops listing `s`'s process on its GPU with memory held, within `wait`.
+fn released(seams: &Seams, s: &Stop, wait: Duration) -> Result<bool> {
+    let gpus = BTreeSet::from([s.gpu_uuid.clone()]);
+    let deadline = Instant::now() + wait;
+    loop {
+        let holds = seams
+            .gpus
+            .list(&gpus)?
+            .iter()
+            .any(|p| p.pid == s.pid && p.gpu_uuid == s.gpu_uuid && p.used_bytes > 0);
+        if !holds {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn terminate(

@@ -121,6 +121,21 @@ pub enum Error {
     #[error("MPS: {0}")]
     Mps(String),
 
+    /// The process listening on an MPS control socket is not the daemon that was started
+    /// there (`SO_PEERCRED` against the daemon's record): nothing is sent to it.
+    #[error(
+        "MPS control daemon {daemon}: {}: {mismatch}; nothing was sent to it",
+        socket.display()
+    )]
+    MpsPeer {
+        /// The daemon's id.
+        daemon: String,
+        /// Its control socket.
+        socket: PathBuf,
+        /// Why the listener is not the daemon.
+        mismatch: tessera_driver::node::mps_peer::PeerMismatch,
+    },
+
     /// Encoding the metrics failed.
     #[error("metrics: {0}")]
     Metrics(String),

@@ -4,6 +4,13 @@
 //! and started again from the checkpoint after a restart. A daemon that already answers on its
 //! control socket (left by an earlier run) is adopted, clients and all, never told to quit.
 //!
+//! Nothing is sent on a control socket, and no daemon is adopted, before the process listening
+//! there is known to be the daemon: the supervisor records each daemon it starts ([`record`]),
+//! and every probe, adoption and command first checks the socket's peer (`SO_PEERCRED`)
+//! against that record (`tessera_driver::node::mps_peer`). The pipe directory is mounted
+//! read-write into the share containers, so a tenant can replace the socket; such a socket is
+//! an error for its GPU set, logged, and never spoken to.
+//!
 //! The supervisor runs in the node's `tessera-mps host` ([`host`]), outside the plugin's
 //! container, so that neither a plugin restart nor a rollout of the plugin's `DaemonSet` touches
 //! the daemons; with `--mps-daemons local` the plugin runs one itself.
@@ -21,6 +28,7 @@ pub mod fake_control;
 pub mod host;
 pub mod host_dirs;
 mod process;
+pub mod record;
 pub mod socket;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use tessera_driver::node::checkpoint::Checkpoint;
 use tessera_driver::node::mps::{self, ControlSocket, Launch, MpsDaemon, StartAction};
+use tessera_driver::node::mps_peer::{self, PeerMismatch};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::error::{Error, Result};
 
@@ -86,6 +95,32 @@ struct Supervised {
     restart_at: Option<Instant>,
 }
 
+/// Whether the process listening on `daemon`'s control socket is the daemon `host` recorded:
+/// `Ok(Ok(()))` then, `Ok(Err(why))` when someone else listens, an error when the socket or the
+/// record cannot be read.
+fn peer_of(
+    host: &dyn ProcessHost,
+    daemon: &MpsDaemon,
+) -> Result<std::result::Result<(), PeerMismatch>> {
+    let control = PathBuf::from(mps::control_socket(daemon));
+    let peer = host.peer(&control)?;
+    let record = host.record(daemon)?;
+    Ok(mps_peer::check_peer(&daemon.id, record.as_ref(), &peer))
+}
+
+/// [`peer_of`], where a listener that is not the daemon is [`Error::MpsPeer`], logged.
+fn check_peer(host: &dyn ProcessHost, daemon: &MpsDaemon) -> Result<()> {
+    peer_of(host, daemon)?.map_err(|mismatch| {
+        let socket = PathBuf::from(mps::control_socket(daemon));
+        error!(daemon = %daemon.id, socket = %socket.display(), reason = %mismatch, "the MPS control socket is not answered by its daemon; nothing is sent to it");
+        Error::MpsPeer {
+            daemon: daemon.id.clone(),
+            socket,
+            mismatch,
+        }
+    })
+}
+
 /// How the preparer makes sure a claim's daemon runs: [`MpsSupervisor`] runs it itself,
 /// [`HostedDaemons`] waits for the node's `tessera-mps host` to run it.
 pub trait DaemonKeeper: Send + Sync {
@@ -119,11 +154,23 @@ impl HostedDaemons {
 impl DaemonKeeper for HostedDaemons {
     fn ensure(&self, claim: &str, daemon: &MpsDaemon) -> Result<()> {
         let control = PathBuf::from(mps::control_socket(daemon));
+        // The host records a daemon as soon as it started it, before the daemon listens; a
+        // socket that answers with no record yet is waited for, anyone else listening is not.
         let ready = poll_until(self.ready_timeout, || {
-            Ok(self.host.probe(&control) == ControlSocket::Answers)
+            if self.host.probe(&control) != ControlSocket::Answers {
+                return Ok(false);
+            }
+            match peer_of(self.host.as_ref(), daemon)? {
+                Ok(()) => Ok(true),
+                Err(PeerMismatch::NoRecord) => Ok(false),
+                Err(_) => check_peer(self.host.as_ref(), daemon).map(|()| true),
+            }
         })?;
         if ready {
             return Ok(());
+        }
+        if self.host.probe(&control) == ControlSocket::Answers {
+            check_peer(self.host.as_ref(), daemon)?;
         }
         Err(Error::Mps(format!(
             "MPS control daemon {} of claim {claim} did not answer on {} within {:?}: is the \
@@ -184,8 +231,10 @@ impl MpsSupervisor {
 
     /// Runs one control command (`get_server_list`, `ps`, `terminate_client <server> <pid>`,
     /// ...) against `daemon` through the control binary, as NVIDIA documents it; returns its
-    /// output. Blocking.
+    /// output. Nothing is sent unless the recorded daemon listens on the socket
+    /// ([`Error::MpsPeer`] otherwise). Blocking.
     pub fn control(&self, daemon: &MpsDaemon, command: &str) -> Result<String> {
+        check_peer(self.host.as_ref(), daemon)?;
         let (program, args) = mps::control_command(&self.config.launch, daemon);
         let spec = ProcessSpec {
             program: PathBuf::from(program),
@@ -201,12 +250,14 @@ impl MpsSupervisor {
         self.control(daemon, mps::QUIT_COMMAND.trim_end()).map(drop)
     }
 
-    /// Whether the daemon's process still runs.
+    /// Whether the daemon's process still runs: our child until it exits, an adopted daemon
+    /// while it answers on its socket itself (a socket someone else took over is logged).
     fn alive(&self, daemon: &MpsDaemon, process: Process) -> Result<bool> {
         Ok(match process {
             Process::Child(pid) => !self.host.has_exited(pid)?,
             Process::Adopted => {
                 self.host.probe(Path::new(&mps::control_socket(daemon))) == ControlSocket::Answers
+                    && check_peer(self.host.as_ref(), daemon).is_ok()
             }
         })
     }
@@ -220,6 +271,9 @@ impl MpsSupervisor {
         let control = PathBuf::from(mps::control_socket(daemon));
         match mps::start_action(self.host.probe(&control)) {
             StartAction::Adopt => {
+                // Only the daemon an earlier run recorded is adopted; a tenant's listener on
+                // the socket is an error for this GPU set (and it is not replaced: it is alive).
+                check_peer(self.host.as_ref(), daemon)?;
                 info!(daemon = %daemon.id, "adopted the MPS control daemon that answers on its socket");
                 return Ok(Process::Adopted);
             }
@@ -232,18 +286,31 @@ impl MpsSupervisor {
                 }
             }
         }
+        // No record while no daemon runs: whoever answers before the new one is recorded is
+        // waited for, never taken for it.
+        self.host.set_record(daemon, None)?;
         let (program, args) = mps::daemon_command(&self.config.launch, daemon);
         let pid = self.host.spawn(&ProcessSpec {
             program: PathBuf::from(program),
             args,
             env: mps::daemon_env(daemon),
         })?;
+        if let Err(e) = self.host.set_record(daemon, Some(pid)) {
+            let _ = self.host.stop(pid, Duration::ZERO);
+            return Err(e);
+        }
         let mut exited = false;
         let ready = poll_until(self.config.ready_timeout, || {
             exited = self.host.has_exited(pid)?;
             Ok(exited || self.host.probe(&control) == ControlSocket::Answers)
         })?;
         if ready && !exited {
+            // Whoever answers must be the child just started, not a listener that got there
+            // first.
+            if let Err(e) = check_peer(self.host.as_ref(), daemon) {
+                let _ = self.host.stop(pid, Duration::ZERO);
+                return Err(e);
+            }
             info!(daemon = %daemon.id, pid, devices = %daemon.devices.join(","), "MPS control daemon started");
             return Ok(Process::Child(pid));
         }
@@ -314,11 +381,21 @@ impl MpsSupervisor {
             let Some(s) = daemons.remove(&id) else {
                 continue;
             };
-            if let Err(e) = self.quit(&s.daemon) {
+            let quit = self.quit(&s.daemon);
+            if let Err(e) = &quit {
                 warn!(daemon = %id, error = %e, "quit failed; stopping the process");
             }
-            if let Some(Process::Child(pid)) = s.process {
-                self.host.stop(pid, self.config.quit_timeout)?;
+            let stopped = match s.process {
+                Some(Process::Child(pid)) => {
+                    self.host.stop(pid, self.config.quit_timeout)?;
+                    true
+                }
+                _ => quit.is_ok(),
+            };
+            // The record goes with the daemon; an adopted daemon that was not reached keeps
+            // it (it may still run, and only its record lets anyone speak to it again).
+            if stopped {
+                self.host.set_record(&s.daemon, None)?;
             }
             info!(daemon = %id, "MPS control daemon stopped: no claim uses it");
         }
@@ -466,7 +543,7 @@ mod tests {
     /// A host where an earlier run left the daemon of `GPU-1`, its socket answering or not.
     fn with_leftover(answers: bool) -> Arc<FakeProcessHost> {
         let host = Arc::new(FakeProcessHost::new());
-        host.leftover_daemon(&daemon(&["GPU-1"]).pipe_dir, answers);
+        host.leftover_daemon(&daemon(&["GPU-1"]), answers);
         host
     }
 
@@ -650,6 +727,86 @@ mod tests {
         sup.check(t0).unwrap();
         sup.check(t0 + Duration::from_secs(1)).unwrap();
         assert_eq!(spawns(&host).len(), 1);
+    }
+
+    #[test]
+    fn a_started_daemon_is_recorded_and_its_record_goes_when_it_stops() {
+        let host = Arc::new(FakeProcessHost::new());
+        let (d, sup) = ensured_for_a(&host);
+        let pid = spawns(&host)[0].1;
+        assert_eq!(host.record(&d).unwrap().map(|r| r.pid), Some(pid));
+        sup.release("a").unwrap();
+        assert_eq!(host.record(&d).unwrap(), None);
+    }
+
+    #[test]
+    fn a_tenant_listening_on_a_leftover_daemons_socket_is_not_adopted_nor_sent_anything() {
+        let host = with_leftover(true);
+        let d = daemon(&["GPU-1"]);
+        host.impostor(&d, 666);
+        let sup = supervisor(&host);
+        let err = sup.ensure("a", &d).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::MpsPeer {
+                    mismatch: PeerMismatch::OtherProcess { found: 666, .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("nothing was sent"), "{err}");
+        assert!(host.commands().is_empty(), "{:?}", host.commands());
+        assert!(
+            spawns(&host).is_empty(),
+            "its socket is taken: no second daemon"
+        );
+        assert!(sup.daemons().unwrap().is_empty());
+    }
+
+    #[test]
+    fn quit_is_never_sent_to_a_tenant_that_took_over_the_socket_and_the_daemon_still_stops() {
+        let host = Arc::new(FakeProcessHost::new());
+        let (d, sup) = ensured_for_a(&host);
+        let pid = spawns(&host)[0].1;
+        host.impostor(&d, 666);
+        sup.release("a").unwrap();
+        assert!(host.commands().is_empty(), "{:?}", host.commands());
+        assert!(host.calls().contains(&HostCall::Stop(pid)));
+        assert!(!host.alive().contains(&pid));
+    }
+
+    #[test]
+    fn an_adopted_daemon_whose_socket_a_tenant_took_over_is_not_alive_and_not_readopted() {
+        let host = with_leftover(true);
+        let (d, sup) = ensured_for_a(&host);
+        host.impostor(&d, 666);
+        let t0 = Instant::now();
+        sup.check(t0).unwrap();
+        sup.check(t0 + Duration::from_secs(1)).unwrap();
+        assert!(spawns(&host).is_empty());
+        assert!(host.commands().is_empty());
+        assert_eq!(
+            sup.daemons().unwrap().len(),
+            1,
+            "still supervised, retried with backoff"
+        );
+    }
+
+    #[test]
+    fn the_plugin_waits_for_the_hosts_daemon_and_refuses_a_tenants_listener() {
+        let host = Arc::new(FakeProcessHost::new());
+        let d = daemon(&["GPU-1"]);
+        host.leftover_daemon(&d, true);
+        let hosted = HostedDaemons::new(
+            Arc::clone(&host) as Arc<dyn ProcessHost>,
+            Duration::from_millis(100),
+        );
+        hosted.ensure("a", &d).unwrap();
+        host.impostor(&d, 666);
+        let err = hosted.ensure("a", &d).unwrap_err();
+        assert!(matches!(err, Error::MpsPeer { .. }), "{err}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::node::cdi::MpsDaemon;
+use crate::node::mps::MpsDaemon;
 
 /// The file, in the daemon's directory, that records the running daemon.
 pub const RECORD_FILE: &str = "daemon.json";

@@ -223,8 +223,8 @@ pub fn claim_user(claim: &ResourceClaim, pods: &[Pod]) -> Result<Option<u32>, Us
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        PodResourceClaim, PodResourceClaimStatus, PodSecurityContext, PodSpec,
-        PodStatus, ResourceRequirements, SecurityContext,
+        PodResourceClaim, PodResourceClaimStatus, PodSecurityContext, PodSpec, PodStatus,
+        ResourceRequirements, SecurityContext,
     };
     use k8s_openapi::api::resource::v1::{ResourceClaimConsumerReference, ResourceClaimStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -261,12 +261,10 @@ mod tests {
         Container {
             name: name.to_owned(),
             resources: uses.then(|| ResourceRequirements {
-                claims: Some(vec![
-                    k8s_openapi::api::core::v1::ResourceClaim {
-                        name: "gpu".to_owned(),
-                        request: None,
-                    },
-                ]),
+                claims: Some(vec![k8s_openapi::api::core::v1::ResourceClaim {
+                    name: "gpu".to_owned(),
+                    request: None,
+                }]),
                 ..ResourceRequirements::default()
             }),
             security_context: run_as.map(|uid| SecurityContext {
@@ -351,7 +349,10 @@ mod tests {
         let b = pod("b", Some(2000), vec![container("main", true, None)]);
         let err = claim_user(&claim(&["a", "b"]), &[a, b]).unwrap_err();
         assert!(matches!(err.reason, UserReason::Mixed { .. }), "{err}");
-        assert!(err.to_string().contains("pod \"b\" container \"main\": 2000"));
+        assert!(
+            err.to_string()
+                .contains("pod \"b\" container \"main\": 2000")
+        );
     }
 
     #[test]

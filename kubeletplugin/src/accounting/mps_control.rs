@@ -3,7 +3,9 @@
 //! The real daemon is driven the way NVIDIA documents it, by writing commands to
 //! `nvidia-cuda-mps-control` run without arguments against the daemon's pipe directory
 //! ([`BinaryMpsControl`]); the binary talks to the daemon over the control socket, which is a
-//! `SOCK_SEQPACKET` unix socket (a stream socket is refused with `EPROTOTYPE`). The commands:
+//! `SOCK_SEQPACKET` unix socket (a stream socket is refused with `EPROTOTYPE`). Before each
+//! command the socket's peer is checked against the daemon's record (`crate::mps::record`):
+//! a tenant that replaced the socket is never asked, and its "done" never believed. The commands:
 //! `get_server_list` (the server pids, one a line), `get_client_list <server>` (its client pids,
 //! one a line) and `terminate_client <server> <client>` (ends that client's GPU work, frees its
 //! memory, and leaves the server's other clients running; seen on an H200, driver 580).
@@ -99,6 +101,7 @@ impl BinaryMpsControl {
     }
 
     fn ask(&self, daemon: &MpsDaemon, command: &str) -> Result<String> {
+        crate::mps::record::check(daemon)?;
         let (program, args) = mps::control_command(&self.launch, daemon);
         let binary = PathBuf::from(program);
         let mut child = Command::new(&binary)
@@ -448,6 +451,16 @@ mod tests {
         assert_eq!(fake.terminated(), [(7, 12)]);
     }
 
+    /// Listens on `d`'s control socket as its recorded daemon (this process), as the daemon a
+    /// supervisor started does; stops listening when dropped.
+    fn as_the_daemon(d: &MpsDaemon) -> OwnedFd {
+        std::fs::create_dir_all(&d.pipe_dir).unwrap();
+        let listener = socket::listen_at(Path::new(&mps::control_socket(d))).unwrap();
+        let me = crate::mps::record::of_child(d, std::process::id()).unwrap();
+        crate::mps::record::write(d, &me).unwrap();
+        listener
+    }
+
     /// Runs `f` again while the freshly written script is still busy (`ETXTBSY`: another
     /// test thread forked while the file was open for writing).
     fn unless_busy<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
@@ -482,6 +495,7 @@ mod tests {
             .unwrap();
         let control = BinaryMpsControl::new(&script, Duration::from_secs(10));
         let d = daemon(&dir.path().join("pipe"));
+        let _daemon = as_the_daemon(&d);
         assert_eq!(unless_busy(|| control.servers(&d)).unwrap(), [41, 42]);
         assert_eq!(control.clients(&d, 41).unwrap(), [100]);
         control.terminate(&d, 41, 100).unwrap();
@@ -511,7 +525,41 @@ mod tests {
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let control = BinaryMpsControl::new(&script, Duration::from_millis(200));
-        let err = unless_busy(|| control.servers(&daemon(dir.path()))).unwrap_err();
+        let d = daemon(&dir.path().join("pipe"));
+        let _daemon = as_the_daemon(&d);
+        let err = unless_busy(|| control.servers(&d)).unwrap_err();
         assert!(err.to_string().contains("did not answer"), "{err}");
+    }
+
+    #[test]
+    fn the_control_binary_is_not_run_against_a_socket_its_daemon_does_not_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("nvidia-cuda-mps-control");
+        let ran = dir.path().join("ran");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh
+touch {}
+echo 41
+",
+                ran.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let control = BinaryMpsControl::new(&script, Duration::from_secs(10));
+        let d = daemon(&dir.path().join("pipe"));
+        // The daemon was recorded as another process (this test's parent); this process, a
+        // tenant, listens on its socket.
+        std::fs::create_dir_all(&d.pipe_dir).unwrap();
+        let daemon_pid = std::os::unix::process::parent_id();
+        let recorded = crate::mps::record::of_child(&d, daemon_pid).unwrap();
+        crate::mps::record::write(&d, &recorded).unwrap();
+        let _tenant = socket::listen_at(Path::new(&mps::control_socket(&d))).unwrap();
+        let err = unless_busy(|| control.terminate(&d, 41, 100)).unwrap_err();
+        assert!(matches!(err, Error::MpsPeer { .. }), "{err}");
+        assert!(!ran.exists(), "the control binary never ran");
     }
 }

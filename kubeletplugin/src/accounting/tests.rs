@@ -195,19 +195,22 @@ async fn a_process_its_mps_server_does_not_list_is_killed() {
 }
 
 #[tokio::test]
-async fn a_process_still_there_after_terminate_client_is_killed_on_the_next_pass() {
+async fn a_process_nvml_still_lists_after_terminate_client_is_killed_in_the_same_pass() {
     let dir = tempfile::tempdir().unwrap();
-    let w = world(Some(daemon(dir.path())));
+    let mut w = world(Some(daemon(dir.path())));
+    w.accountant = w
+        .accountant
+        .with_terminate_confirm(Duration::from_millis(100));
     let mps = FakeMpsDaemon::start(dir.path(), FakeGpu::new()).unwrap();
     three_workers(&w);
     for pid in [301, 302, 303] {
         mps.add_client(77, pid);
     }
     // This daemon's terminate_client frees nothing on our GPU: the processes stay listed.
-    let first = w.accountant.pass(Instant::now()).await.unwrap();
-    assert_eq!(first.terminated, [303, 302]);
-    let second = w.accountant.pass(Instant::now()).await.unwrap();
-    assert_eq!(second.killed, [303, 302]);
+    let report = w.accountant.pass(Instant::now()).await.unwrap();
+    assert_eq!(mps.terminated(), [(77, 303), (77, 302)]);
+    assert_eq!(report.killed, [303, 302]);
+    assert!(report.terminated.is_empty());
     assert_eq!(w.gpu.pids(), BTreeSet::from([50, 301]));
 }
 

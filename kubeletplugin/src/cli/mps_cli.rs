@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use tessera_driver::node::mps::{Launch, Wrapper};
 use tracing::warn;
 
+use crate::claims::input_file;
 use crate::claims::preparer::CHECKPOINT_FILE;
 use crate::error::{Error, Result};
 use crate::gpus::driver_files;
@@ -161,10 +162,9 @@ impl Cli {
             }
             Command::Host(args) => {
                 init_logs(args.log_format);
-                let boot_id = std::fs::read_to_string(&args.boot_id_file)
-                    .with_context(|| {
-                        format!("reading the boot id from {}", args.boot_id_file.display())
-                    })?
+                // As the plugin reads it: a regular file of at most 64 MiB (`/dev/zero` here is
+                // an error, not a process growing until it runs out of memory).
+                let boot_id = input_file::read_text(&args.boot_id_file, "the boot id file")?
                     .trim()
                     .to_owned();
                 let mut config = MpsConfig::new("");
@@ -175,11 +175,22 @@ impl Cli {
                     &supervisor,
                     &HostConfig {
                         checkpoint: args.state_dir.join(CHECKPOINT_FILE),
+                        read: read_checkpoint,
                         boot_id,
                         interval: Duration::from_millis(args.interval_ms.max(10)),
                     },
                 )
             }
         }
+    }
+}
+
+/// The checkpoint at `path`, read as the plugin reads it (a regular file of at most 64 MiB);
+/// `None` when it does not exist.
+fn read_checkpoint(path: &Path) -> Result<Option<Vec<u8>>> {
+    match input_file::read(path, "the checkpoint") {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if input_file::is_missing(&e) => Ok(None),
+        Err(e) => Err(e),
     }
 }

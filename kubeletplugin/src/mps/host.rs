@@ -19,24 +19,27 @@ use tessera_driver::node::mps;
 use tracing::{debug, warn};
 
 use super::MpsSupervisor;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Where the host reads the checkpoint and how often.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
     /// The plugin's checkpoint file.
     pub checkpoint: PathBuf,
+    /// Reads it as the plugin reads its input files (a regular file of at most 64 MiB,
+    /// `crate::claims::input_file`); `None` when it does not exist.
+    pub read: fn(&Path) -> Result<Option<Vec<u8>>>,
     /// The current boot's id: a checkpoint of another boot records nothing.
     pub boot_id: String,
     /// Time between two passes.
     pub interval: Duration,
 }
 
-fn read(path: &Path, boot_id: &str) -> Result<Checkpoint> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Checkpoint::decode(&bytes, boot_id)?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::new(boot_id)),
-        Err(e) => Err(Error::io("reading", path, e)),
+/// The checkpoint `config` names; a missing one records nothing.
+fn read(config: &HostConfig) -> Result<Checkpoint> {
+    match (config.read)(&config.checkpoint)? {
+        Some(bytes) => Ok(Checkpoint::decode(&bytes, &config.boot_id)?),
+        None => Ok(Checkpoint::new(config.boot_id.clone())),
     }
 }
 
@@ -44,7 +47,7 @@ fn read(path: &Path, boot_id: &str) -> Result<Checkpoint> {
 /// needs, restart daemons that died. A checkpoint that cannot be read changes nothing (a
 /// daemon is never stopped because its claim could not be read). Blocking.
 pub fn pass(supervisor: &MpsSupervisor, config: &HostConfig) -> Result<()> {
-    let record = read(&config.checkpoint, &config.boot_id)?;
+    let record = read(config)?;
     let step = mps::reconcile(record.mps_daemons(), &supervisor.claims()?);
     for (claim, daemon) in &step.ensure {
         if let Err(e) = supervisor.ensure(claim, daemon) {

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use tessera_driver::node::host_dir::HostDir;
 use tessera_driver::node::mps;
 use tessera_driver::node::mps::ControlSocket;
+use tessera_driver::node::mps::MpsDaemon;
+use tessera_driver::node::mps_peer::{DaemonRecord, SocketPeer};
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -42,6 +44,13 @@ pub trait ProcessHost: Send + Sync + std::fmt::Debug {
     fn run(&self, spec: &ProcessSpec, input: &str, timeout: Duration) -> Result<String>;
     /// What connecting to the MPS control socket `path` finds (`SOCK_SEQPACKET`).
     fn probe(&self, path: &Path) -> ControlSocket;
+    /// The process listening on the control socket `path` (`SO_PEERCRED`, and its start time).
+    fn peer(&self, path: &Path) -> Result<SocketPeer>;
+    /// The record of the daemon started for `daemon` (`None`: none).
+    fn record(&self, daemon: &MpsDaemon) -> Result<Option<DaemonRecord>>;
+    /// Records the process `pid` just started as `daemon`; with `None`, removes the record (the
+    /// daemon was stopped).
+    fn set_record(&self, daemon: &MpsDaemon, pid: Option<u32>) -> Result<()>;
     /// Removes a file; a missing one is fine.
     fn remove_file(&self, path: &Path) -> Result<()>;
     /// Creates a host directory with its mode, from its root down, never following a link
@@ -170,6 +179,21 @@ impl ProcessHost for OsProcessHost {
         super::socket::probe(path)
     }
 
+    fn peer(&self, path: &Path) -> Result<SocketPeer> {
+        super::socket::peer(path)
+    }
+
+    fn record(&self, daemon: &MpsDaemon) -> Result<Option<DaemonRecord>> {
+        super::record::read(daemon)
+    }
+
+    fn set_record(&self, daemon: &MpsDaemon, pid: Option<u32>) -> Result<()> {
+        match pid {
+            Some(pid) => super::record::write(daemon, &super::record::of_child(daemon, pid)?),
+            None => super::record::remove(daemon),
+        }
+    }
+
     fn remove_file(&self, path: &Path) -> Result<()> {
         match std::fs::remove_file(path) {
             Ok(()) => Ok(()),
@@ -197,12 +221,16 @@ pub enum HostCall {
     CreateDir(PathBuf),
     /// A file was removed.
     RemoveFile(PathBuf),
+    /// A daemon's record was written (`Some`: the recorded pid) or removed (`None`).
+    Record(String, Option<u32>),
 }
 
 #[cfg(any(test, feature = "testing"))]
 /// Processes that exist only as records: spawned processes get ids from 100 up and answer on
 /// the daemon's control socket at once (unless told not to); [`FakeProcessHost::kill`] ends
-/// one and leaves its socket file behind, refusing connections, as a real crash does.
+/// one and leaves its socket file behind, refusing connections, as a real crash does. Every
+/// process runs as uid 0 and started at tick `10 × pid`; [`FakeProcessHost::impostor`] puts
+/// another process on a daemon's socket, as a tenant that replaced it.
 #[derive(Debug, Default)]
 pub struct FakeProcessHost {
     state: Mutex<FakeState>,
@@ -216,8 +244,16 @@ struct FakeState {
     alive: BTreeSet<u32>,
     /// Control sockets by path, with the daemon listening on each (`None`: a dead one's file).
     sockets: BTreeMap<PathBuf, Option<u32>>,
+    /// Daemon records by daemon id: the recorded pid.
+    records: BTreeMap<String, u32>,
     never_ready: bool,
     fail_spawn: bool,
+}
+
+/// The fake's start time of process `pid`.
+#[cfg(any(test, feature = "testing"))]
+fn fake_start(pid: u32) -> u64 {
+    u64::from(pid) * 10
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -263,18 +299,39 @@ impl FakeProcessHost {
         self.state().never_ready = true;
     }
 
-    /// Leaves a daemon of an earlier run on `pipe_dir`: its control socket exists and, when
-    /// `answering`, accepts connections (a daemon that is not this host's child).
-    pub fn leftover_daemon(&self, pipe_dir: &str, answering: bool) {
+    /// Leaves `daemon` from an earlier run, as process 1 with its record: its control socket
+    /// exists and, when `answering`, accepts connections (a daemon that is not this host's
+    /// child).
+    pub fn leftover_daemon(&self, daemon: &MpsDaemon, answering: bool) {
         let mut s = self.state();
         let pid = 1;
         if answering {
             s.alive.insert(pid);
         }
+        s.records.insert(daemon.id.clone(), pid);
         s.sockets.insert(
-            PathBuf::from(format!("{pipe_dir}/{}", mps::CONTROL_SOCKET)),
+            PathBuf::from(mps::control_socket(daemon)),
             answering.then_some(pid),
         );
+    }
+
+    /// Process `pid` (a tenant's) unlinked `daemon`'s control socket and listens there itself;
+    /// a control command run there reaches it (and it answers "done").
+    pub fn impostor(&self, daemon: &MpsDaemon, pid: u32) {
+        self.state()
+            .sockets
+            .insert(PathBuf::from(mps::control_socket(daemon)), Some(pid));
+    }
+
+    /// The control commands run so far: what was written to each.
+    pub fn commands(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                HostCall::Run(_, input) => Some(input),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Makes later spawns fail (a missing binary).
@@ -347,6 +404,44 @@ impl ProcessHost for FakeProcessHost {
             Some(None) => ControlSocket::Refused,
             Some(Some(_)) => ControlSocket::Answers,
         }
+    }
+
+    fn peer(&self, path: &Path) -> Result<SocketPeer> {
+        match self.state().sockets.get(path) {
+            Some(Some(pid)) => Ok(SocketPeer {
+                pid: *pid,
+                uid: 0,
+                start_ticks: Some(fake_start(*pid)),
+            }),
+            _ => Err(Error::io(
+                "connecting to",
+                path,
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            )),
+        }
+    }
+
+    fn record(&self, daemon: &MpsDaemon) -> Result<Option<DaemonRecord>> {
+        Ok(self
+            .state()
+            .records
+            .get(&daemon.id)
+            .map(|&pid| DaemonRecord {
+                daemon_id: daemon.id.clone(),
+                pid,
+                uid: 0,
+                start_ticks: fake_start(pid),
+            }))
+    }
+
+    fn set_record(&self, daemon: &MpsDaemon, pid: Option<u32>) -> Result<()> {
+        let mut s = self.state();
+        match pid {
+            Some(pid) => s.records.insert(daemon.id.clone(), pid),
+            None => s.records.remove(&daemon.id),
+        };
+        s.calls.push(HostCall::Record(daemon.id.clone(), pid));
+        Ok(())
     }
 
     fn remove_file(&self, path: &Path) -> Result<()> {

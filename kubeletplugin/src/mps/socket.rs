@@ -7,10 +7,11 @@ use std::path::Path;
 
 use nix::errno::Errno;
 use nix::sys::socket::{
-    AddressFamily, Backlog, MsgFlags, SockFlag, SockType, UnixAddr, accept, bind, connect, listen,
-    recv, send, socket,
+    AddressFamily, Backlog, MsgFlags, SockFlag, SockType, UnixAddr, accept, bind, connect,
+    getsockopt, listen, recv, send, socket, sockopt,
 };
 use tessera_driver::node::mps::ControlSocket;
+use tessera_driver::node::mps_peer::{self, SocketPeer};
 
 use crate::error::{Error, Result};
 
@@ -51,6 +52,29 @@ pub fn probe(path: &Path) -> ControlSocket {
         // ECONNREFUSED: a socket file nobody listens on; EPROTOTYPE: not a control socket.
         Err(_) => ControlSocket::Refused,
     }
+}
+
+/// Who listens on the control socket at `path`: connects (sending nothing), asks the kernel for
+/// the listening process's pid and uid (`SO_PEERCRED`), and reads that process's start time
+/// from `/proc`, so that [`mps_peer::check_peer`] can tell the daemon from anyone else.
+pub fn peer(path: &Path) -> Result<SocketPeer> {
+    let fd = connect_to(path)?;
+    let cred = getsockopt(&fd, sockopt::PeerCredentials)
+        .map_err(|e| io("reading the peer of", path, e))?;
+    // A pid of 0: the listener is outside this process's PID namespace (never the daemon).
+    let pid = u32::try_from(cred.pid()).unwrap_or(0);
+    let start_ticks = if pid == 0 {
+        None
+    } else {
+        std::fs::read(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| mps_peer::stat_start_ticks(&stat))
+    };
+    Ok(SocketPeer {
+        pid,
+        uid: cred.uid(),
+        start_ticks,
+    })
 }
 
 /// Listens on a new control socket at `path` (the fake daemon's side).
@@ -108,6 +132,19 @@ mod tests {
             ControlSocket::Refused,
             "the file of a daemon that died"
         );
+    }
+
+    #[test]
+    fn the_peer_of_a_control_socket_is_the_process_that_listens_with_its_start_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control");
+        let _listener = listen_at(&path).unwrap();
+        let me = peer(&path).unwrap();
+        assert_eq!(me.pid, std::process::id());
+        assert_eq!(me.uid, rustix::process::geteuid().as_raw());
+        let stat = std::fs::read("/proc/self/stat").unwrap();
+        assert_eq!(me.start_ticks, mps_peer::stat_start_ticks(&stat));
+        assert!(me.start_ticks.is_some());
     }
 
     #[test]
