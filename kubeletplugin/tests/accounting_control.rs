@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tessera_driver::node::mps::MpsDaemon;
 use tessera_kubelet_plugin::accounting::{BinaryMpsControl, MpsControl};
 use tessera_kubelet_plugin::mps::fake_control::TERMINATED_EXIT;
+use tessera_kubelet_plugin::mps::record;
 
 const FAKE_MPS: &str = env!("CARGO_BIN_EXE_tessera-fake-mps-control");
 
@@ -65,6 +66,8 @@ fn terminate_client_through_the_control_binary_ends_one_client_and_leaves_the_ot
     };
     let mut children = Reaped(vec![fake(&["-f"], &pipe)]);
     let server = children.0[0].id();
+    // As a supervisor records the daemon it starts: commands go only to the recorded daemon.
+    record::write(&daemon, &record::of_child(&daemon, server).unwrap()).unwrap();
     eventually("the control socket", || {
         pipe.join("control").exists().then_some(())
     });

@@ -14,6 +14,8 @@ use tessera_kubelet_plugin::claims::crash;
 use tessera_proto::dra::v1;
 use tonic::transport::Channel;
 
+pub mod mps;
+
 pub const DRIVER: &str = "gpu.tessera.dev";
 pub const NODE: &str = "a100-node";
 /// The boot id of the suites' nodes.
