@@ -40,6 +40,8 @@ command -v python3 >/dev/null 2>&1 || fail "python3 is missing"
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
     fail "PyTorch with CUDA is missing (python3 -c 'import torch')"
 command -v unshare >/dev/null 2>&1 || fail "unshare (util-linux) is missing"
+# The step with two share pods of different users runs one of them as uid 1000 through setpriv.
+command -v setpriv >/dev/null 2>&1 || fail "setpriv (util-linux) is missing"
 
 bin_dir=${TESSERA_BIN_DIR:-$repo/.gpu-bin}
 for tool in tessera tessera-kubelet-plugin tessera-mps tessera-fake-apiserver tessera-fake-kubelet; do

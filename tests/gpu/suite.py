@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -65,6 +66,7 @@ class Suite:
         self.kubeconfig = self.work / "kubeconfig"
         self.prepared = {}
         self.cgroups = []
+        self.shared = None
         for d in (self.out, self.logs, self.work):
             d.mkdir(parents=True, exist_ok=True)
 
@@ -107,7 +109,7 @@ class Suite:
 
     # --- the fake API server ---------------------------------------------------------------
 
-    def api(self, method, path, body=None):
+    def api(self, method, path, body=None, missing_ok=False):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.api_url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -115,6 +117,8 @@ class Suite:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as e:
+            if missing_ok and e.code == 404:
+                return {}
             raise StepError(f"{method} {path}: HTTP {e.code}: {e.read()[:300]!r}") from e
 
     def start_apiserver(self):
@@ -252,9 +256,27 @@ class Suite:
             }},
         }
 
-    def allocate_and_prepare(self, claims):
+    def pod(self, name, claim, user):
+        """Pod `name` on the node, whose one container uses `claim` and runs as `user` (the
+        plugin reads it to pick the claim's MPS daemon: one per GPU set and user)."""
+        self.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", missing_ok=True)
+        return self.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "nodeName": NODE,
+                "securityContext": {"runAsUser": user},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                "containers": [{"name": "work", "image": "tessera-acceptance",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        })
+
+    def allocate_and_prepare(self, claims, users=None):
         """`tessera allocate` on the published slices, the claims stored with their allocation and
-        a pod each, then prepared through the kubelet gRPC API. Returns name -> claim record."""
+        a pod each (running as `users[name]`, root by default), then prepared through the kubelet
+        gRPC API. Returns name -> claim record."""
+        users = users or {}
         docs = []
         for f in ("gpu.yaml", "shared-gpu.yaml", "batch-gpu.yaml"):
             docs.append((REPO / "deviceclasses" / f).read_text())
@@ -278,14 +300,16 @@ class Suite:
         for c in claims:
             name = c["metadata"]["name"]
             created = self.api("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", c)
-            pod_uid = str(uuid.uuid4())
+            user = users.get(name, 0)
+            pod = self.pod(f"{name}-pod", name, user)
+            pod_uid = pod["metadata"].get("uid") or str(uuid.uuid4())
             created["status"] = {
                 "allocation": results[name]["allocation"],
                 "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": pod_uid}],
             }
             stored = self.api("PUT", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}/status", created)
             records[name] = {"name": name, "uid": stored["metadata"]["uid"], "pod_uid": pod_uid,
-                             "allocation": results[name]["allocation"]}
+                             "user": user, "allocation": results[name]["allocation"]}
         answer = self.kubelet("prepare", list(records.values()))
         for rec in records.values():
             got = answer.get(rec["uid"], {})
@@ -302,6 +326,7 @@ class Suite:
         answer = self.kubelet("unprepare", recs)
         for rec in recs:
             self.api("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{rec['name']}")
+            self.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{rec['name']}-pod", missing_ok=True)
             if answer.get(rec["uid"], {}).get("error"):
                 raise StepError(f"unprepare {rec['name']}: {answer[rec['uid']]['error']}")
 
@@ -310,7 +335,8 @@ class Suite:
     def container(self, rec, argv, pod_cgroup=False):
         """`argv` in the claim's container: the CDI spec's env and bind mounts in a private mount
         namespace (as a runtime applies them); with `pod_cgroup`, in a cgroup named after the
-        claim's pod the way kubelet's cgroupfs driver names it."""
+        claim's pod the way kubelet's cgroupfs driver names it; as the pod's user (`setpriv`
+        after the mounts, as a runtime starts the process as `runAsUser`)."""
         uid = rec["uid"]
         spec_path = self.work / "cdi" / f"k8s.gpu.tessera.dev-claim_{uid.replace('/', '_')}.json"
         spec = json.loads(spec_path.read_text())
@@ -341,9 +367,23 @@ class Suite:
             script.append(f"if [ -d {q_host} ]; then mkdir -p {q_inside}; "
                           f"else mkdir -p \"$(dirname {q_inside})\"; touch {q_inside}; fi")
             script.append(f"mount --bind {q_host} {q_inside}")
-        script.append('exec "$@"')
+        user = rec.get("user", 0)
+        if user:
+            env["HOME"] = str(self.users_dir())
+            script.append(f"exec setpriv --reuid {int(user)} --regid {int(user)} --clear-groups -- \"$@\"")
+        else:
+            script.append('exec "$@"')
         return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
                 "\n".join(script), "container"] + argv, env
+
+    def mps_pipe_dirs(self, rec):
+        """The host pipe directories the claim's CDI spec binds at /tmp/nvidia-mps."""
+        spec_path = self.work / "cdi" / f"k8s.gpu.tessera.dev-claim_{rec['uid'].replace('/', '_')}.json"
+        spec = json.loads(spec_path.read_text())
+        edits = [spec.get("containerEdits") or {}]
+        edits += [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+        return sorted({m["hostPath"] for e in edits for m in e.get("mounts", [])
+                       if m["containerPath"] == "/tmp/nvidia-mps"})
 
     def in_container(self, rec, argv, timeout, pod_cgroup=False):
         cmd, env = self.container(rec, argv, pod_cgroup)
@@ -358,8 +398,19 @@ class Suite:
         cmd, env = self.container(rec, argv, pod_cgroup)
         return self.spawn(cmd, log, env=env)
 
+    def users_dir(self):
+        """A directory every user can read and write (the HOME of a workload that is not root's):
+        the workloads run from a copy there, since the repository and the scratch directories
+        may sit where only root may look."""
+        if self.shared is None:
+            self.shared = pathlib.Path(tempfile.mkdtemp(prefix="tessera-gpu-users."))
+            self.shared.chmod(0o1777)
+            shutil.copy(HERE / "workloads" / "workloads.py", self.shared / "workloads.py")
+            (self.shared / "workloads.py").chmod(0o644)
+        return self.shared
+
     def workload(self, *args):
-        return [sys.executable, str(HERE / "workloads" / "workloads.py"), *args]
+        return [sys.executable, str(self.users_dir() / "workloads.py"), *args]
 
     def mem_probe(self, api="runtime"):
         probe = self.out / "mem_probe"
@@ -530,6 +581,51 @@ class Suite:
         finally:
             self.release(list(recs))
 
+    def s_two_users(self):
+        """Two share pods on one GPU, one running as root and one as uid 1000. One MPS control
+        daemon serves one user at a time (a client of another user waits until the first user's
+        clients are gone), so the node runs one daemon per GPU set and user: both must make
+        progress at once."""
+        other = 1000
+        rc, _, err = self.run(["setpriv", "--reuid", str(other), "--regid", str(other),
+                               "--clear-groups", "--", sys.executable, "-c", "import torch"],
+                              timeout=60, env={**os.environ, "HOME": str(self.users_dir())})
+        if rc != 0:
+            return "SKIP", f"uid {other} cannot import PyTorch here: {err.strip()[-200:]}"
+        recs = self.allocate_and_prepare([
+            self.claim("as-root", "shared.gpu.tessera.dev", "10Gi", 50),
+            self.claim("as-user", "shared.gpu.tessera.dev", "10Gi", 50),
+        ], users={"as-root": 0, "as-user": other})
+        try:
+            pipes = {n: self.mps_pipe_dirs(rec) for n, rec in recs.items()}
+            procs = {n: self.popen_container(recs[n], self.workload("matmul", "--seconds", "10"),
+                                             f"users-{n}.log") for n in recs}
+            out = {}
+            for n, p in procs.items():
+                try:
+                    p.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                lines = (self.logs / f"users-{n}.log").read_text().strip().splitlines()
+                try:
+                    out[n] = json.loads(lines[-1]) if lines else {}
+                except json.JSONDecodeError:
+                    out[n] = {"raw": lines[-1][-200:]}
+                out[n]["exit"] = p.returncode
+            a, b = out["as-root"], out["as-user"]
+            overlap = 0.0
+            if all(k in a and k in b for k in ("began", "ended")):
+                overlap = min(a["ended"], b["ended"]) - max(a["began"], b["began"])
+            own = pipes["as-root"] != pipes["as-user"]
+            ok = a["exit"] == 0 and b["exit"] == 0 and overlap > 5 and own
+            return ("PASS" if ok else "FAIL"), (
+                f"root: exit {a['exit']}, {a.get('tflops')} TFLOP/s; uid {other}: exit {b['exit']}, "
+                f"{b.get('tflops')} TFLOP/s; their 10 s loops overlapped {overlap:.1f} s; "
+                f"own MPS daemons: {own} ({pipes})")
+        finally:
+            self.release(list(recs))
+
     def s_hami(self):
         if not self.args.hami_library:
             return "SKIP", "no libvgpu.so given (--hami-library)"
@@ -565,6 +661,8 @@ class Suite:
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        if self.shared is not None:
+            shutil.rmtree(self.shared, ignore_errors=True)
         # The cgroup directories this run made, deepest first (a cgroup goes once it is empty).
         for d in reversed(self.cgroups):
             try:
@@ -594,6 +692,7 @@ class Suite:
             ("unprepare stops the daemon", 25, self.s_unprepare),
             ("online latency beside batch (shipped tiers)", 40, self.s_latency),
             ("two processes over one booking (item 3)", 50, self.s_accounting),
+            ("two share pods of different users on one GPU (MPS per user)", 60, self.s_two_users),
             ("HAMi-core memory limit", 60, self.s_hami),
         ]
         if self.args.plumbing:
