@@ -131,6 +131,7 @@ pub fn decide_gate(
     class: &mut dyn FnMut(&str) -> Result<Option<res::DeviceClass>, String>,
 ) -> GateDecision {
     let mut decision = GateDecision::default();
+    let mut gated_entries: BTreeSet<&str> = BTreeSet::new();
     let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref());
     let already = gates
         .into_iter()
@@ -170,9 +171,13 @@ pub fn decide_gate(
                 decision
                     .reasons
                     .push(format!("{} uses class {class_name}", entry.reference));
+                gated_entries.insert(entry.name.as_str());
             }
         }
     }
+    decision
+        .warnings
+        .extend(mps_user_warnings(pod, claims, &gated_entries));
     if decision.reasons.is_empty() {
         return decision;
     }
@@ -209,6 +214,61 @@ pub fn decide_gate(
         },
     });
     decision
+}
+
+/// What a node that enforces shares with MPS will refuse about `pod`'s user, said at creation
+/// (`crate::node::mps_user`): a container that uses one of the Tessera claims in `gated` with no
+/// `runAsUser` at container or pod level, or a pod in a user namespace. An MPS daemon serves one
+/// Unix user, so such a node runs one per GPU set and user and must know the user at prepare.
+fn mps_user_warnings(pod: &core::Pod, claims: &[PodClaim], gated: &BTreeSet<&str>) -> Vec<String> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let pod_user = spec.security_context.as_ref().and_then(|s| s.run_as_user);
+    let mut warnings = Vec::new();
+    for entry in claims.iter().filter(|e| gated.contains(e.name.as_str())) {
+        let users: Vec<&core::Container> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .filter(|c| {
+                c.resources
+                    .iter()
+                    .flat_map(|r| r.claims.iter().flatten())
+                    .any(|c| c.name == entry.name)
+            })
+            .collect();
+        if users.is_empty() {
+            continue;
+        }
+        if spec.host_users == Some(false) {
+            warnings.push(format!(
+                "the pod runs in a user namespace (hostUsers: false) and uses {}: a node that \
+                 enforces GPU shares with MPS refuses to prepare it, since it cannot know the \
+                 host uid the pod's processes get (an MPS daemon serves one Unix user)",
+                entry.reference
+            ));
+            continue;
+        }
+        for container in users {
+            let user = container
+                .security_context
+                .as_ref()
+                .and_then(|s| s.run_as_user)
+                .or(pod_user);
+            if user.is_none() {
+                warnings.push(format!(
+                    "container {} uses {} and sets no securityContext.runAsUser (nor does the \
+                     pod): a node that enforces GPU shares with MPS refuses to prepare it, since \
+                     an MPS daemon serves one Unix user and the node cannot know the image's \
+                     user; set runAsUser (0 for an image that runs as root)",
+                    container.name, entry.reference
+                ));
+            }
+        }
+    }
+    warnings
 }
 
 #[cfg(test)]
@@ -262,6 +322,58 @@ mod tests {
     /// [`decide_gate`] for `pod` with one claim entry from `source`, where no class is found.
     fn decide(pod: &core::Pod, source: ClaimSource) -> GateDecision {
         decide_gate(pod, &entry(source), &mut |_| Ok(None))
+    }
+
+    /// [`pod`] whose container uses the claim entry, with the pod's and the container's
+    /// `runAsUser`.
+    fn pod_using_the_claim(pod_user: Option<i64>, container_user: Option<i64>) -> core::Pod {
+        let mut p = pod(None, None);
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0] = serde_json::from_value(json!({
+            "name": "c", "image": "i",
+            "resources": {"claims": [{"name": "gpu"}]},
+            "securityContext": container_user.map(|u| json!({"runAsUser": u})),
+        }))
+        .unwrap();
+        spec.security_context =
+            pod_user.map(|u| serde_json::from_value(json!({"runAsUser": u})).unwrap());
+        p
+    }
+
+    #[test]
+    fn a_share_container_without_a_user_is_warned_that_an_mps_node_refuses_it() {
+        let d = decide(
+            &pod_using_the_claim(None, None),
+            ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])),
+        );
+        assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+        assert!(
+            d.warnings[0].starts_with("container c uses ResourceClaim train and sets no"),
+            "{}",
+            d.warnings[0]
+        );
+        assert!(d.gated, "a warning, never a refusal");
+        for (pod_user, container_user) in [(Some(1000), None), (None, Some(0))] {
+            let d = decide(
+                &pod_using_the_claim(pod_user, container_user),
+                ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])),
+            );
+            assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        }
+        let d = decide(
+            &pod_using_the_claim(None, None),
+            ClaimSource::Claim(spec(&[names::CLASS_GPU])),
+        );
+        assert!(d.warnings.is_empty(), "whole GPUs need no MPS daemon");
+    }
+
+    #[test]
+    fn a_share_pod_in_a_user_namespace_is_warned() {
+        let mut p = pod_using_the_claim(Some(0), None);
+        p.spec.as_mut().unwrap().host_users = Some(false);
+        let d = decide(&p, ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])));
+        assert_eq!(d.warnings.len(), 1);
+        assert!(d.warnings[0].contains("hostUsers: false"), "{}", d.warnings[0]);
     }
 
     #[test]
