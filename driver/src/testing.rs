@@ -86,6 +86,7 @@ pub fn mps_daemon(uuids: &[&str]) -> MpsDaemon {
         log_dir: format!("/var/log/tessera/mps/{id}"),
         id,
         devices: uuids.iter().map(|u| (*u).to_owned()).collect(),
+        user: None,
     }
 }
 

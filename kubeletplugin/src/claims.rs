@@ -25,6 +25,7 @@ pub mod reaper;
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::error::{Error, Result};
@@ -120,10 +121,20 @@ pub trait ClaimSource: Send + Sync {
     async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim>;
 }
 
-/// A fixed set of claims, for tests and for running the plugin without an API server.
+/// Fetches the pods a claim is reserved for, so that the node knows which Unix user their
+/// containers run as (one MPS daemon per GPU set and user: `tessera_driver::node::mps_user`).
+#[tonic::async_trait]
+pub trait PodSource: Send + Sync {
+    /// Pod `namespace/name`; `None` when it does not exist.
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>>;
+}
+
+/// A fixed set of claims (and pods), for tests and for running the plugin without an API
+/// server.
 #[derive(Debug, Clone, Default)]
 pub struct FakeClaimSource {
     claims: BTreeMap<(String, String), ResourceClaim>,
+    pods: BTreeMap<(String, String), Pod>,
 }
 
 impl FakeClaimSource {
@@ -141,8 +152,17 @@ impl FakeClaimSource {
         self.claims.insert(key, claim);
     }
 
-    /// Reads every ResourceClaim of a YAML stream (any served resource.k8s.io version);
-    /// other objects are skipped.
+    /// Adds or replaces a pod, keyed by its namespace and name.
+    pub fn insert_pod(&mut self, pod: Pod) {
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        self.pods.insert(key, pod);
+    }
+
+    /// Reads every ResourceClaim (any served resource.k8s.io version) and Pod of a YAML
+    /// stream; other objects are skipped.
     pub fn from_yaml(text: &str, context: &str) -> Result<Self> {
         use serde::Deserialize as _;
         let mut source = Self::new();
@@ -156,13 +176,13 @@ impl FakeClaimSource {
             if value.is_null() {
                 continue;
             }
-            if let tessera_driver::apiversion::Object::ResourceClaim(claim) =
-                tessera_driver::apiversion::decode_document(
-                    value,
-                    &format!("{context} document {i}"),
-                )?
-            {
-                source.insert(claim);
+            match tessera_driver::apiversion::decode_document(
+                value,
+                &format!("{context} document {i}"),
+            )? {
+                tessera_driver::apiversion::Object::ResourceClaim(claim) => source.insert(claim),
+                tessera_driver::apiversion::Object::Pod(pod) => source.insert_pod(pod),
+                _ => {}
             }
         }
         Ok(source)
@@ -188,6 +208,16 @@ impl FakeClaimSource {
 impl ClaimSource for FakeClaimSource {
     async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
         self.get(claim)
+    }
+}
+
+#[tonic::async_trait]
+impl PodSource for FakeClaimSource {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+        Ok(self
+            .pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned())
     }
 }
 

@@ -136,6 +136,11 @@ pub enum Error {
         mismatch: tessera_driver::node::mps_peer::PeerMismatch,
     },
 
+    /// The Unix user a share claim's containers run as cannot be told, so the node cannot pick
+    /// its MPS daemon (one per GPU set and user).
+    #[error("{0}")]
+    MpsUser(tessera_driver::node::mps_user::UserRefusal),
+
     /// Encoding the metrics failed.
     #[error("metrics: {0}")]
     Metrics(String),
@@ -181,6 +186,10 @@ impl Error {
                 | Self::Shared(_)
                 | Self::Api { .. }
                 | Self::Mps(_)
+                | Self::MpsUser(tessera_driver::node::mps_user::UserRefusal {
+                    reason: tessera_driver::node::mps_user::UserReason::NoPod,
+                    ..
+                })
                 | Self::Nvml { .. }
                 | Self::Driver(tessera_driver::Error::DeviceHeld { .. })
         )

@@ -63,6 +63,7 @@ fn terminate_client_through_the_control_binary_ends_one_client_and_leaves_the_ot
         pipe_dir: pipe.display().to_string(),
         shm_dir: dir.path().join("shm").display().to_string(),
         log_dir: dir.path().join("log").display().to_string(),
+        user: None,
     };
     let mut children = Reaped(vec![fake(&["-f"], &pipe)]);
     let server = children.0[0].id();

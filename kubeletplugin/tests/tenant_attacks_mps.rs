@@ -18,8 +18,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_driver::node::cdi::MpsDaemon;
 use tessera_driver::node::checkpoint::{Checkpoint, ClaimEntry, HeldDevice, PrepareState};
+use tessera_driver::node::mps::MpsDaemon;
 use tessera_kubelet_plugin::accounting::{
     Accountant, BinaryMpsControl, FakeGpu, HostProcesses, PreparedClaims, ProcFs, Seams,
 };
@@ -36,7 +36,10 @@ const POD: &str = "0c6f33a4-5e2b-4a1b-9e0c-51d4b2a3f7e1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_prepared_after_a_tenant_took_over_the_control_socket_is_refused() {
-    let mut node = MpsNode::new(&[share_claim("first", "uid-a"), share_claim("second", "uid-b")]);
+    let mut node = MpsNode::new(&[
+        share_claim("first", "uid-a"),
+        share_claim("second", "uid-b"),
+    ]);
     let _host = node.host();
     let mut plugin = node.plugin("host");
     let mut dra = node.connect(&mut plugin).await;
@@ -171,6 +174,7 @@ fn daemon_in(dir: &Path) -> MpsDaemon {
         pipe_dir: base.join("pipe").display().to_string(),
         shm_dir: base.join("shm").display().to_string(),
         log_dir: dir.join("log").display().to_string(),
+        user: None,
     }
 }
 
@@ -228,7 +232,11 @@ async fn a_tenant_answering_done_on_the_socket_does_not_save_its_over_booked_pro
     let report = accountant.pass(Instant::now()).await.unwrap();
     assert_eq!(report.killed, [pid], "{report:?}");
     assert!(report.terminated.is_empty(), "{report:?}");
-    assert_eq!(exit_signal(&mut over.0), Some(9), "killed through its pidfd");
+    assert_eq!(
+        exit_signal(&mut over.0),
+        Some(9),
+        "killed through its pidfd"
+    );
     assert!(tenant.received().is_empty(), "{:?}", tenant.received());
 }
 

@@ -373,7 +373,11 @@ mod tests {
         p.spec.as_mut().unwrap().host_users = Some(false);
         let d = decide(&p, ClaimSource::Claim(spec(&[names::CLASS_SHARED_GPU])));
         assert_eq!(d.warnings.len(), 1);
-        assert!(d.warnings[0].contains("hostUsers: false"), "{}", d.warnings[0]);
+        assert!(
+            d.warnings[0].contains("hostUsers: false"),
+            "{}",
+            d.warnings[0]
+        );
     }
 
     #[test]

@@ -313,8 +313,19 @@ pub struct Rendered {
 /// Renders a prepared claim for a node enforcing shares with `enforcement`.
 ///
 /// Whole GPUs and MIG instances get their device nodes only; when the claim holds at least one
-/// share, the backend's settings are added claim-wide (none for [`Enforcement::None`]).
+/// share, the backend's settings are added claim-wide (none for [`Enforcement::None`]). Under
+/// MPS the claim's daemon serves any user ([`render_for_user`] names one).
 pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Rendered> {
+    render_for_user(claim, enforcement, None)
+}
+
+/// [`render`], where under MPS the claim's daemon is the one of its GPU set for the Unix user
+/// `mps_user` its containers run as (`crate::node::mps_user`; `None`: any user).
+pub fn render_for_user(
+    claim: &PreparedClaim,
+    enforcement: &Enforcement,
+    mps_user: Option<u32>,
+) -> Result<Rendered> {
     let who = claim.display_name();
     let plan = Plan::new(claim)?;
     enforcement.validate(&who)?;
@@ -355,7 +366,8 @@ pub fn render(claim: &PreparedClaim, enforcement: &Enforcement) -> Result<Render
                 pipe_dir_root,
                 log_dir_root,
             } => {
-                let daemon = enforcement::mps_daemon(pipe_dir_root, log_dir_root, &plan.cuda);
+                let daemon =
+                    enforcement::mps_daemon(pipe_dir_root, log_dir_root, &plan.cuda, mps_user);
                 let edits = enforcement::mps_edits(&daemon, &plan.cuda, plan.tier);
                 mps_daemon = Some(daemon);
                 edits

@@ -32,11 +32,12 @@ pub const FIRST_RESTART_DELAY: Duration = Duration::from_secs(1);
 /// The longest delay before a daemon that died is started again.
 pub const MAX_RESTART_DELAY: Duration = Duration::from_mins(1);
 
-/// An MPS control daemon serving one set of CUDA devices.
+/// An MPS control daemon serving one set of CUDA devices (for one Unix user).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsDaemon {
-    /// [`mps_daemon_id`] of `devices`.
+    /// [`mps_daemon_id`] of `devices`, with `-u<uid>` when the daemon serves one user
+    /// ([`mps_user_daemon_id`]).
     pub id: String,
     /// The devices' UUIDs in the order the daemon must list them in `CUDA_VISIBLE_DEVICES`:
     /// clients number devices in this order, and the spec's per-device limits use it.
@@ -52,6 +53,11 @@ pub struct MpsDaemon {
     pub shm_dir: String,
     /// Host log directory (`CUDA_MPS_LOG_DIRECTORY` of the daemon).
     pub log_dir: String,
+    /// The Unix user whose clients the daemon serves (`crate::node::mps_user`): an MPS daemon
+    /// runs a server for one user at a time. `None`: any user (a node with `--mps-users single`,
+    /// and daemons recorded before daemons were per user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<u32>,
 }
 
 /// The id of the MPS daemon serving a set of CUDA device UUIDs: `mps-` and 32 hex digits of a
@@ -68,6 +74,20 @@ where
     let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"mps.gpu.tessera.dev");
     let id = uuid::Uuid::new_v5(&namespace, set.join(",").as_bytes());
     format!("mps-{}", id.simple())
+}
+
+/// The id of the daemon serving the set `uuids` for `user`: [`mps_daemon_id`], followed by
+/// `-u<uid>` when the daemon serves one user.
+pub fn mps_user_daemon_id<I, S>(uuids: I, user: Option<u32>) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let id = mps_daemon_id(uuids);
+    match user {
+        Some(uid) => format!("{id}-u{uid}"),
+        None => id,
+    }
 }
 
 /// A daemon the recorded claims need, with the claims that use it.

@@ -197,8 +197,21 @@ pub fn prepare_and_render(
     node: &NodeInventory,
     enforcement: &cdi::Enforcement,
 ) -> Result<(PreparedClaim, cdi::Rendered)> {
+    prepare_and_render_for_user(claim, driver, node, enforcement, None)
+}
+
+/// [`prepare_and_render`] for a claim whose containers run as the Unix user `mps_user`
+/// (`crate::node::mps_user::claim_user`): under MPS its daemon is the one of its GPU set and
+/// that user ([`cdi::render_for_user`]).
+pub fn prepare_and_render_for_user(
+    claim: &res::ResourceClaim,
+    driver: &str,
+    node: &NodeInventory,
+    enforcement: &cdi::Enforcement,
+    mps_user: Option<u32>,
+) -> Result<(PreparedClaim, cdi::Rendered)> {
     let prepared = prepare_on_node(claim, driver, node)?;
-    let mut rendered = cdi::render(&prepared, enforcement)?;
+    let mut rendered = cdi::render_for_user(&prepared, enforcement, mps_user)?;
     cdi::device_plugin_env::add_device_plugin_env(&mut rendered.spec, claim, &prepared, node);
     Ok((prepared, rendered))
 }

@@ -413,6 +413,7 @@ mod tests {
             pipe_dir: pipe.display().to_string(),
             shm_dir: pipe.join("shm").display().to_string(),
             log_dir: pipe.join("log").display().to_string(),
+            user: None,
         }
     }
 

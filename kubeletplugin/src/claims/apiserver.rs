@@ -5,12 +5,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DynamicObject};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
 use tessera_driver::names;
 
-use crate::claims::{ClaimRef, ClaimSource};
+use crate::claims::{ClaimRef, ClaimSource, PodSource};
 use crate::error::{Error, Result};
 
 /// Fetches claims from the API server in the served resource.k8s.io version.
@@ -118,5 +119,28 @@ impl ClaimSource for ApiClaimSource {
                     message: format!("no answer within {:?}", self.timeout),
                 })
             })
+    }
+}
+
+#[tonic::async_trait]
+impl PodSource for ApiClaimSource {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+        let action = || {
+            format!(
+                "getting pod {}/{}",
+                namespace.escape_debug(),
+                name.escape_debug()
+            )
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        match tokio::time::timeout(self.timeout, api.get_opt(name)).await {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => Err(Error::api(action(), &e)),
+            Err(_) => Err(Error::Api {
+                action: action(),
+                code: None,
+                message: format!("no answer within {:?}", self.timeout),
+            }),
+        }
     }
 }

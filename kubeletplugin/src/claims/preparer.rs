@@ -6,6 +6,9 @@
 //! everything else runs on one blocking worker: `tessera_driver::node::prepare::prepare_and_render`
 //! maps each allocation onto the node and decides its spec, host directories and MPS daemon,
 //! and the writes below follow, each step once for the whole call rather than once per claim.
+//! Under MPS with one daemon per GPU set and user ([`CdiPreparer::with_mps_users`]) the pods a
+//! claim is reserved for are fetched with it, and a share claim whose user cannot be told
+//! (`tessera_driver::node::mps_user`) is that claim's error.
 //!
 //! Order of writes for prepare: checkpoint "prepare started" (with the devices each claim will
 //! hold), then the host directories and the CDI specs, then checkpoint "prepare completed" for
@@ -33,7 +36,7 @@ use tessera_driver::node::checkpoint::{Begin, Checkpoint, ClaimEntry, HeldDevice
 use tessera_driver::node::host_dir::HostDir;
 use tessera_driver::node::inventory::NodeInventory;
 use tessera_driver::node::mps::MpsDaemon;
-use tessera_driver::node::prepare::prepare_and_render;
+use tessera_driver::node::prepare::prepare_and_render_for_user;
 use tessera_driver::node::reconfigure::{Reconfigured, Refusal, reconfigure};
 use tokio::task::JoinSet;
 use tracing::{Instrument as _, debug, info, warn};
@@ -43,7 +46,7 @@ use crate::claims::cancel::Cancel;
 use crate::claims::crash;
 use crate::claims::input_file;
 use crate::claims::reaper::Reaper;
-use crate::claims::{ClaimRef, ClaimSource};
+use crate::claims::{ClaimRef, ClaimSource, PodSource};
 use crate::error::{Error, Result};
 use crate::mps::{DaemonKeeper, host_dirs};
 
@@ -135,8 +138,13 @@ pub struct CdiPreparer {
     source: Arc<dyn ClaimSource>,
     record: Mutex<Checkpoint>,
     mps: Option<Arc<dyn DaemonKeeper>>,
+    users: Option<Arc<dyn PodSource>>,
     reaper: Reaper,
 }
+
+/// The Unix user a claim's containers run as, as far as the fetch could tell: used only when
+/// the claim gets an MPS daemon. `Ok(None)`: any user.
+type MpsUser = Result<Option<u32>>;
 
 /// A claim recorded as "prepare started" in this call, with what is still to write for it.
 struct Started {
@@ -189,6 +197,7 @@ impl CdiPreparer {
             source,
             record: Mutex::new(record),
             mps: None,
+            users: None,
             reaper: Reaper::start()?,
         };
         preparer.recover()?;
@@ -209,6 +218,16 @@ impl CdiPreparer {
         supervisor.restore(&record)?;
         self.mps = Some(supervisor);
         Ok(self)
+    }
+
+    /// Runs one MPS daemon per GPU set and Unix user: the pods each claim is reserved for are
+    /// read from `pods` when it is prepared, and a share claim's daemon is its set's daemon for
+    /// the user its containers run as (`tessera_driver::node::mps_user::claim_user`; a claim
+    /// whose user cannot be told is refused). Without this, a daemon serves every user of its set.
+    #[must_use]
+    pub fn with_mps_users(mut self, pods: Arc<dyn PodSource>) -> Self {
+        self.users = Some(pods);
+        self
     }
 
     /// The reaper removing the host directories of unprepared claims.
@@ -289,6 +308,19 @@ impl CdiPreparer {
         claims: &[(ClaimRef, ResourceClaim)],
         cancel: &Cancel,
     ) -> Vec<Result<Vec<KubeletDevice>>> {
+        let claims: Vec<(ClaimRef, ResourceClaim, MpsUser)> = claims
+            .iter()
+            .map(|(c, o)| (c.clone(), o.clone(), Ok(None)))
+            .collect();
+        self.prepare_resolved_all(&claims, cancel)
+    }
+
+    /// [`CdiPreparer::prepare_fetched_all`], each claim with the user its MPS daemon serves.
+    fn prepare_resolved_all(
+        &self,
+        claims: &[(ClaimRef, ResourceClaim, MpsUser)],
+        cancel: &Cancel,
+    ) -> Vec<Result<Vec<KubeletDevice>>> {
         let mut out: Outcomes<Vec<KubeletDevice>> = claims.iter().map(|_| None).collect();
         let started = match self.begin_all(claims, cancel, &mut out) {
             Ok(started) => started,
@@ -356,25 +388,40 @@ impl CdiPreparer {
     /// every claim prepared against the old one; the checkpoint is locked only to record.
     fn begin_all(
         &self,
-        claims: &[(ClaimRef, ResourceClaim)],
+        claims: &[(ClaimRef, ResourceClaim, MpsUser)],
         cancel: &Cancel,
         out: &mut Outcomes<Vec<KubeletDevice>>,
     ) -> Result<Vec<Started>> {
         let node = self.node.read().map_err(|_| poisoned("inventory"))?;
         let mut rendered = Vec::new();
-        for (index, (claim, object)) in claims.iter().enumerate() {
+        for (index, (claim, object, user)) in claims.iter().enumerate() {
             let _span = claim.span("prepare").entered();
             if cancel.is_cancelled() {
                 out[index] = Some(Err(Error::Cancelled));
                 continue;
             }
             let decided = claim.validate().and_then(|()| {
-                let (prepared, r) = prepare_and_render(
-                    object,
-                    &self.config.driver_name,
-                    &node,
-                    &self.config.enforcement,
-                )?;
+                let render = |mps_user| {
+                    prepare_and_render_for_user(
+                        object,
+                        &self.config.driver_name,
+                        &node,
+                        &self.config.enforcement,
+                        mps_user,
+                    )
+                };
+                let (mut prepared, mut r) = render(None)?;
+                // The user matters only to a claim that gets an MPS daemon.
+                if r.mps_daemon.is_some() {
+                    match user {
+                        Ok(None) => {}
+                        Ok(Some(uid)) => (prepared, r) = render(Some(*uid))?,
+                        Err(Error::MpsUser(refusal)) => {
+                            return Err(Error::MpsUser(refusal.clone()));
+                        }
+                        Err(e) => return Err(Error::Shared(e.to_string())),
+                    }
+                }
                 let spec = r.spec.to_json()?;
                 Ok((prepared, spec, r.host_dirs, r.mps_daemon))
             });
@@ -493,39 +540,65 @@ impl CdiPreparer {
         }
     }
 
-    /// Fetches the claims the checkpoint does not answer, [`FETCHES_AT_ONCE`] at a time.
+    /// Fetches the claims the checkpoint does not answer, [`FETCHES_AT_ONCE`] at a time, each
+    /// with the user of its containers when daemons are per user.
     async fn fetch_all(
         &self,
         claims: Vec<(usize, ClaimRef)>,
         out: &mut Outcomes<Vec<KubeletDevice>>,
-    ) -> Vec<(usize, ClaimRef, ResourceClaim)> {
+    ) -> Vec<(usize, ClaimRef, ResourceClaim, MpsUser)> {
         let mut fetched = Vec::new();
         let mut waiting = claims.into_iter();
         let mut set = JoinSet::new();
+        let users = match &self.config.enforcement {
+            Enforcement::Mps { .. } => self.users.clone(),
+            _ => None,
+        };
         loop {
             while set.len() < FETCHES_AT_ONCE
                 && let Some((index, claim)) = waiting.next()
             {
                 let source = Arc::clone(&self.source);
+                let users = users.clone();
                 let span = claim.span("prepare");
                 set.spawn(
                     async move {
                         let object = source.claim(&claim).await;
-                        (index, claim, object)
+                        let user = match (&object, users) {
+                            (Ok(object), Some(pods)) => claim_user(pods.as_ref(), object).await,
+                            _ => Ok(None),
+                        };
+                        (index, claim, object.map(|o| (o, user)))
                     }
                     .instrument(span),
                 );
             }
             match set.join_next().await {
                 None => break,
-                Some(Ok((index, claim, Ok(object)))) => fetched.push((index, claim, object)),
+                Some(Ok((index, claim, Ok((object, user))))) => {
+                    fetched.push((index, claim, object, user));
+                }
                 Some(Ok((index, _, Err(e)))) => out[index] = Some(Err(e)),
                 Some(Err(e)) => warn!(error = %Error::Task(e.to_string()), "claim fetch failed"),
             }
         }
-        fetched.sort_by_key(|(index, _, _)| *index);
+        fetched.sort_by_key(|(index, _, _, _)| *index);
         fetched
     }
+}
+
+/// The Unix user the containers that use `claim` run as, from the pods it is reserved for
+/// (`tessera_driver::node::mps_user::claim_user`). A pod that cannot be read is an error; a
+/// pod that is gone is skipped.
+async fn claim_user(pods: &dyn PodSource, claim: &ResourceClaim) -> MpsUser {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let mut found = Vec::new();
+    for consumer in tessera_driver::node::accounting::pod_consumers(claim) {
+        if let Some(pod) = pods.pod(namespace, &consumer.name).await? {
+            found.push(pod);
+        }
+    }
+    tessera_driver::node::mps_user::claim_user(claim, &found).map_err(Error::MpsUser)
 }
 
 fn poisoned(what: &str) -> Error {
@@ -638,10 +711,12 @@ impl ClaimPreparer for CdiPreparer {
         if fetched.is_empty() {
             return finish(out);
         }
-        let (indices, items): (Vec<usize>, Vec<(ClaimRef, ResourceClaim)>) =
-            fetched.into_iter().map(|(i, c, o)| (i, (c, o))).unzip();
+        let (indices, items): (Vec<usize>, Vec<(ClaimRef, ResourceClaim, MpsUser)>) = fetched
+            .into_iter()
+            .map(|(i, c, o, u)| (i, (c, o, u)))
+            .unzip();
         let me = Arc::clone(&self);
-        match blocking(move || me.prepare_fetched_all(&items, &cancel)).await {
+        match blocking(move || me.prepare_resolved_all(&items, &cancel)).await {
             Ok(results) => {
                 for (index, result) in indices.into_iter().zip(results) {
                     out[index] = Some(result);

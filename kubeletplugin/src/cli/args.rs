@@ -48,6 +48,18 @@ pub enum MpsDaemons {
     Host,
 }
 
+/// Which users an MPS control daemon serves (one MPS daemon runs a server for one Unix user at
+/// a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MpsUsers {
+    /// One daemon per GPU set and user, the user read from the pods a claim is reserved for
+    /// (`securityContext.runAsUser`); a share claim whose user cannot be told is refused.
+    Separate,
+    /// One daemon per GPU set for every user: the admin makes sure every share pod of the node
+    /// runs as one user (a pod of another user waits at CUDA initialisation); no pod is read.
+    Single,
+}
+
 /// How shares are enforced inside containers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EnforcementKind {
@@ -148,6 +160,17 @@ pub struct Args {
     /// process, not its container).
     #[arg(long, env = "TESSERA_MPS_DAEMONS", value_enum, default_value = "local")]
     pub mps_daemons: MpsDaemons,
+    /// MPS: which users a control daemon serves. `separate`: one daemon per GPU set and Unix
+    /// user, the user taken from the `runAsUser` of the claim's pods (needs `get` on pods); a
+    /// share claim whose containers set no user, or several, is refused with the reason.
+    /// `single`: one daemon per GPU set for all (every share pod must run as one user).
+    #[arg(
+        long,
+        env = "TESSERA_MPS_USERS",
+        value_enum,
+        default_value = "separate"
+    )]
+    pub mps_users: MpsUsers,
     /// MPS: seconds a claim's daemon may take to answer before the prepare fails.
     #[arg(long, env = "TESSERA_MPS_READY_SECONDS", default_value_t = 30)]
     pub mps_ready_seconds: u64,

@@ -22,8 +22,8 @@ use crate::accounting::{
 };
 use crate::claims::apiserver::ApiClaimSource;
 use crate::claims::preparer::{CdiPreparer, CdiPreparerConfig};
-use crate::claims::{ClaimSource, FakeClaimSource};
-use crate::cli::args::{Args, EnforcementKind, GpuBackend, MpsDaemons};
+use crate::claims::{ClaimSource, FakeClaimSource, PodSource};
+use crate::cli::args::{Args, EnforcementKind, GpuBackend, MpsDaemons, MpsUsers};
 use crate::cli::ops_tasks::{Ops, OpsConfig};
 use crate::gpus::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
 use crate::gpus::driver_files;
@@ -44,6 +44,10 @@ type Task = JoinHandle<()>;
 /// The NVML library and the GPUs' health, shared by discovery and the event watcher (the
 /// library also by the accounting: one NVML handle in the process).
 pub type NvmlParts = (Arc<WrapperLibrary>, Arc<Mutex<GpuHealthTracker>>);
+
+/// Where claims and the pods they are reserved for come from (one object, two seams), and
+/// the slice publisher that runs beside an API source.
+type Sources = (Arc<dyn ClaimSource>, Arc<dyn PodSource>, Option<Task>);
 
 impl Args {
     /// Parses the command line and runs the plugin until SIGTERM or SIGINT.
@@ -132,11 +136,14 @@ impl Args {
         &self,
         client: Option<&kube::Client>,
         inventory: tokio::sync::watch::Receiver<NodeInventory>,
-    ) -> anyhow::Result<(Arc<dyn ClaimSource>, Option<Task>)> {
+    ) -> anyhow::Result<Sources> {
         if let Some(path) = &self.fake_claims {
             let text = crate::claims::input_file::read_text(path, "--fake-claims")?;
-            let source = FakeClaimSource::from_yaml(&text, &path.display().to_string())?;
-            return Ok((Arc::new(source), None));
+            let source = Arc::new(FakeClaimSource::from_yaml(
+                &text,
+                &path.display().to_string(),
+            )?);
+            return Ok((Arc::clone(&source) as Arc<dyn ClaimSource>, source, None));
         }
         let client = client
             .cloned()
@@ -149,8 +156,12 @@ impl Args {
             },
         );
         let publishing = Arc::new(publisher).spawn(inventory);
-        let source = ApiClaimSource::new(client);
-        Ok((Arc::new(source), Some(publishing)))
+        let source = Arc::new(ApiClaimSource::new(client));
+        Ok((
+            Arc::clone(&source) as Arc<dyn ClaimSource>,
+            source,
+            Some(publishing),
+        ))
     }
 
     /// The isolation probe's own MPS daemons under `--enforcement mps`: started by the plugin
@@ -224,6 +235,7 @@ impl Args {
         &self,
         node: NodeInventory,
         source: Arc<dyn ClaimSource>,
+        pods: Arc<dyn PodSource>,
         plugin_dir: &Path,
     ) -> anyhow::Result<(Arc<CdiPreparer>, Option<Task>)> {
         let boot_id = crate::claims::input_file::read_text(&self.boot_id_file, "the boot id file")?
@@ -245,6 +257,9 @@ impl Args {
         )?;
         let mut watchdog = None;
         if self.enforcement == EnforcementKind::Mps {
+            if self.mps_users == MpsUsers::Separate {
+                preparer = preparer.with_mps_users(pods);
+            }
             let ready = Duration::from_secs(self.mps_ready_seconds);
             match self.mps_daemons {
                 MpsDaemons::Host => {
@@ -333,9 +348,9 @@ impl Args {
         };
         // The sender stays alive for the whole run: publishing follows what it holds.
         let (inventory_tx, inventory_rx) = tokio::sync::watch::channel(node.clone());
-        let (source, publishing) = self.claim_source(client.as_ref(), inventory_rx)?;
+        let (source, pods, publishing) = self.claim_source(client.as_ref(), inventory_rx)?;
         let plugin_dir = self.plugin_dir();
-        let (preparer, watchdog) = self.preparer(node, Arc::clone(&source), &plugin_dir)?;
+        let (preparer, watchdog) = self.preparer(node, Arc::clone(&source), pods, &plugin_dir)?;
         let accounting =
             self.accounting(nvml.as_ref(), &preparer, source, client.as_ref(), &metrics)?;
         let health = HealthReporter::spawn(inventory_tx.subscribe());

@@ -173,6 +173,7 @@ mod tests {
             pipe_dir: base.join("pipe").display().to_string(),
             shm_dir: base.join("shm").display().to_string(),
             log_dir: dir.join("log").display().to_string(),
+            user: None,
         }
     }
 

@@ -9,7 +9,7 @@ use crate::rules::config::Tier;
 
 use super::spec::{ContainerEdits, Mount};
 use super::{CudaDevice, check};
-use crate::node::mps::{MpsDaemon, mps_daemon_id};
+use crate::node::mps::{MpsDaemon, mps_user_daemon_id};
 
 /// Where the MPS pipe directory of a claim's daemon appears in the container.
 pub const MPS_PIPE_DIR_IN_CONTAINER: &str = "/tmp/nvidia-mps";
@@ -96,15 +96,17 @@ pub(super) fn mps_daemon(
     pipe_dir_root: &str,
     log_dir_root: &str,
     devices: &[CudaDevice],
+    user: Option<u32>,
 ) -> MpsDaemon {
     let uuids: Vec<String> = devices.iter().map(|d| d.uuid.clone()).collect();
-    let id = mps_daemon_id(&uuids);
+    let id = mps_user_daemon_id(&uuids, user);
     MpsDaemon {
         pipe_dir: format!("{}/{id}/pipe", pipe_dir_root.trim_end_matches('/')),
         shm_dir: format!("{}/{id}/shm", pipe_dir_root.trim_end_matches('/')),
         log_dir: format!("{}/{id}", log_dir_root.trim_end_matches('/')),
         id,
         devices: uuids,
+        user,
     }
 }
 
