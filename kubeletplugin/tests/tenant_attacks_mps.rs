@@ -9,6 +9,9 @@
 //!   process is still killed.
 //! * `tessera-mps host` reads its checkpoint and boot id as the plugin does: `/dev/zero` there
 //!   is a clear error, not a process that grows until it runs out of memory.
+//! * An MPS daemon serves one Unix user at a time (the fake queues a client of another user as
+//!   MPS does): share pods of two users on one GPU get a daemon each and neither waits; a pod
+//!   whose user the node cannot know is refused, with what to set.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::collections::BTreeSet;
@@ -28,6 +31,7 @@ use tessera_kubelet_plugin::mps::record;
 use tessera_tests::plugin_socket::prepare_one;
 
 mod support;
+use support::Plugin;
 use support::mps::{FAKE_MPS, Impostor, Logged, MpsNode, Reaped, claim_ref, share_claim};
 
 const GIB: u64 = 1 << 30;
@@ -295,4 +299,129 @@ fn the_mps_host_reads_no_checkpoint_that_is_a_device_and_keeps_serving() {
     );
     let daemons: BTreeSet<String> = node.daemon_ids().into_iter().collect();
     assert!(daemons.is_empty(), "{daemons:?}");
+}
+
+/// Whether this process may start processes as another user (the tests of several users need
+/// it: the fake daemon tells a client's user by `SO_PEERCRED`).
+fn may_change_user() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Lets every user walk to the node's directories (a temporary directory is its owner's alone;
+/// a node's `/run` is not).
+fn open_to_every_user(node: &MpsNode) {
+    std::fs::set_permissions(
+        node.path(""),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+}
+
+/// The daemon whose id ends with `suffix` (`-u<uid>`).
+fn daemon_of(node: &MpsNode, suffix: &str) -> String {
+    let ids = node.daemon_ids();
+    ids.iter()
+        .find(|id| id.ends_with(suffix))
+        .unwrap_or_else(|| panic!("no daemon ending with {suffix} in {ids:?}"))
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_pods_of_two_users_on_one_gpu_get_a_daemon_each_and_neither_waits() {
+    if !may_change_user() {
+        eprintln!("skipped: needs root to run a client as another user");
+        return;
+    }
+    let mut node = MpsNode::with_users(&[
+        (share_claim("as-root", "uid-root"), Some(0)),
+        (share_claim("as-user", "uid-user"), Some(1000)),
+    ]);
+    open_to_every_user(&node);
+    let _host = node.host();
+    let mut plugin = node.plugin("host");
+    let mut dra = node.connect(&mut plugin).await;
+    prepare_one(&mut dra, claim_ref("as-root", "uid-root"))
+        .await
+        .unwrap();
+    prepare_one(&mut dra, claim_ref("as-user", "uid-user"))
+        .await
+        .unwrap();
+    node.remember_daemons();
+    assert_eq!(node.daemon_ids().len(), 2, "{:?}", node.daemon_ids());
+    let (root, user) = (daemon_of(&node, "-u0"), daemon_of(&node, "-u1000"));
+
+    // A root process holds its daemon's server; the other user's process starts beside it.
+    let _root_client = node.start_client(&node.pipe_of(&root), Some(0));
+    node.wait_attached(&root, 1);
+    let _user_client = node.start_client(&node.pipe_of(&user), Some(1000));
+    node.wait_attached(&user, 1);
+    assert!(
+        !node
+            .control_log_of(&user)
+            .iter()
+            .any(|l| l.starts_with("client queued")),
+        "{:?}",
+        node.control_log_of(&user)
+    );
+    let pipe = std::fs::metadata(node.pipe_of(&user)).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&pipe.permissions()) & 0o7777,
+        0o1777
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_daemon_for_every_user_a_second_users_client_waits_for_the_first_users() {
+    if !may_change_user() {
+        eprintln!("skipped: needs root to run a client as another user");
+        return;
+    }
+    let mut node = MpsNode::with_users(&[
+        (share_claim("as-root", "uid-root"), Some(0)),
+        (share_claim("as-user", "uid-user"), Some(1000)),
+    ]);
+    open_to_every_user(&node);
+    let _host = node.host();
+    let mut plugin = Plugin(
+        node.plugin_command("host", &["--mps-users=single"])
+            .spawn()
+            .unwrap(),
+    );
+    let mut dra = node.connect(&mut plugin).await;
+    for (name, uid) in [("as-root", "uid-root"), ("as-user", "uid-user")] {
+        prepare_one(&mut dra, claim_ref(name, uid)).await.unwrap();
+    }
+    node.remember_daemons();
+    let id = node.daemon_id();
+    let root_client = node.start_client(&node.pipe_of(&id), Some(0));
+    node.wait_attached(&id, 1);
+    let _user_client = node.start_client(&node.pipe_of(&id), Some(1000));
+    let log = node.path("mps-log").join(&id).join("control.log");
+    let queued = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("client queued uid=1000")
+    };
+    eventually("the second user's client is queued", queued);
+    assert_eq!(node.attached(&id), 1, "it waits while root's client runs");
+    drop(root_client);
+    node.wait_attached(&id, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_pod_whose_user_the_node_cannot_know_is_refused_naming_what_to_set() {
+    let node = MpsNode::with_users(&[(share_claim("image-user", "uid-image"), None)]);
+    let _host = node.host();
+    let mut plugin = node.plugin("host");
+    let mut dra = node.connect(&mut plugin).await;
+    let err = prepare_one(&mut dra, claim_ref("image-user", "uid-image"))
+        .await
+        .expect_err("the image's user is unknown to the node")
+        .to_string();
+    assert!(
+        err.contains("pod \"image-user-pod\", container \"main\" sets no securityContext.runAsUser"),
+        "{err}"
+    );
+    assert!(err.contains("set runAsUser"), "{err}");
+    assert!(node.daemon_ids().is_empty(), "no daemon for a refused claim");
 }

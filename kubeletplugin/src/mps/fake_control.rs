@@ -11,7 +11,11 @@
 //! * `quit` waits until the daemon has no clients, then the daemon removes its socket and
 //!   exits, as MPS waits for its clients;
 //! * `client` is a CUDA process of the fake: it connects to the daemon and stays its client
-//!   until it is killed or the daemon goes. While it has clients the daemon lists one server
+//!   until it is killed or the daemon goes. The daemon serves one Unix user at a time, as MPS
+//!   documents: a client whose uid (`SO_PEERCRED`) is not the running server's waits ("client
+//!   queued" in the log) until every client of that user has left, and only then attaches. The
+//!   socket is open to every user (mode `0777`), as a daemon that serves any user's clients.
+//!   While it has clients the daemon lists one server
 //!   (its own pid) in `get_server_list`, and the clients' pids in `get_client_list <server>`;
 //!   `terminate_client <server> <pid>` ends that client alone, which exits with code
 //!   [`TERMINATED_EXIT`] as a CUDA process exits on `cudaErrorMpsClientTerminated`.
@@ -62,6 +66,8 @@ struct Daemon {
     path: PathBuf,
     log: Mutex<Option<std::fs::File>>,
     clients: AtomicUsize,
+    /// The uid the running server serves (while it has clients).
+    server_user: Mutex<Option<u32>>,
     /// The clients that said their pid, with a handle on their connection.
     pids: Mutex<BTreeMap<u32, OwnedFd>>,
 }
@@ -104,10 +110,14 @@ fn daemon() -> Result<i32> {
         None => None,
     };
     let listener = socket::listen_at(&path)?;
+    // Clients of any user connect (connect(2) needs write permission on the socket).
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .map_err(|e| Error::io("setting the mode of", &path, e))?;
     let daemon = Arc::new(Daemon {
         path,
         log: Mutex::new(log),
         clients: AtomicUsize::new(0),
+        server_user: Mutex::new(None),
         pids: Mutex::new(BTreeMap::new()),
     });
     daemon.log(&format!(
@@ -135,19 +145,27 @@ fn serve(daemon: &Daemon, conn: &OwnedFd) {
         && (rest.is_empty() || rest.starts_with(' '))
     {
         let pid = rest.trim().parse::<u32>().ok();
-        daemon.clients.fetch_add(1, Ordering::SeqCst);
+        let uid = nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials)
+            .map(|c| c.uid())
+            .unwrap_or_default();
+        attach(daemon, uid);
         if let (Some(pid), Ok(handle)) = (pid, conn.try_clone()) {
             lock(&daemon.pids).insert(pid, handle);
         }
-        daemon.log("client connected");
+        daemon.log(&format!("client connected uid={uid}"));
         let _ = socket::send_message(conn, b"ok", &daemon.path);
         // A client stays until its connection closes.
         while matches!(socket::receive_message(conn, &daemon.path), Ok(m) if !m.is_empty()) {}
         if let Some(pid) = pid {
             lock(&daemon.pids).remove(&pid);
         }
-        daemon.clients.fetch_sub(1, Ordering::SeqCst);
-        daemon.log("client disconnected");
+        {
+            let mut server = lock(&daemon.server_user);
+            if daemon.clients.fetch_sub(1, Ordering::SeqCst) == 1 {
+                *server = None;
+            }
+        }
+        daemon.log(&format!("client disconnected uid={uid}"));
         return;
     }
     daemon.log(&format!("command {command}"));
@@ -171,6 +189,28 @@ fn serve(daemon: &Daemon, conn: &OwnedFd) {
         other => client_command(daemon, other),
     };
     let _ = socket::send_message(conn, reply.as_bytes(), &daemon.path);
+}
+
+/// Makes a client of `uid` one of the server's clients: at once when the server serves `uid`
+/// (or nobody); else, as MPS queues a client of another user, once every client of the
+/// server's user has left.
+fn attach(daemon: &Daemon, uid: u32) {
+    let mut logged = false;
+    loop {
+        {
+            let mut server = lock(&daemon.server_user);
+            if server.is_none_or(|u| u == uid) {
+                *server = Some(uid);
+                daemon.clients.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+        }
+        if !logged {
+            daemon.log(&format!("client queued uid={uid}"));
+            logged = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

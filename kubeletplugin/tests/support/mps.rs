@@ -26,9 +26,15 @@ pub const NODE: &str = "t4-node";
 pub const FAKE_MPS: &str = env!("CARGO_BIN_EXE_tessera-fake-mps-control");
 
 /// A share claim `name` (UID `uid`) of 4 GiB and 50 % of `gpu-0` of [`NODE`], as
-/// kube-scheduler allocates it.
+/// kube-scheduler allocates it, reserved for the pod [`share_pod`] makes for it.
 pub fn share_claim(name: &str, uid: &str) -> res::ResourceClaim {
     let mut claim = super::allocated_claim(name, uid, NODE, "gpu-0");
+    claim.status.as_mut().unwrap().reserved_for = Some(vec![res::ResourceClaimConsumerReference {
+        resource: "pods".to_owned(),
+        name: format!("{name}-pod"),
+        uid: format!("pod-{uid}"),
+        api_group: None,
+    }]);
     let result = super::first_result(&mut claim);
     result.share_id = Some(format!(
         "7f3a1c52-0d1e-4b7a-9c44-{:012x}",
@@ -39,6 +45,24 @@ pub fn share_claim(name: &str, uid: &str) -> res::ResourceClaim {
         ("compute".to_owned(), Quantity("50".to_owned())),
     ]));
     claim
+}
+
+/// The pod `<claim>-pod` that `claim` is reserved for: on [`NODE`], one container that uses the
+/// claim, running as `user` (`None`: no `runAsUser`, the image's user).
+pub fn share_pod(claim: &res::ResourceClaim, user: Option<i64>) -> serde_json::Value {
+    let name = claim.metadata.name.as_deref().unwrap();
+    let uid = claim.metadata.uid.as_deref().unwrap();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": "default", "name": format!("{name}-pod"), "uid": format!("pod-{uid}")},
+        "spec": {
+            "nodeName": NODE,
+            "securityContext": user.map(|u| serde_json::json!({"runAsUser": u})),
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}]
+        }
+    })
 }
 
 /// Kubelet's reference to the claim `name` (UID `uid`) in `default`.
@@ -130,10 +154,26 @@ impl Drop for MpsNode {
 }
 
 impl MpsNode {
-    /// A node whose fake API holds `claims` (and any other objects, one YAML document each).
+    /// A node whose fake API holds `claims`, each with its pod running as root.
     pub fn new(claims: &[res::ResourceClaim]) -> Self {
+        let users: Vec<(res::ResourceClaim, Option<i64>)> =
+            claims.iter().map(|c| (c.clone(), Some(0))).collect();
+        Self::with_users(&users)
+    }
+
+    /// A node whose fake API holds each claim with its pod, running as the user beside it.
+    pub fn with_users(claims: &[(res::ResourceClaim, Option<i64>)]) -> Self {
+        let only: Vec<res::ResourceClaim> = claims.iter().map(|(c, _)| c.clone()).collect();
+        let dir = NodeDir::new(tempfile::tempdir().unwrap(), &only);
+        let mut yaml = std::fs::read_to_string(dir.path("claims.yaml")).unwrap();
+        for (claim, user) in claims {
+            yaml.push_str("---\n");
+            yaml.push_str(&serde_json::to_string(&share_pod(claim, *user)).unwrap());
+            yaml.push('\n');
+        }
+        std::fs::write(dir.path("claims.yaml"), yaml).unwrap();
         Self {
-            dir: NodeDir::new(tempfile::tempdir().unwrap(), claims),
+            dir,
             daemons: Vec::new(),
         }
     }
@@ -281,22 +321,49 @@ impl MpsNode {
         }
     }
 
-    /// A CUDA process of the fake on the daemon of `pipe`, attached until it is killed.
+    /// How many clients daemon `log_id` attached so far.
+    pub fn attached(&self, log_id: &str) -> usize {
+        self.control_log_of(log_id)
+            .iter()
+            .filter(|l| l.starts_with("client connected"))
+            .count()
+    }
+
+    /// A CUDA process of the fake on the daemon of `pipe` (logging as `log_id`), attached until
+    /// it is killed.
     pub fn client_of(&self, pipe: &Path, log_id: &str) -> Reaped {
-        let attached = |log: &[String]| log.iter().filter(|l| *l == "client connected").count();
-        let before = attached(&self.control_log_of(log_id));
-        let child = Command::new(FAKE_MPS)
+        let before = self.attached(log_id);
+        let child = self.start_client(pipe, None);
+        self.wait_attached(log_id, before + 1);
+        child
+    }
+
+    /// A CUDA process of the fake on the daemon of `pipe`, running as `uid` when given (the
+    /// daemon tells its user by `SO_PEERCRED`); not waited for.
+    pub fn start_client(&self, pipe: &Path, uid: Option<u32>) -> Reaped {
+        let mut command = Command::new(FAKE_MPS);
+        command
             .arg("client")
             .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stdout(Stdio::null());
+        if let Some(uid) = uid {
+            std::os::unix::process::CommandExt::uid(&mut command, uid);
+            std::os::unix::process::CommandExt::gid(&mut command, uid);
+        }
+        Reaped(command.spawn().unwrap())
+    }
+
+    /// Waits (at most 20 s) until daemon `log_id` attached `count` clients.
+    pub fn wait_attached(&self, log_id: &str, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while attached(&self.control_log_of(log_id)) == before {
-            assert!(Instant::now() < deadline, "the client did not attach");
+        while self.attached(log_id) < count {
+            assert!(
+                Instant::now() < deadline,
+                "daemon {log_id} attached fewer than {count} clients: {:?}",
+                self.control_log_of(log_id)
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Reaped(child)
     }
 
     /// A CUDA process of the fake on the one daemon.
