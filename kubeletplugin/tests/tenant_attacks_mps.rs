@@ -32,7 +32,9 @@ use tessera_tests::plugin_socket::prepare_one;
 
 mod support;
 use support::Plugin;
-use support::mps::{FAKE_MPS, Impostor, Logged, MpsNode, Reaped, claim_ref, share_claim};
+use support::mps::{
+    FAKE_MPS, Impostor, Logged, MpsNode, Reaped, claim_ref, share_claim, start_client,
+};
 
 const GIB: u64 = 1 << 30;
 /// The tenant's pod.
@@ -351,9 +353,9 @@ async fn share_pods_of_two_users_on_one_gpu_get_a_daemon_each_and_neither_waits(
     let (root, user) = (daemon_of(&node, "-u0"), daemon_of(&node, "-u1000"));
 
     // A root process holds its daemon's server; the other user's process starts beside it.
-    let _root_client = node.start_client(&node.pipe_of(&root), Some(0));
+    let _root_client = start_client(&node.pipe_of(&root), Some(0));
     node.wait_attached(&root, 1);
-    let _user_client = node.start_client(&node.pipe_of(&user), Some(1000));
+    let _user_client = start_client(&node.pipe_of(&user), Some(1000));
     node.wait_attached(&user, 1);
     assert!(
         !node
@@ -393,9 +395,9 @@ async fn on_one_daemon_for_every_user_a_second_users_client_waits_for_the_first_
     }
     node.remember_daemons();
     let id = node.daemon_id();
-    let root_client = node.start_client(&node.pipe_of(&id), Some(0));
+    let root_client = start_client(&node.pipe_of(&id), Some(0));
     node.wait_attached(&id, 1);
-    let _user_client = node.start_client(&node.pipe_of(&id), Some(1000));
+    let _user_client = start_client(&node.pipe_of(&id), Some(1000));
     let log = node.path("mps-log").join(&id).join("control.log");
     let queued = || {
         std::fs::read_to_string(&log)
@@ -419,9 +421,14 @@ async fn a_share_pod_whose_user_the_node_cannot_know_is_refused_naming_what_to_s
         .expect_err("the image's user is unknown to the node")
         .to_string();
     assert!(
-        err.contains("pod \"image-user-pod\", container \"main\" sets no securityContext.runAsUser"),
+        err.contains(
+            "pod \"image-user-pod\", container \"main\" sets no securityContext.runAsUser"
+        ),
         "{err}"
     );
     assert!(err.contains("set runAsUser"), "{err}");
-    assert!(node.daemon_ids().is_empty(), "no daemon for a refused claim");
+    assert!(
+        node.daemon_ids().is_empty(),
+        "no daemon for a refused claim"
+    );
 }

@@ -239,17 +239,14 @@ pub fn claim_user(claim: &ResourceClaim, pods: &[Pod]) -> Result<Option<u32>, Us
     let distinct: BTreeSet<i64> = users.iter().map(|(_, _, uid)| *uid).collect();
     match distinct.into_iter().collect::<Vec<_>>().as_slice() {
         [] => Ok(None),
-        [uid] => match u32::try_from(*uid) {
-            Ok(uid) => Ok(Some(uid)),
-            Err(_) => {
-                let (pod, container, uid) = users[0].clone();
-                Err(refuse(UserReason::Invalid {
-                    pod,
-                    container,
-                    uid,
-                }))
-            }
-        },
+        [uid] => u32::try_from(*uid).map(Some).map_err(|_| {
+            let (pod, container, uid) = users[0].clone();
+            refuse(UserReason::Invalid {
+                pod,
+                container,
+                uid,
+            })
+        }),
         _ => Err(refuse(UserReason::Mixed { users })),
     }
 }

@@ -74,6 +74,21 @@ pub fn claim_ref(name: &str, uid: &str) -> v1::Claim {
     }
 }
 
+/// A CUDA process of the fake on the daemon of `pipe`, running as `uid` when given (the
+/// daemon tells its user by `SO_PEERCRED`); not waited for.
+pub fn start_client(pipe: &Path, uid: Option<u32>) -> Reaped {
+    let mut command = Command::new(FAKE_MPS);
+    command
+        .arg("client")
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdout(Stdio::null());
+    if let Some(uid) = uid {
+        std::os::unix::process::CommandExt::uid(&mut command, uid);
+        std::os::unix::process::CommandExt::gid(&mut command, uid);
+    }
+    Reaped(command.spawn().unwrap())
+}
+
 /// A child killed and reaped when the test lets go of it.
 pub struct Reaped(pub Child);
 
@@ -333,24 +348,9 @@ impl MpsNode {
     /// it is killed.
     pub fn client_of(&self, pipe: &Path, log_id: &str) -> Reaped {
         let before = self.attached(log_id);
-        let child = self.start_client(pipe, None);
+        let child = start_client(pipe, None);
         self.wait_attached(log_id, before + 1);
         child
-    }
-
-    /// A CUDA process of the fake on the daemon of `pipe`, running as `uid` when given (the
-    /// daemon tells its user by `SO_PEERCRED`); not waited for.
-    pub fn start_client(&self, pipe: &Path, uid: Option<u32>) -> Reaped {
-        let mut command = Command::new(FAKE_MPS);
-        command
-            .arg("client")
-            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-            .stdout(Stdio::null());
-        if let Some(uid) = uid {
-            std::os::unix::process::CommandExt::uid(&mut command, uid);
-            std::os::unix::process::CommandExt::gid(&mut command, uid);
-        }
-        Reaped(command.spawn().unwrap())
     }
 
     /// Waits (at most 20 s) until daemon `log_id` attached `count` clients.
