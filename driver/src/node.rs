@@ -22,7 +22,10 @@
 //!   `isolation` judges probes and runs its probe's claim through a container's CDI edits
 //!   (`prepared`, `inventory`, `cdi`, `mps_exec`), and writes its verdicts into the inventory;
 //! * `accounting` (`checkpoint`, `mps`), `reconfigure` (`checkpoint`, `inventory`), `gpu_mode`,
-//!   `health` and `slices` (`inventory`).
+//!   `health` and `slices` (`inventory`);
+//! * `mps_peer` (whether a control socket's peer is the recorded daemon: `mps`) and `mps_user`
+//!   (which Unix user a share claim's daemon serves, and its directories' access: `mps`,
+//!   `accounting`).
 
 pub mod accounting;
 pub mod cdi;
