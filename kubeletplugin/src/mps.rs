@@ -268,9 +268,6 @@ impl MpsSupervisor {
         for dir in mps::daemon_dirs(daemon) {
             self.host.create_dir(&dir)?;
         }
-        for access in tessera_driver::node::mps_user::daemon_dir_access(daemon) {
-            self.host.set_access(&access)?;
-        }
         let control = PathBuf::from(mps::control_socket(daemon));
         match mps::start_action(self.host.probe(&control)) {
             StartAction::Adopt => {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tessera_driver::node::checkpoint::{Checkpoint, ClaimEntry, HeldDevice, PrepareState};
 use tessera_driver::node::mps::MpsDaemon;
 use tessera_kubelet_plugin::accounting::{
-    Accountant, BinaryMpsControl, FakeGpu, HostProcesses, PreparedClaims, ProcFs, Seams,
+    Accountant, BinaryMpsControl, FakeGpu, HostProcesses, PreparedClaims, ProcFiles, ProcFs, Seams,
 };
 use tessera_kubelet_plugin::claims::FakeClaimSource;
 use tessera_kubelet_plugin::mps::record;
@@ -146,17 +146,20 @@ struct InThePod {
 }
 
 impl HostProcesses for InThePod {
-    fn cgroup(&self, pid: u32) -> tessera_kubelet_plugin::error::Result<Option<String>> {
-        Ok((pid == self.tenant).then(|| {
-            format!(
+    fn read(&self, pid: u32) -> tessera_kubelet_plugin::error::Result<Option<ProcFiles>> {
+        let Some(mut files) = self.proc.read(pid)? else {
+            return Ok(None);
+        };
+        if pid == self.tenant {
+            files.cgroup = format!(
                 "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-1.scope\n",
                 POD.replace('-', "_")
             )
-        }))
-    }
-
-    fn start_ticks(&self, pid: u32) -> tessera_kubelet_plugin::error::Result<Option<u64>> {
-        self.proc.start_ticks(pid)
+            .into_bytes();
+        } else {
+            files.cgroup.clear();
+        }
+        Ok(Some(files))
     }
 
     fn kill(&self, pid: u32, start_ticks: u64) -> tessera_kubelet_plugin::error::Result<bool> {

@@ -24,6 +24,8 @@ pub struct HostDir {
     pub path: String,
     /// Its mode ([`CONTAINER_DIR_MODE`], [`NODE_DIR_MODE`]).
     pub mode: u32,
+    /// The uid it belongs to; `None`: the node's (the plugin's) user.
+    pub owner: Option<u32>,
 }
 
 impl HostDir {
@@ -44,7 +46,14 @@ impl HostDir {
             root: if trimmed.is_empty() { "/" } else { trimmed }.to_owned(),
             path: format!("{trimmed}/{relative}"),
             mode,
+            owner: None,
         }
+    }
+
+    /// The same directory, given to `owner` (`None`: the node's user).
+    #[must_use]
+    pub fn owned_by(self, owner: Option<u32>) -> Self {
+        Self { owner, ..self }
     }
 
     /// Its segments below the root, in order.

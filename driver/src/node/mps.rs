@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::node::host_dir::HostDir;
+use crate::node::host_dir::{CONTAINER_DIR_MODE, HostDir, NODE_DIR_MODE};
 
 /// The argument that keeps the control daemon in the foreground.
 pub const FOREGROUND_ARG: &str = "-f";
@@ -284,32 +284,47 @@ pub fn reconcile<'a>(
 }
 
 /// The directories the supervisor creates before starting the daemon, each after the one it
-/// lies in: `<pipe dir root>/<id>` (the node's: no container sees it) holding the pipe and shm
-/// directories side by side (mounted into the claims' containers), and the log directory
-/// `<log dir root>/<id>`. Each keeps its root, down from which it is created through handles
-/// that never follow a link (a daemon recorded with another layout gets its parent as root).
+/// lies in, with the mode and owner each gets:
+///
+/// * `<pipe dir root>/<id>`, the node's (`0755`; no container sees it, so the daemon's record
+///   there is out of every tenant's reach);
+/// * the pipe and shm directories side by side in it, mounted into the claims' containers:
+///   `root:root` with mode `1777`, as `/tmp`, because the MPS server a daemon starts for a user
+///   other than root creates its files there, as do its clients, and the sticky bit keeps anyone
+///   but root from removing the root daemon's `control` socket;
+/// * the log directory `<log dir root>/<id>`, which no container sees: `0755`, belonging to the
+///   daemon's user (the node's when it serves root or any user).
+///
+/// Each keeps its root, down from which it is created through handles that never follow a link
+/// (a daemon recorded with another layout gets its parent as root).
 pub fn daemon_dirs(daemon: &MpsDaemon) -> Vec<HostDir> {
     let id = daemon.id.as_str();
-    let below = |path: &str, relative: &str| -> HostDir {
+    let below = |path: &str, relative: &str, mode: u32| -> HostDir {
         let root = path
             .strip_suffix(relative)
             .and_then(|r| r.strip_suffix('/'))
             .filter(|r| !r.is_empty());
         if let Some(root) = root {
-            HostDir::node(root, relative)
+            HostDir::at(root, relative, mode)
         } else {
             let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-            HostDir::node(if parent.is_empty() { "/" } else { parent }, name)
+            HostDir::at(if parent.is_empty() { "/" } else { parent }, name, mode)
         }
     };
-    let pipe = below(&daemon.pipe_dir, &format!("{id}/pipe"));
+    let pipe = below(&daemon.pipe_dir, &format!("{id}/pipe"), CONTAINER_DIR_MODE);
     let mut dirs = Vec::new();
     if pipe.segments().len() == 2 {
         dirs.push(HostDir::node(&pipe.root, id));
     }
     dirs.push(pipe);
-    dirs.push(below(&daemon.shm_dir, &format!("{id}/shm")));
-    dirs.push(below(&daemon.log_dir, id));
+    dirs.push(below(
+        &daemon.shm_dir,
+        &format!("{id}/shm"),
+        CONTAINER_DIR_MODE,
+    ));
+    dirs.push(
+        below(&daemon.log_dir, id, NODE_DIR_MODE).owned_by(daemon.user.filter(|&uid| uid != 0)),
+    );
     dirs
 }
 
@@ -379,6 +394,29 @@ mod tests {
         };
         assert_eq!(daemon_dirs(&odd)[0].root, "/srv");
         assert_eq!(daemon_dirs(&odd)[0].segments(), ["pipe-x"]);
+    }
+
+    #[test]
+    fn a_users_daemon_shares_its_pipe_and_shm_with_the_sticky_bit_and_owns_its_logs() {
+        let mut d = daemon(&["GPU-1"]);
+        d.user = Some(1000);
+        let dirs = daemon_dirs(&d);
+        let shown: Vec<(&str, u32, Option<u32>)> = dirs
+            .iter()
+            .map(|h| (h.path.as_str(), h.mode, h.owner))
+            .collect();
+        let base = d.pipe_dir.trim_end_matches("/pipe");
+        assert_eq!(
+            shown,
+            [
+                (base, 0o755, None),
+                (d.pipe_dir.as_str(), 0o1777, None),
+                (d.shm_dir.as_str(), 0o1777, None),
+                (d.log_dir.as_str(), 0o755, Some(1000)),
+            ]
+        );
+        d.user = Some(0);
+        assert_eq!(daemon_dirs(&d)[3].owner, None);
     }
 
     #[test]

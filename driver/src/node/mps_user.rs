@@ -28,40 +28,6 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::node::accounting::pod_consumers;
-use crate::node::mps::MpsDaemon;
-
-/// How a daemon's directory is made: its path, mode, and owner (`None`: root).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirAccess {
-    /// The host directory.
-    pub path: String,
-    /// Its mode.
-    pub mode: u32,
-    /// Its owner's uid; `None` keeps root.
-    pub owner: Option<u32>,
-}
-
-/// The access of `daemon`'s directories. The pipe and shm directories are `root:root` with mode
-/// `1777`, as `/tmp`: the MPS server a daemon starts for a user other than root creates its
-/// files there, as do its clients, and the sticky bit keeps anyone but root from removing the
-/// root daemon's `control` socket. The log directory, which no container sees, belongs to the
-/// daemon's user (root when it serves any user).
-pub fn daemon_dir_access(daemon: &MpsDaemon) -> [DirAccess; 3] {
-    let shared = |path: &str| DirAccess {
-        path: path.to_owned(),
-        mode: 0o1777,
-        owner: None,
-    };
-    [
-        shared(&daemon.pipe_dir),
-        shared(&daemon.shm_dir),
-        DirAccess {
-            path: daemon.log_dir.clone(),
-            mode: 0o755,
-            owner: daemon.user.filter(|&uid| uid != 0),
-        },
-    ]
-}
 
 /// Why the node cannot tell which user a claim's containers run as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -437,24 +403,6 @@ mod tests {
         );
         let unused = pod("a", None, vec![container("main", false, None)]);
         assert_eq!(claim_user(&claim(&["a", "gone"]), &[unused]), Ok(None));
-    }
-
-    #[test]
-    fn a_users_daemon_shares_its_pipe_and_shm_with_the_sticky_bit_and_owns_its_logs() {
-        let mut d = crate::testing::mps_daemon(&["GPU-1"]);
-        d.user = Some(1000);
-        let [pipe, shm, log] = daemon_dir_access(&d);
-        assert_eq!(
-            (pipe.path.as_str(), pipe.mode, pipe.owner),
-            (d.pipe_dir.as_str(), 0o1777, None)
-        );
-        assert_eq!((shm.mode, shm.owner), (0o1777, None));
-        assert_eq!(
-            (log.path.as_str(), log.mode, log.owner),
-            (d.log_dir.as_str(), 0o755, Some(1000))
-        );
-        d.user = Some(0);
-        assert_eq!(daemon_dir_access(&d)[2].owner, None);
     }
 
     #[test]

@@ -74,12 +74,13 @@ fn open_below(dir: &OwnedFd, name: &str) -> std::result::Result<OwnedFd, Errno> 
     }
 }
 
-/// Checks that `fd` (opened at `path`) is a directory owned by the plugin's user; with
-/// `node_only`, also that no other user may write it.
-fn check_owned(fd: &OwnedFd, path: &Path, node_only: bool) -> Result<()> {
+/// Checks that `fd` (opened at `path`) is a directory owned by the plugin's user, or by
+/// `owner`, the user the node gives it to; with `node_only`, also that no other user may write
+/// it.
+fn check_owned(fd: &OwnedFd, path: &Path, owner: Option<u32>, node_only: bool) -> Result<()> {
     let stat = rustix::fs::fstat(fd).map_err(|e| io("checking", path, e))?;
     let me = rustix::process::geteuid().as_raw();
-    if stat.st_uid != me {
+    if stat.st_uid != me && Some(stat.st_uid) != owner {
         return Err(refused(
             path,
             format!(
@@ -103,9 +104,10 @@ fn check_owned(fd: &OwnedFd, path: &Path, node_only: bool) -> Result<()> {
 }
 
 /// Creates `dir` (and any missing directory between its root and it) and gives it its mode,
-/// through handles that never follow a link (see the module's rules). A directory that exists
-/// already is taken only when it is a plain directory owned by the plugin's user; directories
-/// created on the way get `0755`.
+/// through handles that never follow a link (see the module's rules), and gives it to its owner
+/// (`fchown` on the opened descriptor) when it has one. A directory that exists already is
+/// taken only when it is a plain directory owned by the plugin's user or its owner; directories
+/// created on the way get `0755` and stay the plugin's.
 pub fn create(dir: &HostDir) -> Result<()> {
     let segments = dir.segments();
     if segments.is_empty() || segments.iter().any(|s| *s == "." || *s == "..") {
@@ -136,10 +138,21 @@ pub fn create(dir: &HostDir) -> Result<()> {
             Err(e) => return Err(io("opening", &path, e)),
         };
         let mode = if i == last { dir.mode } else { 0o755 };
-        check_owned(&next, &path, mode & 0o022 == 0 && !created)?;
+        let owner = if i == last { dir.owner } else { None };
+        check_owned(&next, &path, owner, mode & 0o022 == 0 && !created)?;
         if created || i == last {
             rustix::fs::fchmod(&next, Mode::from_raw_mode(mode))
                 .map_err(|e| io("setting the mode of", &path, e))?;
+        }
+        if let Some(uid) = owner {
+            if uid == u32::MAX {
+                return Err(refused(
+                    &path,
+                    "cannot belong to uid 4294967295 (it means no user)",
+                ));
+            }
+            rustix::fs::fchown(&next, Some(rustix::fs::Uid::from_raw(uid)), None)
+                .map_err(|e| io("changing the owner of", &path, e))?;
         }
         here = next;
     }
@@ -237,6 +250,30 @@ mod tests {
         let err = create(&HostDir::container(&root(&t), "uid")).unwrap_err();
         assert!(err.to_string().contains("owned by uid 65534"), "{err}");
         assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 65_534);
+    }
+
+    #[test]
+    fn a_directory_given_to_a_user_is_theirs_and_is_taken_again_as_theirs() {
+        if rustix::process::geteuid().as_raw() != 0 {
+            eprintln!("skipped: giving a directory to another user needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let r = root(&t);
+        let log = HostDir::node(&r, "daemon").owned_by(Some(1000));
+        create(&log).unwrap();
+        let made = std::fs::metadata(t.path().join("daemon")).unwrap();
+        assert_eq!((made.uid(), made.mode() & 0o7777), (1000, 0o755));
+        // A restarted plugin takes its user's directory again; another user's it refuses.
+        create(&log).unwrap();
+        let err = create(&HostDir::node(&r, "daemon").owned_by(Some(2000))).unwrap_err();
+        assert!(err.to_string().contains("owned by uid 1000"), "{err}");
+        // A link where it goes is never followed to give the user what it points at.
+        let secret = t.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        symlink(&secret, t.path().join("other")).unwrap();
+        assert!(create(&HostDir::node(&r, "other").owned_by(Some(1000))).is_err());
+        assert_eq!(std::fs::metadata(&secret).unwrap().uid(), 0);
     }
 
     #[test]

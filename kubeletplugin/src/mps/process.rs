@@ -16,7 +16,6 @@ use tessera_driver::node::mps;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_driver::node::mps::MpsDaemon;
 use tessera_driver::node::mps_peer::{DaemonRecord, SocketPeer};
-use tessera_driver::node::mps_user::DirAccess;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -57,9 +56,6 @@ pub trait ProcessHost: Send + Sync + std::fmt::Debug {
     /// Creates a host directory with its mode, from its root down, never following a link
     /// ([`super::host_dirs::create`]).
     fn create_dir(&self, dir: &HostDir) -> Result<()>;
-    /// Sets the mode and owner of the directory `access` names (`DirAccess::owner`: `None`
-    /// leaves it).
-    fn set_access(&self, access: &DirAccess) -> Result<()>;
 }
 
 /// Real processes (`std::process`), reaped by [`ProcessHost::has_exited`] and
@@ -209,17 +205,6 @@ impl ProcessHost for OsProcessHost {
     fn create_dir(&self, dir: &HostDir) -> Result<()> {
         super::host_dirs::create(dir)
     }
-
-    fn set_access(&self, access: &DirAccess) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt as _;
-        let path = Path::new(&access.path);
-        if let Some(uid) = access.owner {
-            std::os::unix::fs::lchown(path, Some(uid), None)
-                .map_err(|e| Error::io("changing the owner of", path, e))?;
-        }
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
-            .map_err(|e| Error::io("setting the mode of", path, e))
-    }
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -238,8 +223,6 @@ pub enum HostCall {
     RemoveFile(PathBuf),
     /// A daemon's record was written (`Some`: the recorded pid) or removed (`None`).
     Record(String, Option<u32>),
-    /// A directory's mode and owner were set.
-    Access(DirAccess),
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -472,11 +455,6 @@ impl ProcessHost for FakeProcessHost {
         self.state()
             .calls
             .push(HostCall::CreateDir(PathBuf::from(&dir.path)));
-        Ok(())
-    }
-
-    fn set_access(&self, access: &DirAccess) -> Result<()> {
-        self.state().calls.push(HostCall::Access(access.clone()));
         Ok(())
     }
 }

@@ -216,17 +216,20 @@ fn hami_core_share_preloads_the_library_and_sets_its_limits() {
             HostDir {
                 root: "/var/lib/tessera/hami".to_owned(),
                 path: format!("/var/lib/tessera/hami/{UID}"),
-                mode: 0o755
+                mode: 0o755,
+                owner: None
             },
             HostDir {
                 root: "/var/lib/tessera/hami".to_owned(),
                 path: format!("/var/lib/tessera/hami/{UID}/cache"),
-                mode: 0o1777
+                mode: 0o1777,
+                owner: None
             },
             HostDir {
                 root: "/var/lib/tessera/hami".to_owned(),
                 path: format!("/var/lib/tessera/hami/{UID}/vgpulock"),
-                mode: 0o1777
+                mode: 0o1777,
+                owner: None
             },
         ]
     );
