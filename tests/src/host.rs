@@ -51,3 +51,33 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("binding a loopback port")
 }
+
+/// Makes room for at least `needed` open files in this process: the soft limit (`ulimit -n`)
+/// is raised as far as the hard one allows. Returns the soft limit now in force, or a message
+/// naming both limits where the hard one is below `needed`.
+///
+/// # Errors
+/// Where the hard limit is below `needed`, or the soft one cannot be raised.
+pub fn open_files_for(needed: u64) -> Result<u64, String> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return Ok(soft);
+    }
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    if hard < needed {
+        return Err(format!(
+            "{needed} open files are needed and the hard limit is {hard} (soft {soft}): raise it (ulimit -Hn) and run again"
+        ));
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    )
+    .map_err(|e| format!("raising the open-file limit from {soft} to {hard}: {e}"))?;
+    Ok(hard)
+}
