@@ -10,11 +10,11 @@
 //! `/validate-claims` (share rules; `failurePolicy: Fail`). `/healthz` answers `ok`. The
 //! decisions are the pure functions of `tessera_driver::admission`.
 
-mod handshakes;
 pub mod hooks;
 pub mod lookup;
 pub mod review;
 pub mod server;
+mod stage;
 pub mod tls;
 
 use std::future::Future;
@@ -48,6 +48,8 @@ pub struct WebhookConfig {
     pub lookup_timeout: Duration,
     /// Time-sliced replicas per GPU: one `nvidia.com/gpu.shared` is 1/R of a card.
     pub shared_replicas: u32,
+    /// How many connections are served and in their TLS handshake at once.
+    pub capacity: server::Capacity,
 }
 
 impl WebhookConfig {
@@ -60,6 +62,7 @@ impl WebhookConfig {
             lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
             shared_replicas:
                 tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
+            capacity: server::Capacity::default(),
         }
     }
 }
@@ -81,7 +84,13 @@ pub async fn bind(config: WebhookConfig, lookup: Arc<dyn AdmissionLookup>) -> Re
         .map_err(|e| Error::Config(format!("webhook address {}: {e}", config.addr)))?;
     let admission = Admission::new(lookup, &config.driver_name, config.lookup_timeout)
         .with_shared_replicas(config.shared_replicas);
-    Ok(BoundWebhook::new(listener, certs, Arc::new(tls), admission))
+    Ok(BoundWebhook::new(
+        listener,
+        certs,
+        Arc::new(tls),
+        admission,
+        config.capacity,
+    ))
 }
 
 /// Serves the webhook until `shutdown` completes.

@@ -385,6 +385,11 @@ async fn bad_claims_get_per_claim_errors_and_good_ones_still_prepare() {
     assert!(mismatch.contains("has UID"), "{mismatch}");
     let other = &answer[&h.claim_ref(&h.off_node()).2].error;
     assert!(other.contains(NODE), "{other}");
+    let allocated_to = &h.claims[&h.off_node()].1;
+    assert!(
+        other.contains(&format!("allocated to node {allocated_to}")),
+        "{other}"
+    );
     assert!(
         answer[""].error.contains("uid is empty"),
         "{:?}",

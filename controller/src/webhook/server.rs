@@ -1,15 +1,18 @@
 //! The HTTPS server: TLS with rustls (ring), HTTP/1.1 with hyper, bounded in every dimension a
 //! caller controls (body size, handshake, header, idle and request time, connections).
 //!
-//! A connection goes through two stages. In the handshake stage ([`super::handshakes`]) it
-//! must finish its TLS handshake and get a serving slot within [`HANDSHAKE_TIMEOUT`]; the
-//! stage holds at most [`MAX_HANDSHAKES`] connections and drops the one that waited longest
-//! when a new one arrives at a full stage, and the accept loop never waits for either stage.
-//! Served connections ([`MAX_CONNECTIONS`] at once) must send each request's headers within
-//! [`IDLE_TIMEOUT`] of being ready for it (so an idle keep-alive connection is closed after
-//! that long) and its body within [`BODY_TIMEOUT`]. Every limit is well under the API
-//! server's webhook timeout (10 s in the chart), so idle connections cannot delay a review
-//! into a denial.
+//! A connection goes through two stages ([`super::stage`]), and the accept loop never waits
+//! for either. In the handshake stage (by default at most [`MAX_HANDSHAKES`] connections) it
+//! must finish its TLS handshake within [`HANDSHAKE_TIMEOUT`]. Then it is served (by default at
+//! most [`MAX_CONNECTIONS`] at once): it must send each request's headers within [`IDLE_TIMEOUT`]
+//! of being ready for it (so an idle keep-alive connection is closed after that long) and its
+//! body within [`BODY_TIMEOUT`]. In both stages a connection that waits on its peer (for the
+//! handshake, a request's head or its body) is evicted when a new connection needs its place:
+//! one peer address may have only so many connections waiting (a new one evicts its own
+//! oldest), and at a full stage the oldest waiting of any peer goes; only a connection
+//! answering a complete request keeps its place. So peers that hold connections open and
+//! dribble or say nothing never make the API server's connection wait for a place. Every limit
+//! is well under the API server's webhook timeout (10 s in the chart).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,20 +25,20 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::handshakes::{Eviction, HandshakeStage};
 use super::hooks::{Admission, Hook};
+use super::stage::{Entry, Evicted, Place, Stage};
 use super::tls::CertStore;
 use crate::error::{Error, Result};
 
 /// The largest review body accepted (the API server's own request limit is 3 MiB, and a review
 /// can carry an object and its old version).
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
-/// How long an accepted connection may take to finish its TLS handshake and get a serving slot.
+/// How long an accepted connection may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a served connection may wait before the headers of its next request are in (the
 /// first request's, and each later one's on a kept-alive connection).
@@ -45,10 +48,44 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one review may take from its body to the answer (the lookups have their own,
 /// shorter timeout; this is the backstop).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// At most this many connections are served at once.
+/// By default, at most this many connections are served at once (past the handshake).
 pub const MAX_CONNECTIONS: usize = 512;
-/// At most this many connections are in the handshake stage at once.
+/// By default, at most this many connections are in the handshake stage at once.
 pub const MAX_HANDSHAKES: usize = 1024;
+/// By default, one peer address may have at most this share of each stage's places waiting
+/// on it (1/4: a quarter of the served places, a quarter of the handshake stage).
+const PER_PEER_DIVISOR: usize = 4;
+
+pub use super::stage::Bounds;
+
+/// How many connections each stage holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Connections served at once (past their TLS handshake).
+    pub served: Bounds,
+    /// Connections in their TLS handshake at once.
+    pub handshakes: Bounds,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self::of(MAX_CONNECTIONS, MAX_HANDSHAKES)
+    }
+}
+
+impl Capacity {
+    /// `served` and `handshakes` places, a quarter of each for one peer's waiting connections.
+    pub fn of(served: usize, handshakes: usize) -> Self {
+        let bounds = |capacity: usize| Bounds {
+            capacity,
+            per_peer: (capacity / PER_PEER_DIVISOR).max(1),
+        };
+        Self {
+            served: bounds(served),
+            handshakes: bounds(handshakes),
+        }
+    }
+}
 /// How long in-flight connections get to finish at shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,6 +96,7 @@ pub struct BoundWebhook {
     certs: Arc<CertStore>,
     tls: Arc<rustls::ServerConfig>,
     admission: Arc<Admission>,
+    capacity: Capacity,
 }
 
 impl BoundWebhook {
@@ -67,12 +105,14 @@ impl BoundWebhook {
         certs: Arc<CertStore>,
         tls: Arc<rustls::ServerConfig>,
         admission: Admission,
+        capacity: Capacity,
     ) -> Self {
         Self {
             listener,
             certs,
             tls,
             admission: Arc::new(admission),
+            capacity,
         }
     }
 
@@ -88,8 +128,8 @@ impl BoundWebhook {
         let addr = self.local_addr()?;
         tracing::info!(%addr, "admission webhook serving");
         let (stop_tx, stop_rx) = watch::channel(false);
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        let mut stage = HandshakeStage::new(MAX_HANDSHAKES);
+        let handshakes = Stage::new(self.capacity.handshakes);
+        let served = Stage::new(self.capacity.served);
         let mut connections = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -108,23 +148,24 @@ impl BoundWebhook {
                     continue;
                 }
             };
-            let (eviction, evicted) = stage.admit();
-            if evicted {
-                tracing::debug!(%peer, "handshake stage full; dropped the connection that waited longest");
-            }
+            // Every place of the handshake stage waits on its peer: entering always succeeds.
+            let Some(place) = placed(handshakes.enter(peer.ip()), peer, "handshake") else {
+                continue;
+            };
             self.certs.refresh();
             let connection = Connection {
                 acceptor: TlsAcceptor::from(Arc::clone(&self.tls)),
                 admission: Arc::clone(&self.admission),
-                slots: Arc::clone(&slots),
+                served: served.clone(),
                 stop: stop_rx.clone(),
                 peer,
             };
-            connections.spawn(connection.run(stream, eviction));
+            connections.spawn(connection.run(stream, place));
         }
         tracing::info!(%addr, "admission webhook stopping");
-        // Connections still in the handshake stage give up; served ones finish gracefully.
-        drop(stage);
+        // Connections waiting on their peer give up; those answering a review finish.
+        handshakes.evict_waiting();
+        served.evict_waiting();
         let _ = stop_tx.send(true);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
             while connections.join_next().await.is_some() {}
@@ -137,54 +178,68 @@ impl BoundWebhook {
     }
 }
 
+/// The place `entry` gave a connection from `peer` in the `stage` named, logged.
+fn placed(entry: Entry, peer: SocketAddr, stage: &str) -> Option<Place> {
+    match entry {
+        Entry::Placed { place, evicted } => {
+            match evicted {
+                Evicted::Nobody => {}
+                Evicted::OwnOldest => {
+                    tracing::debug!(%peer, stage, "the peer has its most connections waiting; closed its own that waited longest")
+                }
+                Evicted::Oldest => {
+                    tracing::debug!(%peer, stage, "stage full; closed the connection that waited longest on its peer")
+                }
+            }
+            Some(place)
+        }
+        Entry::Full => {
+            tracing::warn!(%peer, stage, "every place is busy answering a review; connection closed");
+            None
+        }
+    }
+}
+
 /// One accepted connection and what it needs to be served.
 struct Connection {
     acceptor: TlsAcceptor,
     admission: Arc<Admission>,
-    slots: Arc<Semaphore>,
+    served: Stage,
     stop: watch::Receiver<bool>,
     peer: SocketAddr,
 }
 
 impl Connection {
-    async fn run(self, stream: TcpStream, eviction: Eviction) {
+    async fn run(self, stream: TcpStream, place: Place) {
         let peer = self.peer;
-        let Some((tls, slot)) = self.handshake(stream, eviction).await else {
+        let Some(tls) = self.handshake(stream, place).await else {
             return;
         };
-        self.serve(tls, slot).await;
+        let Some(place) = placed(self.served.enter(peer.ip()), peer, "served") else {
+            return;
+        };
+        self.serve(tls, place).await;
         tracing::trace!(%peer, "connection closed");
     }
 
-    /// The handshake stage: TLS, then a serving slot, within [`HANDSHAKE_TIMEOUT`]; `None`
-    /// when the connection timed out, failed or was evicted. Leaving this function (the
-    /// eviction receiver dropped) takes the connection out of the stage.
-    async fn handshake(
-        &self,
-        stream: TcpStream,
-        eviction: Eviction,
-    ) -> Option<(TlsStream<TcpStream>, OwnedSemaphorePermit)> {
+    /// The handshake stage: TLS within [`HANDSHAKE_TIMEOUT`]; `None` when the connection
+    /// timed out, failed or was evicted. Leaving this function (the place dropped) takes the
+    /// connection out of the stage.
+    async fn handshake(&self, stream: TcpStream, place: Place) -> Option<TlsStream<TcpStream>> {
         let peer = self.peer;
-        let ready = async {
-            let tls = self.acceptor.accept(stream).await.map_err(|e| {
-                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-            })?;
-            let slot = Arc::clone(&self.slots)
-                .acquire_owned()
-                .await
-                .map_err(|_| ())?;
-            Ok::<_, ()>((tls, slot))
-        };
         tokio::select! {
-            _ = eviction => {
+            () = place.evicted() => {
                 tracing::debug!(%peer, "evicted from the handshake stage");
                 None
             }
-            done = tokio::time::timeout(HANDSHAKE_TIMEOUT, ready) => match done {
-                Ok(Ok(ready)) => Some(ready),
-                Ok(Err(())) => None,
+            done = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)) => match done {
+                Ok(Ok(tls)) => Some(tls),
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    None
+                }
                 Err(_) => {
-                    tracing::debug!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake or serving slot timed out");
+                    tracing::debug!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out");
                     None
                 }
             },
@@ -192,18 +247,22 @@ impl Connection {
     }
 
     /// Serves HTTP/1.1 on the connection until the client closes it, it idles past
-    /// [`IDLE_TIMEOUT`], or the server stops.
-    async fn serve(self, tls: TlsStream<TcpStream>, slot: OwnedSemaphorePermit) {
-        let _slot = slot;
+    /// [`IDLE_TIMEOUT`], it is evicted while it waits on its peer, or the server stops.
+    async fn serve(self, tls: TlsStream<TcpStream>, place: Place) {
         let Self {
             admission,
             mut stop,
             peer,
             ..
         } = self;
-        let service = hyper::service::service_fn(move |req| {
-            let admission = Arc::clone(&admission);
-            async move { Ok::<_, Infallible>(respond(&admission, req).await) }
+        let place = Arc::new(place);
+        let service = hyper::service::service_fn({
+            let place = Arc::clone(&place);
+            move |req| {
+                let admission = Arc::clone(&admission);
+                let place = Arc::clone(&place);
+                async move { Ok::<_, Infallible>(respond(&admission, &place, req).await) }
+            }
         });
         // hyper's header read timeout runs whenever the connection waits for a request head,
         // the first one and each one after a kept-alive answer: it is the idle timeout too.
@@ -217,6 +276,9 @@ impl Connection {
                 if let Err(e) = result {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
+            }
+            () = place.evicted() => {
+                tracing::debug!(%peer, "evicted while waiting on its peer");
             }
             () = async { let _ = stop.wait_for(|s| *s).await.is_ok(); } => {
                 conn.as_mut().graceful_shutdown();
@@ -236,7 +298,11 @@ fn plain(status: StatusCode, text: impl Into<Bytes>) -> Response<Full<Bytes>> {
     response
 }
 
-async fn respond(admission: &Admission, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn respond(
+    admission: &Admission,
+    place: &Place,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     if path == "/healthz" || path == "/readyz" {
         return plain(StatusCode::OK, "ok\n");
@@ -269,6 +335,13 @@ async fn respond(admission: &Admission, req: Request<Incoming>) -> Response<Full
                 format!("the body did not arrive within {BODY_TIMEOUT:?}\n"),
             );
         }
+    };
+    // The request is complete: the connection is busy (never evicted) until it is answered.
+    let Some(_busy) = place.busy() else {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the connection was closed to make room for another\n",
+        );
     };
     let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
         match admission.review(hook, &body).await {

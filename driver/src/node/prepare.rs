@@ -167,10 +167,7 @@ pub fn prepare_on_node(
         });
     }
     if devices.is_empty() {
-        return Err(err(format!(
-            "the allocation has no device of driver {driver} on node {}",
-            node.name
-        )));
+        return Err(err(not_here(allocation, driver, &node.name)));
     }
     card::check_within_cards(&devices, &node.gpus).map_err(&err)?;
     if let Some(stray) = trusted.stray(allocation, driver) {
@@ -185,6 +182,27 @@ pub fn prepare_on_node(
         name: claim.metadata.name.clone().unwrap_or_default(),
         devices,
     })
+}
+
+/// Why an allocation with none of `driver`'s devices on `node` is refused there: naming the
+/// node it is allocated to (the pool of a Tessera device is its node), where there is one.
+fn not_here(allocation: &res::AllocationResult, driver: &str, node: &str) -> String {
+    let elsewhere: std::collections::BTreeSet<&str> = allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == driver)
+        .map(|r| r.pool.as_str())
+        .collect();
+    if elsewhere.is_empty() {
+        return format!("the allocation has no device of driver {driver} on node {node}");
+    }
+    let nodes: Vec<&str> = elsewhere.into_iter().collect();
+    format!(
+        "the claim is allocated to node {}, not to this node {node}: its devices of driver \
+         {driver} are there, and only that node's plugin prepares them",
+        nodes.join(", ")
+    )
 }
 
 /// Everything the node makes for `claim` on `node`, decided at once: its devices with their

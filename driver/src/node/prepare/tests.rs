@@ -80,6 +80,24 @@ fn share(claim: &res::ResourceClaim) -> Option<PerDeviceShare> {
 }
 
 #[test]
+fn a_claim_allocated_to_another_node_is_refused_naming_that_node() {
+    let mut elsewhere = claim(None, &[], &[]);
+    let results = elsewhere
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap();
+    results.devices.as_mut().unwrap().results.as_mut().unwrap()[0].pool = "node-b".to_owned();
+    let message = refused(&elsewhere);
+    assert!(
+        message.contains("allocated to node node-b, not to this node node-a"),
+        "{message}"
+    );
+}
+
+#[test]
 fn a_record_the_user_wrote_into_the_claim_is_refused() {
     // kube-scheduler booked the policy defaults and copied the user's record into the
     // allocation: the record must not become the limits.
