@@ -185,10 +185,10 @@ fn placed(entry: Entry, peer: SocketAddr, stage: &str) -> Option<Place> {
             match evicted {
                 Evicted::Nobody => {}
                 Evicted::OwnOldest => {
-                    tracing::debug!(%peer, stage, "the peer has its most connections waiting; closed its own that waited longest")
+                    tracing::debug!(%peer, stage, "the peer has its most connections waiting; closed its own that waited longest");
                 }
                 Evicted::Oldest => {
-                    tracing::debug!(%peer, stage, "stage full; closed the connection that waited longest on its peer")
+                    tracing::debug!(%peer, stage, "stage full; closed the connection that waited longest on its peer");
                 }
             }
             Some(place)
