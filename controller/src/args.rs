@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use tessera_driver::names;
 use tessera_driver::placement::allocator::Policy;
 use tokio::sync::watch;
@@ -18,14 +18,8 @@ use crate::service::{self, ControllerConfig};
 use crate::webhook::{self, ApiAdmissionLookup, WebhookConfig};
 use tessera_driver::admission::device_plugin_names;
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Plain,
-    /// One JSON object per line.
-    Json,
-}
+/// Log line format (the one setting of every Tessera binary).
+pub use tessera_kubeapi::logs::LogFormat;
 
 /// Tessera's controller: allocates the claims of pods gated with `gpu.tessera.dev/allocation`.
 #[derive(Debug, Clone, Parser)]
@@ -110,14 +104,10 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// Installs the process's log subscriber on stdout: plain lines escaped as the plugin's are,
+/// colour only on a terminal ([`tessera_kubeapi::logs`]).
 fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    tessera_kubeapi::logs::init(format, tessera_kubeapi::logs::Stream::Stdout);
 }
 
 async fn shutdown_signal() {

@@ -39,6 +39,7 @@ mod discovery;
 mod error;
 pub mod events;
 mod json_object;
+pub mod logs;
 pub mod probes;
 pub mod text;
 mod watch;

@@ -17,9 +17,38 @@ pub fn is_hidden(c: char) -> bool {
         )
 }
 
+/// `text` with every character [`is_hidden`] names written as its escape (`\n`, `\u{1b}`,
+/// `\u{202e}`), for a text that reaches a log line, a terminal or `kubectl describe`.
+pub fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    // Writing to a String cannot fail.
+    let _ = write_escaped(&mut out, text);
+    out
+}
+
+/// Writes `text` to `writer` as [`escaped`] gives it.
+pub fn write_escaped(writer: &mut impl std::fmt::Write, text: &str) -> std::fmt::Result {
+    for c in text.chars() {
+        if is_hidden(c) {
+            write!(writer, "{}", c.escape_default())?;
+        } else {
+            writer.write_char(c)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hidden_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(
+            escaped("claim\n\u{1b}[31mé\u{202e}\u{2028}"),
+            "claim\\n\\u{1b}[31mé\\u{202e}\\u{2028}"
+        );
+    }
 
     #[test]
     fn controls_formats_and_separators_are_hidden_and_text_is_not() {
