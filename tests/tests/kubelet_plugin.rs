@@ -357,6 +357,66 @@ async fn concurrent_kubelet_calls_for_different_claims_all_succeed() {
     }
 }
 
+/// What would end a line of `kubectl describe` and forge the next, drive a terminal, reverse
+/// the text after it, or break a line in some readers.
+const FORGING: &str = "\n1999-01-01 Normal Prepared\u{1b}[31m\u{202e}\u{2028}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_sent_to_kubelet_escape_what_names_and_texts_carry() {
+    let h = Harness::new();
+    // A claim allocated to another node, whose name and that node's name (its pool) carry
+    // the forging characters; and a claim that does not exist, named and with a UID the same.
+    let (mut elsewhere, _) = h.claims[&h.off_node()].clone();
+    let name = format!("moved{FORGING}");
+    let node = format!("node{FORGING}");
+    elsewhere.metadata.name = Some(name.clone());
+    elsewhere.metadata.uid = Some("uid-moved".to_owned());
+    let results = elsewhere
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap();
+    for result in results.devices.as_mut().unwrap().results.as_mut().unwrap() {
+        result.pool.clone_from(&node);
+    }
+    let namespace = elsewhere.metadata.namespace.clone().unwrap();
+    let mut source = h.source();
+    source.insert(elsewhere);
+    let plugin = h.start_with(h.preparer("boot-1", source));
+    let gone = (
+        format!("ns{FORGING}"),
+        format!("gone{FORGING}"),
+        format!("uid{FORGING}"),
+    );
+    let answer = prepare_v1(
+        &plugin,
+        &[(namespace, name, "uid-moved".to_owned()), gone.clone()],
+    )
+    .await;
+    for (uid, claim) in &answer {
+        assert!(!claim.error.is_empty(), "{uid:?} is refused");
+        assert!(
+            !claim.error.chars().any(tessera_kubeapi::text::is_hidden),
+            "{uid:?}: {:?}",
+            claim.error
+        );
+    }
+    let escaped = tessera_kubeapi::text::escaped(FORGING);
+    let moved = &answer["uid-moved"].error;
+    assert!(
+        moved.contains(&format!("allocated to node node{escaped}")),
+        "the node it is allocated to, escaped: {moved}"
+    );
+    assert!(moved.contains(&format!("moved{escaped}")), "{moved}");
+    assert!(
+        answer[&gone.2].error.contains(&format!("gone{escaped}")),
+        "{}",
+        answer[&gone.2].error
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_claims_get_per_claim_errors_and_good_ones_still_prepare() {
     let h = Harness::new();

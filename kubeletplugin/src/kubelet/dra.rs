@@ -3,7 +3,8 @@
 //! Kubelet sends a batch of claims; the preparer takes them together (one checkpoint write per
 //! step for the whole call) and each claim's outcome goes into the answer's map under its UID.
 //! A claim's failure is that claim's `error`, never a failed call (which would make kubelet
-//! discard the whole batch). A UID sent twice is prepared once (the answer has one entry per
+//! discard the whole batch), with every character `tessera_kubeapi::text::is_hidden` names
+//! escaped (kubelet puts it in the pod's events). A UID sent twice is prepared once (the answer has one entry per
 //! UID). When kubelet gives up on the call, the work stops at the next claim
 //! ([`crate::claims::cancel`]). An answer must fit the 4 MiB a gRPC message may hold (kubelet reads no
 //! more): past it, each claim's error is cut (to [`ERROR_BYTES`], then [`SHORT_ERROR_BYTES`]),
@@ -58,7 +59,10 @@ fn outcome<T>(
             let _span = claim.span(work).entered();
             let result = result.map_err(|e| {
                 warn!(%claim, error = %e, retryable = e.is_retryable(), "claim failed");
-                e.to_string()
+                // kubelet shows it in the pod's events (`kubectl describe`): names, UIDs and
+                // the API server's texts in it must not end a line, forge one or drive a
+                // terminal there.
+                tessera_kubeapi::text::escaped(&e.to_string())
             });
             (claim.uid, result)
         })

@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use tessera_driver::node::cdi::{self, ContainerEdits, Enforcement};
@@ -125,8 +125,11 @@ impl ChildProbe {
                 Err(e) => return Self::did_not_run(format!("waiting for the probe: {e}")),
             }
         };
-        let stdout = stdout.map(collect).unwrap_or_default();
-        let stderr = stderr.map(collect).unwrap_or_default();
+        // What the child wrote is in the pipes now; only a process it left behind (a daemon a
+        // preloaded library forked) can hold them open, and discovery does not wait for it.
+        let until = Instant::now() + OUTPUT_AFTER_EXIT;
+        let stdout = stdout.map(|o| o.collect(until)).unwrap_or_default();
+        let stderr = stderr.map(|o| o.collect(until)).unwrap_or_default();
         if !status.success() {
             return Self::did_not_run(format!("the probe exited with {status}: {}", tail(&stderr)));
         }
@@ -140,26 +143,58 @@ impl ChildProbe {
     }
 }
 
-/// The last line of `text`, at most 300 characters, for a reason.
 /// The most of a child's output kept (the report is one short line; the rest is for the tail
 /// of an error): what comes after is read and dropped.
-const OUTPUT_KEPT: u64 = 1 << 20;
+const OUTPUT_KEPT: usize = 1 << 20;
 
-/// Reads `pipe` to its end on a thread of its own, keeping its first [`OUTPUT_KEPT`] bytes.
-fn drain(pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+/// How long the child's output may still take to be read to its end once the child exited.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(1);
+
+/// One of the child's output pipes, read to its end on a thread of its own.
+struct Drained {
+    /// The first [`OUTPUT_KEPT`] bytes read so far.
+    kept: Arc<Mutex<Vec<u8>>>,
+    /// Says the pipe reached its end (every writer closed it).
+    ended: mpsc::Receiver<()>,
+}
+
+/// Starts reading `pipe` to its end, keeping its first [`OUTPUT_KEPT`] bytes.
+fn drain(mut pipe: impl Read + Send + 'static) -> Drained {
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let (end, ended) = mpsc::channel();
+    let into = Arc::clone(&kept);
     std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut pipe = pipe;
-        let _ = pipe.by_ref().take(OUTPUT_KEPT).read_to_end(&mut kept);
-        let _ = std::io::copy(&mut pipe, &mut std::io::sink());
+        let mut chunk = [0u8; 8192];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let mut kept = into.lock().unwrap_or_else(PoisonError::into_inner);
+                    let room = OUTPUT_KEPT.saturating_sub(kept.len());
+                    kept.extend_from_slice(&chunk[..n.min(room)]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = end.send(());
+    });
+    Drained { kept, ended }
+}
+
+impl Drained {
+    /// What was read: all of it when the pipe ends by `until`; else what came by then (the
+    /// thread goes on reading, and ends with the pipe).
+    fn collect(self, until: Instant) -> String {
+        let _ = self
+            .ended
+            .recv_timeout(until.saturating_duration_since(Instant::now()));
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         String::from_utf8_lossy(&kept).into_owned()
-    })
+    }
 }
 
-fn collect(reader: std::thread::JoinHandle<String>) -> String {
-    reader.join().unwrap_or_default()
-}
-
+/// The last line of `text`, at most 300 characters, for a reason.
 fn tail(text: &str) -> String {
     let line = text.trim().lines().last().unwrap_or("(nothing)");
     line.chars().take(300).collect()
@@ -261,6 +296,36 @@ mod tests {
         };
         assert_eq!(code, isolation::REASON_DID_NOT_RUN, "{message}");
         assert!(message.contains("last words"), "{message}");
+    }
+
+    #[test]
+    fn a_process_the_child_leaves_holding_its_output_does_not_hold_up_the_verdict() {
+        let node = node();
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("grandchild.pid");
+        // The child forks a sleeper that inherits its stdout and stderr, reports, and exits.
+        let script = format!(
+            "sleep 300 & echo $! > {}; echo '{{\"limitBytes\":1073741824,\"pastBytes\":1610612736,\"past\":{{\"result\":\"served\"}},\"underBytes\":536870912,\"under\":{{\"result\":\"served\"}}}}'",
+            pid_file.display()
+        );
+        let (verdict, judged) = mpsc::channel();
+        let gpu = node.gpus[0].clone();
+        std::thread::spawn(move || {
+            let child = probe("/bin/sh", &["-c", &script], Duration::from_mins(1));
+            let _ = verdict.send(child.probe(&node, &gpu));
+        });
+        // Far longer than reading what the child wrote takes, far shorter than the sleeper.
+        let outcome = judged.recv_timeout(Duration::from_secs(120));
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let outcome = outcome.expect("the verdict does not wait for the sleeper");
+        assert_eq!(
+            code(&outcome),
+            isolation::REASON_LIMIT_NOT_ENFORCED,
+            "the child's report is judged: {outcome:?}"
+        );
     }
 
     #[test]
