@@ -16,7 +16,7 @@ use tessera_tests::fake_apiserver::FakeApiServer;
 const CRAFTED: &str = "web\n1999-01-01T00:00:00Z  INFO forged: placed\u{1b}[31m\u{202e}\u{2028}x";
 
 /// How long the controller may take to list the pod and log that it waits; the test bound.
-const LOGGED_BOUND: Duration = Duration::from_secs(60);
+const LOGGED_BOUND: Duration = Duration::from_mins(1);
 
 /// Stops the controller when the test ends, however it ends.
 struct Killed(std::process::Child);

@@ -315,7 +315,7 @@ mod tests {
             let _ = verdict.send(child.probe(&node, &gpu));
         });
         // Far longer than reading what the child wrote takes, far shorter than the sleeper.
-        let outcome = judged.recv_timeout(Duration::from_secs(120));
+        let outcome = judged.recv_timeout(Duration::from_mins(2));
         if let Ok(pid) = std::fs::read_to_string(&pid_file) {
             let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
