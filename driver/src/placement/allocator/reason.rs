@@ -75,6 +75,16 @@ pub enum FailureKind {
     Invalid(String),
     /// A CEL selector failed at runtime.
     CelRuntime(String),
+    /// kube-scheduler's allocator returned an error on a candidate node (a selector's runtime
+    /// error, "all devices" while a pool is being updated, ...): that aborts the pod's whole
+    /// scheduling attempt, whatever other nodes offer, so nothing is placed and the pod is
+    /// tried again later. Not a rule of the claim: the cluster may change.
+    Aborted {
+        /// The node whose search failed.
+        node: String,
+        /// kube-scheduler's error there.
+        error: String,
+    },
     /// The search exceeded its step budget.
     SearchLimit(u64),
     /// No candidate node fits; the allocator was asked not to work out why (simulations).
@@ -196,6 +206,12 @@ impl fmt::Display for ClaimFailure {
             )?,
             FailureKind::NoNodes => write!(f, ": no candidate node")?,
             FailureKind::Invalid(m) | FailureKind::CelRuntime(m) => write!(f, ": {m}")?,
+            FailureKind::Aborted { node, error } => write!(
+                f,
+                ": the scheduling attempt is aborted by an error on node {node}, as \
+                 kube-scheduler aborts it (the pod stays pending and is retried, not placed on \
+                 another node): {error}"
+            )?,
             FailureKind::SearchLimit(n) => {
                 write!(f, ": unsatisfiable: search limit of {n} steps reached")?;
             }

@@ -26,8 +26,11 @@ use crate::rules::share::PerDeviceShare;
 pub(crate) enum Abort {
     /// The step budget ran out.
     Budget,
-    /// A selector failed at runtime.
+    /// A selector failed at runtime (kube-scheduler's allocator returns it as an error).
     Cel(Error),
+    /// kube-scheduler's allocator returns an error for this node (e.g. "all devices" while a
+    /// pool is being updated): not a misfit, the pod's scheduling attempt aborts.
+    Error(String),
     /// The claim can never be allocated (a rule is broken).
     Fatal(String),
 }
@@ -190,9 +193,9 @@ pub(crate) fn static_outcome(
         }
     }
     let entry = &snap.devices[dev];
-    if let Some(share) = spec.share_on(entry.tessera)
-        && (!entry.tessera_shared || share.is_err())
-    {
+    // Only a `GpuShare` (Tessera's own config) needs a shared GPU: native capacity requests
+    // take any device that declares the capacities, as kube-scheduler decides it.
+    if spec.share.is_some() && !entry.tessera_shared {
         return Ok(Outcome::NotShared);
     }
     if entry
@@ -242,6 +245,9 @@ pub(crate) struct Search<'a> {
     pub(crate) steps: u64,
     budget: u64,
     cands: HashMap<(usize, usize, usize), Rc<Vec<usize>>>,
+    /// CEL runtime errors of candidates (claim, request, alternative, device), raised only when
+    /// the search reaches the device free, as kube-scheduler evaluates selectors lazily.
+    deferred: HashMap<(usize, usize, usize, usize), Error>,
     excl: Vec<(usize, usize)>,
     inflight: HashMap<usize, Amounts>,
     /// Over-committed memory bytes and compute of this search's batch picks, per device.
@@ -297,6 +303,7 @@ impl<'a> Search<'a> {
             steps: 0,
             budget,
             cands: HashMap::new(),
+            deferred: HashMap::new(),
             excl: Vec::new(),
             inflight: HashMap::new(),
             inflight_over: HashMap::new(),
@@ -311,8 +318,48 @@ impl<'a> Search<'a> {
     }
 
     /// Runs the search; `Ok(true)` when every claim got its devices.
+    ///
+    /// As kube-scheduler's `Allocate`, every "all devices" request (and subrequest) of every
+    /// claim is resolved before the search starts (`validateDeviceRequest`): a pool of this
+    /// node being updated or invalid, or a selector failing on any device of the node, is an
+    /// error however the search would go.
     pub(crate) fn run(&mut self) -> Step {
-        self.step(0, 0, None, 0)
+        for c in 0..self.specs.len() {
+            for r in 0..self.specs[c].requests.len() {
+                for a in 0..self.specs[c].requests[r].len() {
+                    let spec = &self.specs[c].requests[r][a];
+                    if !spec.all {
+                        continue;
+                    }
+                    if let Some(pool) = self.unusable_pool() {
+                        return Err(Abort::Error(format!(
+                            "claim {}, request {}: asks for all devices, but {pool}",
+                            self.specs[c].name, spec.full
+                        )));
+                    }
+                    self.candidates(c, r, a)?;
+                }
+            }
+        }
+        self.step(0, 0, None, 0, 0)
+    }
+
+    /// Whether the device is held in a way that rules it out for request `spec` of claim `c`
+    /// before anything else is looked at (kube-scheduler's `deviceInUse`, or for admin access
+    /// `allocatingDeviceForClaim`): held whole by an allocation, or picked whole in this
+    /// search (an admin-access pick included).
+    fn in_use(&self, c: usize, spec: &ReqSpec, dev: usize) -> bool {
+        let entry = &self.snap.devices[dev];
+        let u = &self.snap.uses[dev];
+        let excl_any = self.excl.iter().any(|&(d, _)| d == dev);
+        if spec.admin {
+            return !entry.multi && self.excl.iter().any(|&(d, cl)| d == dev && cl == c);
+        }
+        if entry.multi || spec.share.is_some() {
+            return u.exclusive > 0 || excl_any;
+        }
+        let inflight_holders = self.holders.get(&dev).copied().unwrap_or(0);
+        u.holders() > 0 || inflight_holders > 0 || excl_any
     }
 
     fn candidates(&mut self, c: usize, r: usize, a: usize) -> Result<Rc<Vec<usize>>, Abort> {
@@ -322,8 +369,16 @@ impl<'a> Search<'a> {
         let spec = &self.specs[c].requests[r][a];
         let mut list = Vec::new();
         for &dev in &self.node_devices {
-            // "All" takes every selectable device; taints are checked when it is taken.
-            let outcome = static_outcome(self.snap, self.cache, spec, dev)?;
+            // "All" takes every selectable device; taints are checked when it is taken. Its
+            // selectors' errors count at once; another request's only when it is reached.
+            let outcome = match static_outcome(self.snap, self.cache, spec, dev) {
+                Err(Abort::Cel(e)) if !spec.all => {
+                    self.deferred.insert((c, r, a, dev), e);
+                    list.push(dev);
+                    continue;
+                }
+                other => other?,
+            };
             if outcome == Outcome::Fits || (spec.all && outcome == Outcome::Tainted) {
                 // "All" means all devices with room for the request's capacity, as
                 // committed before this search (kube-scheduler decides it up front).
@@ -415,8 +470,13 @@ impl<'a> Search<'a> {
         }
     }
 
+    /// One step of the search: device `d` of alternative `alt` of request `r` of claim `c`.
+    /// `start` is where in the request's candidates the search for device `d` begins: after
+    /// the device taken for `d - 1`, as kube-scheduler's `allocateOne` continues at its
+    /// `startLocation`, so one request never takes a device twice (not even one that allows
+    /// multiple allocations) and tries each set of devices once, not in every order.
     #[allow(clippy::many_single_char_names)] // Reason: c, r, a, d index claim, request, alternative, device throughout.
-    fn step(&mut self, c: usize, r: usize, alt: Option<usize>, d: usize) -> Step {
+    fn step(&mut self, c: usize, r: usize, alt: Option<usize>, d: usize, start: usize) -> Step {
         self.steps += 1;
         if self.steps > self.budget {
             return Err(Abort::Budget);
@@ -426,19 +486,19 @@ impl<'a> Search<'a> {
         }
         let claim = &self.specs[c];
         if r >= claim.requests.len() {
-            return self.step(c + 1, 0, None, 0);
+            return self.step(c + 1, 0, None, 0, 0);
         }
         let Some(a) = alt else {
             if claim.first_available[r] {
                 for a in 0..claim.requests[r].len() {
-                    if self.step(c, r, Some(a), 0)? {
+                    if self.step(c, r, Some(a), 0, 0)? {
                         self.selected[c][r] = a;
                         return Ok(true);
                     }
                 }
                 return Ok(false);
             }
-            return self.step(c, r, Some(0), d);
+            return self.step(c, r, Some(0), d, start);
         };
         let spec = &claim.requests[r][a];
         let cands = self.candidates(c, r, a)?;
@@ -447,7 +507,7 @@ impl<'a> Search<'a> {
             return Ok(false);
         }
         if d >= needed {
-            return self.step(c, r + 1, None, 0);
+            return self.step(c, r + 1, None, 0, 0);
         }
         if self.picks[c]
             .len()
@@ -458,24 +518,30 @@ impl<'a> Search<'a> {
             return Ok(false);
         }
         if spec.all {
-            if spec.all && self.all_blocked() {
-                return Ok(false);
-            }
             let dev = cands[d];
             if !self.take(c, r, a, dev)? {
                 return Ok(false);
             }
-            if self.step(c, r, Some(a), d + 1)? {
+            if self.step(c, r, Some(a), d + 1, 0)? {
                 return Ok(true);
             }
             self.untake(c);
             return Ok(false);
         }
-        for &dev in cands.iter() {
+        for (at, &dev) in cands.iter().enumerate().skip(start) {
+            // In use first, selectors after: a selector's error on a device in use is never
+            // raised (`allocateOne` checks `deviceInUse` before `isSelectable`).
+            let spec = &self.specs[c].requests[r][a];
+            if self.in_use(c, spec, dev) {
+                continue;
+            }
+            if let Some(e) = self.deferred.get(&(c, r, a, dev)) {
+                return Err(Abort::Cel(e.clone()));
+            }
             if !self.take(c, r, a, dev)? {
                 continue;
             }
-            match self.step(c, r, Some(a), d + 1) {
+            match self.step(c, r, Some(a), d + 1, at + 1) {
                 Ok(true) => return Ok(true),
                 Ok(false) => self.untake(c),
                 Err(e) => {
@@ -487,12 +553,14 @@ impl<'a> Search<'a> {
         Ok(false)
     }
 
-    /// Whether an incomplete or invalid pool concerns this node ("All" must see every device).
-    fn all_blocked(&self) -> bool {
+    /// Why the pool of this node that is being updated or is invalid cannot be used, if one
+    /// is ("all devices" must see every device; kube-scheduler then returns an error).
+    fn unusable_pool(&self) -> Option<&str> {
         self.snap
             .pools
             .iter()
-            .any(|p| p.unusable.is_some() && p.scopes.iter().any(|s| s.matches(self.node)))
+            .filter(|p| p.scopes.iter().any(|s| s.matches(self.node)))
+            .find_map(|p| p.unusable.as_deref())
     }
 
     fn used_with_inflight(&self, dev: usize) -> Amounts {
@@ -516,23 +584,38 @@ impl<'a> Search<'a> {
         let mut share = None;
         let mut over = None;
         let mut exclusive = false;
-        // "All" candidates include tainted devices: an untolerated taint fails the request.
-        if spec.all
-            && entry
-                .taints
-                .iter()
-                .any(|t| !spec.tolerations.iter().any(|tol| tolerates(tol, t)))
-        {
-            return Ok(false);
+        // "All" takes the devices listed up front in kube-scheduler's `allocateDevice` order:
+        // in use, shared counters, taints (the list includes tainted devices), each of which
+        // fails the request; then the claim's constraints, which abort the attempt.
+        if spec.all {
+            let counters_needed = !spec.admin
+                && !entry.consumes.is_empty()
+                && u.holders() == 0
+                && inflight_holders == 0;
+            if self.in_use(c, spec, dev)
+                || (counters_needed && !self.counters_fit(dev))
+                || entry
+                    .taints
+                    .iter()
+                    .any(|t| !spec.tolerations.iter().any(|tol| tolerates(tol, t)))
+            {
+                return Ok(false);
+            }
+            if !self.constraints_admit(c, r, a, dev) {
+                return Err(Abort::Error(format!(
+                    "claim {}, request {}: cannot add device {} because a claim constraint \
+                     would not be satisfied",
+                    self.specs[c].name,
+                    spec.full,
+                    entry.id()
+                )));
+            }
         }
         if spec.admin {
             if !entry.multi && self.excl.iter().any(|&(d, cl)| d == dev && cl == c) {
                 return Ok(false);
             }
-        } else if let Some(share_req) = spec.share_on(entry.tessera) {
-            let Ok(share_req) = share_req else {
-                return Ok(false);
-            };
+        } else if let Some(share_req) = spec.share.as_ref() {
             if !entry.tessera_shared || u.exclusive > 0 || excl_any {
                 return Ok(false);
             }
@@ -589,11 +672,12 @@ impl<'a> Search<'a> {
             }
             share = Some(per);
         } else {
-            if entry.multi {
-                if u.exclusive > 0 || excl_any {
-                    return Ok(false);
-                }
-            } else if u.holders() > 0 || inflight_holders > 0 {
+            // Kubernetes' own sizing (`CmpRequestOverCapacity`): every requested capacity
+            // must be declared, each declared one is consumed by its request policy.
+            if self.in_use(c, spec, dev) {
+                return Ok(false);
+            }
+            if spec.fragments_only && entry.tessera_shared && !super::delay::is_fragment(u) {
                 return Ok(false);
             }
             let empty = Amounts::new();
@@ -800,23 +884,7 @@ impl<'a> Search<'a> {
             if !k.applies(&spec.base, &spec.full) {
                 continue;
             }
-            let Some(value) = lookup_attr(self.snap, dev, &k.attribute) else {
-                for j in 0..i {
-                    self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
-                }
-                return false;
-            };
-            let next = match &self.constraints[c][i] {
-                ConstraintState::Match { common } => match common.last() {
-                    None => Some(value),
-                    Some((_, set)) => Some(set.intersect(&value)).filter(|s| !s.is_empty()),
-                },
-                ConstraintState::Distinct { values } => values
-                    .iter()
-                    .all(|(_, y)| y.disjoint(&value))
-                    .then_some(value),
-            };
-            let Some(next) = next else {
+            let Some(next) = self.constraint_with(c, i, dev) else {
                 for j in 0..i {
                     self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
                 }
@@ -830,6 +898,35 @@ impl<'a> Search<'a> {
             }
         }
         true
+    }
+
+    /// What constraint `i` of claim `c` keeps once `dev` is added, or `None` when the device
+    /// breaks it (lacks the attribute, or its values do not meet the others').
+    fn constraint_with(&self, c: usize, i: usize, dev: usize) -> Option<AttrSet> {
+        let value = lookup_attr(self.snap, dev, &self.specs[c].constraints[i].attribute)?;
+        match &self.constraints[c][i] {
+            ConstraintState::Match { common } => match common.last() {
+                None => Some(value),
+                Some((_, set)) => Some(set.intersect(&value)).filter(|s| !s.is_empty()),
+            },
+            ConstraintState::Distinct { values } => values
+                .iter()
+                .all(|(_, y)| y.disjoint(&value))
+                .then_some(value),
+        }
+    }
+
+    /// Whether adding `dev` for alternative `a` of request `r` keeps every constraint of claim
+    /// `c` that covers it (nothing is recorded).
+    #[allow(clippy::many_single_char_names)] // Reason: indices as in `step`.
+    fn constraints_admit(&self, c: usize, r: usize, a: usize, dev: usize) -> bool {
+        let spec = &self.specs[c].requests[r][a];
+        self.specs[c]
+            .constraints
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.applies(&spec.base, &spec.full))
+            .all(|(i, _)| self.constraint_with(c, i, dev).is_some())
     }
 
     fn remove_one(&mut self, c: usize, i: usize, base: &str, full: &str, dev: usize) {
@@ -876,7 +973,7 @@ fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcom
     }
     let entry = &snap.devices[dev];
     let u = &snap.uses[dev];
-    if let Some(Ok(share)) = spec.share_on(entry.tessera) {
+    if let Some(share) = spec.share.as_ref() {
         if u.exclusive > 0 {
             return Ok(Outcome::InUse);
         }

@@ -30,8 +30,6 @@ pub(crate) struct DeviceEntry {
     pub(crate) capacity: Capacities,
     /// `allowMultipleAllocations`.
     pub(crate) multi: bool,
-    /// Published by Tessera's driver.
-    pub(crate) tessera: bool,
     /// A Tessera GPU many claims may share: `allowMultipleAllocations`, or `sharing=shared`.
     pub(crate) tessera_shared: bool,
     /// Tessera memory capacity in bytes (0 when not declared).
@@ -262,7 +260,6 @@ impl Snapshot {
             scope,
             capacity,
             multi: device.allow_multiple_allocations == Some(true),
-            tessera,
             tessera_shared,
             memory,
             compute,
