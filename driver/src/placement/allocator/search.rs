@@ -683,8 +683,7 @@ impl<'a> Search<'a> {
             let empty = Amounts::new();
             let requests = match &spec.capacity {
                 None => Some(empty),
-                Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
-                    .map_err(Abort::Fatal)?,
+                Some(reqs) => capacity::resolve_requests(reqs, &entry.capacity),
             };
             let Some(requests) = requests else {
                 return Ok(false);
@@ -1012,8 +1011,7 @@ fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<bool, Ab
     let entry = &snap.devices[dev];
     let requests = match &spec.capacity {
         None => Some(Amounts::new()),
-        Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
-            .map_err(Abort::Fatal)?,
+        Some(reqs) => capacity::resolve_requests(reqs, &entry.capacity),
     };
     let Some(requests) = requests else {
         return Ok(false);

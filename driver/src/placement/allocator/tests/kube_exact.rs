@@ -747,6 +747,67 @@ fn valid_values_round_up_to_the_next_listed_value() {
     assert!(allocate(&slices, &[gpus_class()], &[&ask("11")], &[node("a")]).is_err());
 }
 
+/// Capacity names are matched as spelled: 1.36's `requestsContainNonExistCapacity` and
+/// `calculateConsumedCapacity` look a request's names up in the device's capacity map as they
+/// are written, so `gpu.tessera.dev/memory` is not the `memory` a device declares.
+#[test]
+fn capacity_names_are_matched_as_spelled() {
+    let plain = multi_gpu("gpu-0", shipped_capacity("80Gi"));
+    let spelled = multi_gpu("gpu-1", json!({format!("{D}/memory"): {"value": "80Gi"}}));
+    let ask = claim(
+        "c",
+        vec![request(
+            "gpu",
+            json!({"deviceClassName": "gpus",
+                   "capacity": {"requests": {format!("{D}/memory"): "10Gi"}}}),
+        )],
+        json!({}),
+    );
+    let p = allocate(
+        &[pool("a", 1, vec![plain, spelled])],
+        &[gpus_class()],
+        &[&ask],
+        &[node("a")],
+    )
+    .unwrap();
+    assert_eq!(devices(&p.allocations[0]), ["gpu/gpu-1"]);
+    assert_eq!(
+        consumed(&results(&p.allocations[0])[0]),
+        pairs(&[(format!("{D}/memory").as_str(), "10Gi")])
+    );
+}
+
+/// A range's step rounds in whole units: `roundUpRange` reads the request, the minimum and the
+/// step with `Value()`, which rounds each up, so 1200m in steps of 500m from 0 consumes 2 (not
+/// 1.5), and `violatesPolicy` checks the step the same way.
+#[test]
+fn a_step_rounds_in_whole_units() {
+    let gpu = multi_gpu(
+        "gpu-0",
+        json!({"slots": {"value": "4", "requestPolicy": {
+            "validRange": {"min": "0", "step": "500m"}}}}),
+    );
+    let c = claim(
+        "c",
+        vec![request(
+            "gpu",
+            json!({"deviceClassName": "gpus", "capacity": {"requests": {"slots": "1200m"}}}),
+        )],
+        json!({}),
+    );
+    let p = allocate(
+        &[pool("a", 1, vec![gpu])],
+        &[gpus_class()],
+        &[&c],
+        &[node("a")],
+    )
+    .unwrap();
+    assert_eq!(
+        consumed(&results(&p.allocations[0])[0]),
+        pairs(&[("slots", "2")])
+    );
+}
+
 /// The shared counters of a device that allows multiple allocations are consumed by its first
 /// share only: `allocateDevice` skips the counter check while the device's capacity is in use
 /// (`deviceCapacityInUse`), so a second share on it needs no counters of its own.
