@@ -865,11 +865,13 @@ async fn device_gauges_are_worked_out_at_most_once_an_interval_and_never_left_st
 #[tokio::test]
 async fn an_error_on_any_node_leaves_the_pod_pending_with_the_reason_and_it_is_retried() {
     let (mut view, fake) = cluster(1, &["a"], &[("p", &["a"])]);
-    let with_model = |node: &str, model: Option<&str>| {
+    // Newer than the helper's slice of n1, which they replace.
+    let with_model = |node: &str, model: Option<&str>, version: &str| {
         let mut s = slice(node, 1);
         if let Some(m) = model {
             s["spec"]["devices"][0]["attributes"]["model"] = json!({"string": m});
         }
+        s["metadata"]["resourceVersion"] = json!(version);
         s
     };
     view.apply(
@@ -881,7 +883,10 @@ async fn an_error_on_any_node_leaves_the_pod_pending_with_the_reason_and_it_is_r
     );
     view.apply(
         Resource::Slices,
-        Change::Listed(vec![with_model("n1", Some("h100")), with_model("n2", None)]),
+        Change::Listed(vec![
+            with_model("n1", Some("h100"), "2"),
+            with_model("n2", None, "2"),
+        ]),
     );
     view.apply(
         Resource::Classes,
@@ -907,15 +912,21 @@ async fn an_error_on_any_node_leaves_the_pod_pending_with_the_reason_and_it_is_r
         fake.calls()
     );
     assert!(
+        r.remembered["ns/p"].message.contains("error on node n2"),
+        "{:?}",
+        r.remembered
+    );
+    assert!(
         report.wake_in.is_some_and(|w| w <= Duration::from_secs(10)),
         "{:?}",
         report.wake_in
     );
-    let mut fixed = with_model("n2", Some("a100"));
-    fixed["metadata"]["resourceVersion"] = json!("2");
-    view.apply(Resource::Slices, Change::Applied(fixed));
+    view.apply(
+        Resource::Slices,
+        Change::Applied(with_model("n2", Some("a100"), "3")),
+    );
     let report = r.pass(&mut view).await;
-    assert_eq!(report.placed, 1);
+    assert_eq!(report.placed, 1, "{:?}", r.remembered);
     let claim = fake.state().claims["ns/a"].clone();
     assert_eq!(testing::results(testing::allocation(&claim))[0].pool, "n1");
 }

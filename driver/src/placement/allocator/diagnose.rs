@@ -14,7 +14,16 @@ use super::snapshot::{CandidateIds, SelectorCache, Snapshot};
 use crate::rules::quantity::Quantity;
 
 fn wanted(req: &ReqSpec) -> Wanted {
-    match req.share.as_ref().or(req.capacity_share.as_ref()) {
+    // Native capacity requests, as asked: each device books them by its own policies.
+    if req.share.is_none()
+        && let Some(asked) = req.capacity.as_ref().filter(|c| !c.is_empty())
+    {
+        let list: Vec<String> = asked.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        return Wanted::Capacity {
+            room: format!("with room for {}", list.join(" and ")),
+        };
+    }
+    match req.share.as_ref() {
         Some(share) => {
             let memory = match share.memory {
                 crate::rules::share::MemoryAsk::Bytes(b) => {

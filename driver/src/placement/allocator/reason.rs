@@ -44,6 +44,11 @@ pub enum Wanted {
         /// The room asked for, starting with `with`.
         room: String,
     },
+    /// A device with room for native capacity requests, e.g. `with room for memory 10Gi`.
+    Capacity {
+        /// The room asked for, starting with `with`.
+        room: String,
+    },
 }
 
 /// The rule a claim failed.
@@ -166,6 +171,14 @@ impl fmt::Display for ClaimFailure {
                     (Wanted::Gpu { room }, n) => {
                         write!(f, ": needs {n} distinct GPUs {room}, found {}", c.fit)?;
                         "GPU"
+                    }
+                    (Wanted::Capacity { room }, 1) => {
+                        write!(f, ": no device {room}")?;
+                        "device"
+                    }
+                    (Wanted::Capacity { room }, n) => {
+                        write!(f, ": needs {n} devices {room}, found {}", c.fit)?;
+                        "device"
                     }
                 };
                 write!(f, ": {} matched the class", plural(c.matched_class(), noun))?;

@@ -88,7 +88,8 @@ fn policy(value: i64) -> impl Strategy<Value = Policy> {
                 }
             }),
         (0..=value, prop::option::of(1..=4_i64)).prop_map(|(min, step)| Policy::Range {
-            default: None,
+            // The API requires a default with a range: its minimum.
+            default: Some(min),
             min,
             max: None,
             step,

@@ -331,7 +331,8 @@ fn a_range_without_a_step_keeps_the_request_as_asked() {
     let gpu = multi_gpu(
         "gpu-0",
         json!({
-            "memory": {"value": "3Gi", "requestPolicy": {"validRange": {"min": "1Gi"}}},
+            "memory": {"value": "3Gi", "requestPolicy": {
+                "default": "1Gi", "validRange": {"min": "1Gi"}}},
             "compute": {"value": "100", "requestPolicy": {
                 "default": "0", "validRange": {"min": "0", "max": "100", "step": "5"}}},
         }),
@@ -785,7 +786,7 @@ fn a_step_rounds_in_whole_units() {
     let gpu = multi_gpu(
         "gpu-0",
         json!({"slots": {"value": "4", "requestPolicy": {
-            "validRange": {"min": "0", "step": "500m"}}}}),
+            "default": "0", "validRange": {"min": "0", "step": "500m"}}}}),
     );
     let c = claim(
         "c",
@@ -844,4 +845,34 @@ fn a_shared_devices_counters_are_consumed_once() {
     let c = claim("c", vec![share("first"), share("second")], json!({}));
     let p = allocate(&[s], &[gpus_class()], &[&c], &[node("a")]).unwrap();
     assert_eq!(devices(&p.allocations[0]), ["first/gpu-0", "second/gpu-0"]);
+}
+
+/// An admin-access pick holds a device that does not allow multiple allocations for the rest
+/// of the attempt: `allocateDevice` marks it allocating for the claim whatever the access, and
+/// `deviceInUse` then turns the claim's other requests away from it.
+#[test]
+fn an_admin_access_pick_holds_its_device_for_the_rest_of_the_attempt() {
+    let c = claim(
+        "c",
+        vec![
+            request(
+                "admin",
+                json!({"deviceClassName": "gpus", "adminAccess": true}),
+            ),
+            request("plain", json!({"deviceClassName": "gpus"})),
+        ],
+        json!({}),
+    );
+    let one = [pool("a", 1, vec![exclusive_gpu("gpu-0", json!({}))])];
+    assert!(allocate(&one, &[gpus_class()], &[&c], &[node("a")]).is_err());
+    let two = [pool(
+        "a",
+        1,
+        vec![
+            exclusive_gpu("gpu-0", json!({})),
+            exclusive_gpu("gpu-1", json!({})),
+        ],
+    )];
+    let p = allocate(&two, &[gpus_class()], &[&c], &[node("a")]).unwrap();
+    assert_eq!(devices(&p.allocations[0]), ["admin/gpu-0", "plain/gpu-1"]);
 }
