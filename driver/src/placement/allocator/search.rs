@@ -703,18 +703,23 @@ impl<'a> Search<'a> {
                 Ok(Some(_)) => exclusive = true,
             }
             if entry.tessera_shared && entry.multi {
-                // A default share on a Tessera GPU is still a share the node must enforce.
+                // What was booked of a Tessera GPU (a default one included) is a share the
+                // node enforces. Its memory is whole bytes and its compute whole percent: a
+                // fraction (possible only where a policy has no step, which Tessera's GPUs
+                // never publish) could not be enforced, so such a GPU does not fit.
                 let (mem, comp) = entry.share_names();
-                let x = consumed.as_ref();
-                let bytes = x
-                    .and_then(|x| x.get(&mem))
-                    .and_then(|q| q.as_units())
-                    .and_then(|v| u64::try_from(v).ok())
-                    .unwrap_or(0);
-                let pct = x
-                    .and_then(|x| x.get(&comp))
-                    .and_then(|q| q.as_units())
-                    .unwrap_or(0);
+                let whole = |name: &str| -> Option<i64> {
+                    consumed
+                        .as_ref()
+                        .and_then(|x| x.get(name))
+                        .map_or(Some(0), |q| q.as_units())
+                };
+                let (Some(bytes), Some(pct)) = (
+                    whole(&mem).and_then(|v| u64::try_from(v).ok()),
+                    whole(&comp),
+                ) else {
+                    return Ok(false);
+                };
                 share = Some(PerDeviceShare {
                     memory_bytes: bytes,
                     compute_percent: pct,
