@@ -214,6 +214,40 @@ fn pod_key(pod: &Pod) -> String {
     )
 }
 
+/// Why a pod was not placed, for its Event and condition, and whether its claims are invalid
+/// (`Some(true)`: they fit nowhere ever), do not fit now (`Some(false)`), or an error on some
+/// node aborted the attempt (`None`: the pod is placed nowhere this time).
+fn why_not_placed(
+    u: &tessera_driver::placement::allocator::Unsatisfiable,
+    candidates: usize,
+    all_nodes: usize,
+    node_summary: &str,
+) -> (String, Option<bool>) {
+    if u.failures
+        .iter()
+        .any(|f| matches!(f.kind, FailureKind::Aborted { .. }))
+    {
+        return (u.to_string(), None);
+    }
+    // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
+    let invalid = u
+        .failures
+        .iter()
+        .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
+    if candidates == 0 && !invalid {
+        return (
+            format!("no node can take the pod: {node_summary}"),
+            Some(false),
+        );
+    }
+    let excluded = if candidates < all_nodes {
+        format!(" (nodes considered: {node_summary})")
+    } else {
+        String::new()
+    };
+    (format!("{u}{excluded}"), Some(invalid))
+}
+
 fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("default", key))
 }
@@ -665,32 +699,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         if let Some(shape) = placed.learned {
             view.learned(&key, shape);
         }
-        let outcome = placed.result.map_err(|u| {
-            // An error on some node aborts the attempt: the pod is placed nowhere this time.
-            if u.failures
-                .iter()
-                .any(|f| matches!(f.kind, FailureKind::Aborted { .. }))
-            {
-                return (u.to_string(), None);
-            }
-            // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
-            let invalid = u
-                .failures
-                .iter()
-                .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
-            if candidates.is_empty() && !invalid {
-                return (
-                    format!("no node can take the pod: {node_summary}"),
-                    Some(false),
-                );
-            }
-            let excluded = if candidates.len() < all_nodes {
-                format!(" (nodes considered: {node_summary})")
-            } else {
-                String::new()
-            };
-            (format!("{u}{excluded}"), Some(invalid))
-        });
+        let outcome = placed
+            .result
+            .map_err(|u| why_not_placed(&u, candidates.len(), all_nodes, &node_summary));
         let placement = match (outcome, waits_until) {
             (Ok(p), _) => p,
             (Err((message, None)), _) => return Err(NotPlaced::Aborted(message)),

@@ -741,6 +741,7 @@ fn mig_capability_minors_follow_the_drivers_layout_per_gpu_gpu_instance_and_comp
     assert_eq!(mig_cap_minors(0, 1, 0), (12, 13));
     assert_eq!(mig_cap_minors(1, 0, 0), (138, 139));
     assert_eq!(mig_cap_minors(1, 2, 3), (156, 160));
+}
 
 // Whatever kube-scheduler 1.36.2 allocates on Tessera's GPUs from a claim that uses only
 // Kubernetes features, the node prepares (issue 31): these allocations are written as
@@ -755,7 +756,7 @@ fn two_shared_one_exclusive() -> NodeInventory {
 
 /// Claim `ns/c` whose one request `gpu` (of `class`, with `capacity.requests`) was allocated
 /// `results` by kube-scheduler.
-fn kube_allocated(class: &str, capacity: Value, results: Value) -> res::ResourceClaim {
+fn kube_allocated(class: &str, capacity: &Value, results: &Value) -> res::ResourceClaim {
     serde_json::from_value(json!({
         "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
@@ -780,8 +781,8 @@ fn an_exclusive_gpu_kube_scheduler_gave_to_capacity_requests_is_prepared_whole()
     // only, so the result is the whole GPU.
     let c = kube_allocated(
         "gpu.tessera.dev",
-        json!({"memory": "10Gi"}),
-        json!([{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-2"}]),
+        &json!({"memory": "10Gi"}),
+        &json!([{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-2"}]),
     );
     let prepared = prepare_on_node(&c, DRIVER, &two_shared_one_exclusive()).unwrap();
     assert_eq!(shares_of(&prepared), [("gpu-2".to_owned(), None)]);
@@ -796,8 +797,8 @@ fn all_shared_gpus_kube_scheduler_gave_to_capacity_requests_are_prepared_as_shar
     };
     let c = kube_allocated(
         "shared.gpu.tessera.dev",
-        json!({"memory": "10Gi", "compute": "20"}),
-        json!([
+        &json!({"memory": "10Gi", "compute": "20"}),
+        &json!([
             result("gpu-0", "7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70"),
             result("gpu-1", "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f")
         ]),

@@ -382,7 +382,7 @@ impl<'a> Search<'a> {
             if outcome == Outcome::Fits || (spec.all && outcome == Outcome::Tainted) {
                 // "All" means all devices with room for the request's capacity, as
                 // committed before this search (kube-scheduler decides it up front).
-                if spec.all && !capacity_fits(self.snap, spec, dev)? {
+                if spec.all && !capacity_fits(self.snap, spec, dev) {
                     continue;
                 }
                 list.push(dev);
@@ -395,9 +395,7 @@ impl<'a> Search<'a> {
             let topology = spec.count > 1 && self.policy.prefers_topology();
             let free: Vec<bool> = list
                 .iter()
-                .map(|&dev| {
-                    !topology || matches!(dynamic_outcome(self.snap, spec, dev), Ok(Outcome::Fits))
-                })
+                .map(|&dev| !topology || dynamic_outcome(self.snap, spec, dev) == Outcome::Fits)
                 .collect();
             self.order(spec, &mut list, &free);
         }
@@ -967,30 +965,30 @@ pub(crate) fn classify(
     if o != Outcome::Fits {
         return Ok(o);
     }
-    dynamic_outcome(snap, spec, dev)
+    Ok(dynamic_outcome(snap, spec, dev))
 }
 
 /// How a device that passed the static checks fares against committed use only.
-fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcome, Abort> {
+fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Outcome {
     if spec.admin {
-        return Ok(Outcome::Fits);
+        return Outcome::Fits;
     }
     let entry = &snap.devices[dev];
     let u = &snap.uses[dev];
     if let Some(share) = spec.share.as_ref() {
         if u.exclusive > 0 {
-            return Ok(Outcome::InUse);
+            return Outcome::InUse;
         }
         let Ok(per) = share.per_device(entry.memory) else {
-            return Ok(Outcome::TooSmall);
+            return Outcome::TooSmall;
         };
         if booking::book_share(snap, dev, spec, per, None, None).is_none() {
-            return Ok(Outcome::TooFull);
+            return Outcome::TooFull;
         }
     } else if (entry.multi && u.exclusive > 0) || (!entry.multi && u.holders() > 0) {
-        return Ok(Outcome::InUse);
-    } else if !capacity_fits(snap, spec, dev)? {
-        return Ok(Outcome::TooFull);
+        return Outcome::InUse;
+    } else if !capacity_fits(snap, spec, dev) {
+        return Outcome::TooFull;
     }
     if !entry.consumes.is_empty() && u.holders() == 0 {
         let pool = &snap.pools[entry.pool_idx];
@@ -1003,31 +1001,31 @@ fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcom
                 };
                 let used = get(snap.counters_used[entry.pool_idx].get(set));
                 if used.saturating_add(*q) > get(pool.counters.get(set)) {
-                    return Ok(Outcome::Counters);
+                    return Outcome::Counters;
                 }
             }
         }
     }
-    Ok(Outcome::Fits)
+    Outcome::Fits
 }
 
 /// Whether a device has room for a request's capacity against committed use only.
-fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<bool, Abort> {
+fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> bool {
     let entry = &snap.devices[dev];
     let requests = match &spec.capacity {
         None => Some(Amounts::new()),
         Some(reqs) => capacity::resolve_requests(reqs, &entry.capacity),
     };
     let Some(requests) = requests else {
-        return Ok(false);
+        return false;
     };
     let used = if entry.multi {
         snap.uses[dev].consumed.clone()
     } else {
         Amounts::new()
     };
-    Ok(matches!(
+    matches!(
         capacity::try_consume(&entry.capacity, &requests, &[&used]),
         Ok(Some(_))
-    ))
+    )
 }

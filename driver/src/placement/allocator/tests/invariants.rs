@@ -306,6 +306,10 @@ fn units(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> i64 {
         .unwrap()
 }
 
+/// Per device of an allocation: what it consumed (`Some`, multi-allocatable) or that it was
+/// held whole (`None`).
+type Held = Vec<(String, Option<BTreeMap<String, i64>>)>;
+
 /// Checks one allocation of claim `shape` on devices `nodes[node]`; returns per device what
 /// it consumed (multi-allocatable) or that it was held whole.
 #[allow(clippy::too_many_lines)] // Reason: one invariant after another, read top to bottom.
@@ -314,7 +318,7 @@ fn check(
     a: &res::AllocationResult,
     nodes: &BTreeMap<String, Vec<Dev>>,
     node: &str,
-) -> Result<Vec<(String, Option<BTreeMap<String, i64>>)>, TestCaseError> {
+) -> Result<Held, TestCaseError> {
     let devs = &nodes[node];
     let mut out = Vec::new();
     let mut per_request: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();

@@ -25,7 +25,7 @@ fn pool(node: &str, count: i64, devices: Vec<res::Device>) -> res::ResourceSlice
 }
 
 /// A GPU with string attributes, memory and compute without request policies.
-fn exclusive_gpu(name: &str, attributes: Value) -> res::Device {
+fn exclusive_gpu(name: &str, attributes: &Value) -> res::Device {
     device(json!({
         "name": name,
         "attributes": attributes,
@@ -34,7 +34,7 @@ fn exclusive_gpu(name: &str, attributes: Value) -> res::Device {
 }
 
 /// A GPU that allows multiple allocations, with the capacities given.
-fn multi_gpu(name: &str, capacity: Value) -> res::Device {
+fn multi_gpu(name: &str, capacity: &Value) -> res::Device {
     device(json!({
         "name": name,
         "attributes": {"type": {"string": "gpu"}, "sharing": {"string": "shared"}},
@@ -63,11 +63,11 @@ fn gpus_class() -> res::DeviceClass {
     class("gpus", &format!(r#"device.driver == "{D}""#))
 }
 
-fn request(name: &str, exactly: Value) -> res::DeviceRequest {
+fn request(name: &str, exactly: &Value) -> res::DeviceRequest {
     serde_json::from_value(json!({"name": name, "exactly": exactly})).unwrap()
 }
 
-fn claim(name: &str, requests: Vec<res::DeviceRequest>, extra: Value) -> res::ResourceClaim {
+fn claim(name: &str, requests: &[res::DeviceRequest], extra: Value) -> res::ResourceClaim {
     let mut devices = json!({"requests": requests});
     if let Value::Object(more) = extra {
         for (k, v) in more {
@@ -148,18 +148,18 @@ fn aborted_on(err: &Unsatisfiable) -> Option<(&str, &str)> {
 
 // --- Tessera allocated what kube-scheduler refuses ---------------------------------------
 
-/// 1. One request never gets one device twice, even a device that allows multiple
+/// Issue 31, item 1: One request never gets one device twice, even a device that allows multiple
 /// allocations: `allocateOne` looks for a request's next device only after the one it took
 /// last (its `startLocation`). Two requests of one claim may each take a share of it.
 #[test]
 fn one_request_never_takes_a_multi_allocatable_gpu_twice() {
-    let slices = [pool("a", 1, vec![multi_gpu("gpu-0", json!({}))])];
+    let slices = [pool("a", 1, vec![multi_gpu("gpu-0", &json!({}))])];
     let classes = [gpus_class()];
     let two = claim(
         "two",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "count": 2}),
+            &json!({"deviceClassName": "gpus", "count": 2}),
         )],
         json!({}),
     );
@@ -171,9 +171,9 @@ fn one_request_never_takes_a_multi_allocatable_gpu_twice() {
     );
     let each = claim(
         "each",
-        vec![
-            request("one", json!({"deviceClassName": "gpus"})),
-            request("other", json!({"deviceClassName": "gpus"})),
+        &[
+            request("one", &json!({"deviceClassName": "gpus"})),
+            request("other", &json!({"deviceClassName": "gpus"})),
         ],
         json!({}),
     );
@@ -186,22 +186,22 @@ fn one_request_never_takes_a_multi_allocatable_gpu_twice() {
     assert_eq!(ids.len(), 2, "each share has its own shareID");
 }
 
-/// 2. A device that does not declare every capacity a request asks for does not fit it:
+/// Issue 31, item 2: A device that does not declare every capacity a request asks for does not fit it:
 /// `CmpRequestOverCapacity` refuses it ("some requested capacity has not been defined") and
 /// `allocateOne` goes on to the next device; it is not an error.
 #[test]
 fn a_gpu_that_lacks_a_requested_capacity_does_not_fit() {
     let memory_only = multi_gpu(
         "gpu-0",
-        json!({"memory": {"value": "80Gi", "requestPolicy": {
+        &json!({"memory": {"value": "80Gi", "requestPolicy": {
             "default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}),
     );
-    let both = multi_gpu("gpu-1", shipped_capacity("80Gi"));
+    let both = multi_gpu("gpu-1", &shipped_capacity("80Gi"));
     let ask = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus",
+            &json!({"deviceClassName": "gpus",
                    "capacity": {"requests": {"memory": "10Gi", "compute": "50"}}}),
         )],
         json!({}),
@@ -226,14 +226,14 @@ fn a_gpu_that_lacks_a_requested_capacity_does_not_fit() {
     assert!(err.to_string().contains("too full"), "{err}");
 }
 
-/// 3. A capacity the request does not name, without a request policy default, is consumed
+/// Issue 31, item 3: A capacity the request does not name, without a request policy default, is consumed
 /// whole: `calculateConsumedCapacity` falls back to `fillEmptyRequest`, which returns the
 /// capacity's value. A second request of the same claim then finds none of it left.
 #[test]
 fn an_unrequested_capacity_without_a_default_is_consumed_whole() {
     let gpu = multi_gpu(
         "gpu-0",
-        json!({
+        &json!({
             "memory": {"value": "80Gi", "requestPolicy": {
                 "default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}},
             "compute": {"value": "100"},
@@ -244,33 +244,33 @@ fn an_unrequested_capacity_without_a_default_is_consumed_whole() {
     let memory = |name: &str| {
         request(
             name,
-            json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "10Gi"}}}),
+            &json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "10Gi"}}}),
         )
     };
-    let one = claim("one", vec![memory("gpu")], json!({}));
+    let one = claim("one", &[memory("gpu")], json!({}));
     let p = allocate(&slices, &classes, &[&one], &[node("a")]).unwrap();
     assert_eq!(
         consumed(&results(&p.allocations[0])[0]),
         pairs(&[("compute", "100"), ("memory", "10Gi")])
     );
-    let two = claim("two", vec![memory("first"), memory("second")], json!({}));
+    let two = claim("two", &[memory("first"), memory("second")], json!({}));
     assert!(allocate(&slices, &classes, &[&two], &[node("a")]).is_err());
 }
 
-/// 4. A request for all devices errors on a node where one of its pools is being updated
+/// Issue 31, item 4: A request for all devices errors on a node where one of its pools is being updated
 /// (`validateDeviceRequest`), and such an error is not `ErrFailedAllocationOnNode`: it aborts
 /// the pod's whole scheduling attempt, so the pod is placed on no other node and retried.
 #[test]
 fn all_devices_with_a_pool_being_updated_on_any_node_abort_the_attempt() {
     let slices = [
-        pool("a", 1, vec![exclusive_gpu("gpu-0", json!({}))]),
-        pool("b", 2, vec![exclusive_gpu("gpu-0", json!({}))]),
+        pool("a", 1, vec![exclusive_gpu("gpu-0", &json!({}))]),
+        pool("b", 2, vec![exclusive_gpu("gpu-0", &json!({}))]),
     ];
     let all = claim(
         "all",
-        vec![request(
+        &[request(
             "gpus",
-            json!({"deviceClassName": "gpus", "allocationMode": "All"}),
+            &json!({"deviceClassName": "gpus", "allocationMode": "All"}),
         )],
         json!({}),
     );
@@ -285,7 +285,7 @@ fn all_devices_with_a_pool_being_updated_on_any_node_abort_the_attempt() {
     assert_eq!(p.node, "a");
 }
 
-/// 5. A CEL runtime error on any node aborts the attempt: `selectorsMatch` returns the error,
+/// Issue 31, item 5: A CEL runtime error on any node aborts the attempt: `selectorsMatch` returns the error,
 /// `Allocate` passes it up, and kube-scheduler's Filter runs on every node, so the first node
 /// fitting does not save the pod.
 #[test]
@@ -294,16 +294,19 @@ fn a_cel_runtime_error_on_any_node_aborts_the_attempt() {
         pool(
             "a",
             1,
-            vec![exclusive_gpu("gpu-0", json!({"model": {"string": "h100"}}))],
+            vec![exclusive_gpu(
+                "gpu-0",
+                &json!({"model": {"string": "h100"}}),
+            )],
         ),
-        pool("b", 1, vec![exclusive_gpu("gpu-0", json!({}))]),
+        pool("b", 1, vec![exclusive_gpu("gpu-0", &json!({}))]),
     ];
     let reads_model = |selector: &str| {
         claim(
             "c",
-            vec![request(
+            &[request(
                 "gpu",
-                json!({"deviceClassName": "gpus",
+                &json!({"deviceClassName": "gpus",
                        "selectors": [{"cel": {"expression": selector}}]}),
             )],
             json!({}),
@@ -324,13 +327,13 @@ fn a_cel_runtime_error_on_any_node_aborts_the_attempt() {
 
 // --- Tessera refused what kube-scheduler allocates ---------------------------------------
 
-/// 6. A valid range without a step keeps a request at or above its minimum as asked:
+/// Issue 31, item 6: A valid range without a step keeps a request at or above its minimum as asked:
 /// `roundUpRange` rounds only to a step, so two requests of 1500Mi fit a 3Gi GPU.
 #[test]
 fn a_range_without_a_step_keeps_the_request_as_asked() {
     let gpu = multi_gpu(
         "gpu-0",
-        json!({
+        &json!({
             "memory": {"value": "3Gi", "requestPolicy": {
                 "default": "1Gi", "validRange": {"min": "1Gi"}}},
             "compute": {"value": "100", "requestPolicy": {
@@ -340,10 +343,10 @@ fn a_range_without_a_step_keeps_the_request_as_asked() {
     let half = |name: &str| {
         request(
             name,
-            json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "1500Mi"}}}),
+            &json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "1500Mi"}}}),
         )
     };
-    let c = claim("c", vec![half("first"), half("second")], json!({}));
+    let c = claim("c", &[half("first"), half("second")], json!({}));
     let p = allocate(
         &[pool("a", 1, vec![gpu])],
         &[gpus_class()],
@@ -362,7 +365,7 @@ fn a_range_without_a_step_keeps_the_request_as_asked() {
     assert_eq!(record[0]["memory"], "1500Mi");
 }
 
-/// 7. A device the search already holds is skipped before any selector is evaluated on it:
+/// Issue 31, item 7: A device the search already holds is skipped before any selector is evaluated on it:
 /// `allocateOne` checks `deviceInUse` first and `isSelectable` (CEL) after, so a selector that
 /// would fail on the held device is never run there.
 #[test]
@@ -371,17 +374,17 @@ fn a_device_in_use_is_skipped_before_its_selectors_run() {
         "a",
         1,
         vec![
-            exclusive_gpu("gpu-0", json!({})),
-            exclusive_gpu("gpu-1", json!({"model": {"string": "h100"}})),
+            exclusive_gpu("gpu-0", &json!({})),
+            exclusive_gpu("gpu-1", &json!({"model": {"string": "h100"}})),
         ],
     )];
     let c = claim(
         "c",
-        vec![
-            request("any", json!({"deviceClassName": "gpus"})),
+        &[
+            request("any", &json!({"deviceClassName": "gpus"})),
             request(
                 "h100",
-                json!({"deviceClassName": "gpus", "selectors": [{"cel": {
+                &json!({"deviceClassName": "gpus", "selectors": [{"cel": {
                     "expression": format!(r#"device.attributes["{D}"].model == "h100""#)}}]}),
             ),
         ],
@@ -391,7 +394,7 @@ fn a_device_in_use_is_skipped_before_its_selectors_run() {
     assert_eq!(devices(&p.allocations[0]), ["any/gpu-0", "h100/gpu-1"]);
 }
 
-/// 8. Capacity requests on a device that does not allow multiple allocations allocate it
+/// Issue 31, item 8: Capacity requests on a device that does not allow multiple allocations allocate it
 /// whole: `CmpRequestOverCapacity` only checks that each request fits the capacity, and
 /// `allocateDevice` writes `consumedCapacity` and a `shareID` only for multi-allocatable
 /// devices. No share record: the node prepares the whole GPU.
@@ -402,14 +405,14 @@ fn capacity_requests_on_an_exclusive_gpu_take_it_whole() {
         1,
         vec![exclusive_gpu(
             "gpu-0",
-            json!({"sharing": {"string": "exclusive"}}),
+            &json!({"sharing": {"string": "exclusive"}}),
         )],
     )];
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "10Gi"}}}),
+            &json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "10Gi"}}}),
         )],
         json!({}),
     );
@@ -420,16 +423,16 @@ fn capacity_requests_on_an_exclusive_gpu_take_it_whole() {
     assert!(recorded(&p.allocations[0]).is_empty());
     let too_much = claim(
         "big",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "81Gi"}}}),
+            &json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "81Gi"}}}),
         )],
         json!({}),
     );
     assert!(allocate(&slices, &[gpus_class()], &[&too_much], &[node("a")]).is_err());
 }
 
-/// 9. `allocationMode: All` with capacity requests takes every matching device with room:
+/// Issue 31, item 9: `allocationMode: All` with capacity requests takes every matching device with room:
 /// `validateDeviceRequest` lists each selectable device whose capacity fits and
 /// `allocateDevice` books the request on each; on a shared GPU each is a share.
 #[test]
@@ -438,15 +441,15 @@ fn all_devices_with_capacity_requests_take_a_share_of_each() {
         "a",
         1,
         vec![
-            multi_gpu("gpu-0", shipped_capacity("80Gi")),
-            multi_gpu("gpu-1", shipped_capacity("80Gi")),
+            multi_gpu("gpu-0", &shipped_capacity("80Gi")),
+            multi_gpu("gpu-1", &shipped_capacity("80Gi")),
         ],
     )];
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "allocationMode": "All",
+            &json!({"deviceClassName": "gpus", "allocationMode": "All",
                    "capacity": {"requests": {"memory": "10Gi", "compute": "20"}}}),
         )],
         json!({}),
@@ -469,7 +472,7 @@ fn all_devices_with_capacity_requests_take_a_share_of_each() {
     );
 }
 
-/// 10. A share may request any capacity its GPU declares: `GetConsumedCapacityFromRequest`
+/// Issue 31, item 10: A share may request any capacity its GPU declares: `GetConsumedCapacityFromRequest`
 /// books each declared capacity by its policy. The record keeps memory and compute, which the
 /// node enforces; the rest is booked in `consumedCapacity` only.
 #[test]
@@ -477,12 +480,12 @@ fn a_share_may_request_another_capacity_its_gpu_declares() {
     let mut capacity = shipped_capacity("80Gi");
     capacity["multiprocessors"] = json!({"value": "132", "requestPolicy": {
         "default": "0", "validRange": {"min": "0", "step": "1"}}});
-    let slices = [pool("a", 1, vec![multi_gpu("gpu-0", capacity)])];
+    let slices = [pool("a", 1, vec![multi_gpu("gpu-0", &capacity)])];
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus",
+            &json!({"deviceClassName": "gpus",
                    "capacity": {"requests": {"memory": "10Gi", "multiprocessors": "40"}}}),
         )],
         json!({}),
@@ -514,15 +517,15 @@ fn all_devices_that_break_a_constraint_abort_the_attempt() {
         "a",
         1,
         vec![
-            exclusive_gpu("gpu-0", json!({"island": {"string": "x"}})),
-            exclusive_gpu("gpu-1", json!({"island": {"string": "y"}})),
+            exclusive_gpu("gpu-0", &json!({"island": {"string": "x"}})),
+            exclusive_gpu("gpu-1", &json!({"island": {"string": "y"}})),
         ],
     )];
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpus",
-            json!({"deviceClassName": "gpus", "allocationMode": "All"}),
+            &json!({"deviceClassName": "gpus", "allocationMode": "All"}),
         )],
         json!({"constraints": [{"matchAttribute": format!("{D}/island")}]}),
     );
@@ -541,14 +544,17 @@ fn a_node_with_every_device_in_use_raises_no_cel_error() {
         pool(
             "a",
             1,
-            vec![exclusive_gpu("gpu-0", json!({"model": {"string": "h100"}}))],
+            vec![exclusive_gpu(
+                "gpu-0",
+                &json!({"model": {"string": "h100"}}),
+            )],
         ),
-        pool("b", 1, vec![exclusive_gpu("gpu-0", json!({}))]),
+        pool("b", 1, vec![exclusive_gpu("gpu-0", &json!({}))]),
     ];
     let classes = [gpus_class()];
     let mut held = claim(
         "held",
-        vec![request("gpu", json!({"deviceClassName": "gpus"}))],
+        &[request("gpu", &json!({"deviceClassName": "gpus"}))],
         json!({}),
     );
     let on_b = first_fit()
@@ -565,9 +571,9 @@ fn a_node_with_every_device_in_use_raises_no_cel_error() {
     let snap = Snapshot::new(&slices, &classes, &[held]).unwrap();
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "selectors": [{"cel": {
+            &json!({"deviceClassName": "gpus", "selectors": [{"cel": {
                 "expression": format!(r#"device.attributes["{D}"].model == "h100""#)}}]}),
         )],
         json!({}),
@@ -578,7 +584,7 @@ fn a_node_with_every_device_in_use_raises_no_cel_error() {
     assert_eq!(p.node, "a");
 }
 
-/// A node that the filters before DynamicResources turn away (here: too little CPU) is never
+/// A node that the filters before `DynamicResources` turn away (here: too little CPU) is never
 /// searched, so an error its devices would raise does not abort the attempt.
 #[test]
 fn a_node_without_room_for_the_pod_raises_no_cel_error() {
@@ -587,9 +593,12 @@ fn a_node_without_room_for_the_pod_raises_no_cel_error() {
         pool(
             "a",
             1,
-            vec![exclusive_gpu("gpu-0", json!({"model": {"string": "h100"}}))],
+            vec![exclusive_gpu(
+                "gpu-0",
+                &json!({"model": {"string": "h100"}}),
+            )],
         ),
-        pool("b", 1, vec![exclusive_gpu("gpu-0", json!({}))]),
+        pool("b", 1, vec![exclusive_gpu("gpu-0", &json!({}))]),
     ];
     let mut snap = Snapshot::new(&slices, &[gpus_class()], &[]).unwrap();
     let cpu = |cpu_milli: u64| HostResources {
@@ -600,9 +609,9 @@ fn a_node_without_room_for_the_pod_raises_no_cel_error() {
     snap.set_host("b", cpu(100), HostResources::default());
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "selectors": [{"cel": {
+            &json!({"deviceClassName": "gpus", "selectors": [{"cel": {
                 "expression": format!(r#"device.attributes["{D}"].model == "h100""#)}}]}),
         )],
         json!({}),
@@ -626,18 +635,18 @@ fn an_invalid_pool_fails_its_node_only() {
         "a",
         1,
         vec![
-            exclusive_gpu("gpu-0", json!({})),
-            exclusive_gpu("gpu-0", json!({})),
+            exclusive_gpu("gpu-0", &json!({})),
+            exclusive_gpu("gpu-0", &json!({})),
         ],
     );
     broken.metadata.name = Some("a-0".into());
     let slices = [
         broken,
-        pool("b", 1, vec![exclusive_gpu("gpu-0", json!({}))]),
+        pool("b", 1, vec![exclusive_gpu("gpu-0", &json!({}))]),
     ];
     let c = claim(
         "c",
-        vec![request("gpu", json!({"deviceClassName": "gpus"}))],
+        &[request("gpu", &json!({"deviceClassName": "gpus"}))],
         json!({}),
     );
     let p = allocate(&slices, &[gpus_class()], &[&c], &[node("a"), node("b")]).unwrap();
@@ -649,7 +658,7 @@ fn an_invalid_pool_fails_its_node_only() {
 /// request does not fit (no error) until the taint is tolerated.
 #[test]
 fn all_devices_include_a_tainted_one_and_then_do_not_fit() {
-    let mut tainted = exclusive_gpu("gpu-1", json!({}));
+    let mut tainted = exclusive_gpu("gpu-1", &json!({}));
     tainted.taints = Some(vec![res::DeviceTaint {
         key: "maintenance".into(),
         effect: "NoSchedule".into(),
@@ -659,14 +668,14 @@ fn all_devices_include_a_tainted_one_and_then_do_not_fit() {
     let slices = [pool(
         "a",
         1,
-        vec![exclusive_gpu("gpu-0", json!({})), tainted],
+        vec![exclusive_gpu("gpu-0", &json!({})), tainted],
     )];
     let all = |tolerations: Value| {
         claim(
             "c",
-            vec![request(
+            &[request(
                 "gpus",
-                json!({"deviceClassName": "gpus", "allocationMode": "All",
+                &json!({"deviceClassName": "gpus", "allocationMode": "All",
                        "tolerations": tolerations}),
             )],
             json!({}),
@@ -692,8 +701,8 @@ fn all_devices_leave_out_a_gpu_without_room() {
         "a",
         1,
         vec![
-            multi_gpu("gpu-0", shipped_capacity("20Gi")),
-            multi_gpu("gpu-1", shipped_capacity("20Gi")),
+            multi_gpu("gpu-0", &shipped_capacity("20Gi")),
+            multi_gpu("gpu-1", &shipped_capacity("20Gi")),
         ],
     )];
     let classes = [gpus_class()];
@@ -705,7 +714,7 @@ fn all_devices_leave_out_a_gpu_without_room() {
                 exactly[k] = v;
             }
         }
-        claim(name, vec![request("gpu", exactly)], json!({}))
+        claim(name, &[request("gpu", &exactly)], json!({}))
     };
     let mut held = big("held", json!({}));
     let p = allocate(&slices, &classes, &[&held], &[node("a")]).unwrap();
@@ -726,16 +735,16 @@ fn all_devices_leave_out_a_gpu_without_room() {
 fn valid_values_round_up_to_the_next_listed_value() {
     let gpu = multi_gpu(
         "gpu-0",
-        json!({"slots": {"value": "10", "requestPolicy": {
+        &json!({"slots": {"value": "10", "requestPolicy": {
             "default": "2", "validValues": ["2", "5", "10"]}}}),
     );
     let slices = [pool("a", 1, vec![gpu])];
     let ask = |n: &str| {
         claim(
             "c",
-            vec![request(
+            &[request(
                 "gpu",
-                json!({"deviceClassName": "gpus", "capacity": {"requests": {"slots": n}}}),
+                &json!({"deviceClassName": "gpus", "capacity": {"requests": {"slots": n}}}),
             )],
             json!({}),
         )
@@ -753,13 +762,13 @@ fn valid_values_round_up_to_the_next_listed_value() {
 /// are written, so `gpu.tessera.dev/memory` is not the `memory` a device declares.
 #[test]
 fn capacity_names_are_matched_as_spelled() {
-    let plain = multi_gpu("gpu-0", shipped_capacity("80Gi"));
-    let spelled = multi_gpu("gpu-1", json!({format!("{D}/memory"): {"value": "80Gi"}}));
+    let plain = multi_gpu("gpu-0", &shipped_capacity("80Gi"));
+    let spelled = multi_gpu("gpu-1", &json!({format!("{D}/memory"): {"value": "80Gi"}}));
     let ask = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus",
+            &json!({"deviceClassName": "gpus",
                    "capacity": {"requests": {format!("{D}/memory"): "10Gi"}}}),
         )],
         json!({}),
@@ -785,14 +794,14 @@ fn capacity_names_are_matched_as_spelled() {
 fn a_step_rounds_in_whole_units() {
     let gpu = multi_gpu(
         "gpu-0",
-        json!({"slots": {"value": "4", "requestPolicy": {
+        &json!({"slots": {"value": "4", "requestPolicy": {
             "default": "0", "validRange": {"min": "0", "step": "500m"}}}}),
     );
     let c = claim(
         "c",
-        vec![request(
+        &[request(
             "gpu",
-            json!({"deviceClassName": "gpus", "capacity": {"requests": {"slots": "1200m"}}}),
+            &json!({"deviceClassName": "gpus", "capacity": {"requests": {"slots": "1200m"}}}),
         )],
         json!({}),
     );
@@ -814,7 +823,7 @@ fn a_step_rounds_in_whole_units() {
 /// (`deviceCapacityInUse`), so a second share on it needs no counters of its own.
 #[test]
 fn a_shared_devices_counters_are_consumed_once() {
-    let mut gpu = multi_gpu("gpu-0", shipped_capacity("80Gi"));
+    let mut gpu = multi_gpu("gpu-0", &shipped_capacity("80Gi"));
     gpu.consumes_counters = Some(vec![res::DeviceCounterConsumption {
         counter_set: "card".into(),
         counters: [(
@@ -839,10 +848,10 @@ fn a_shared_devices_counters_are_consumed_once() {
     let share = |name: &str| {
         request(
             name,
-            json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "10Gi"}}}),
+            &json!({"deviceClassName": "gpus", "capacity": {"requests": {"memory": "10Gi"}}}),
         )
     };
-    let c = claim("c", vec![share("first"), share("second")], json!({}));
+    let c = claim("c", &[share("first"), share("second")], json!({}));
     let p = allocate(&[s], &[gpus_class()], &[&c], &[node("a")]).unwrap();
     assert_eq!(devices(&p.allocations[0]), ["first/gpu-0", "second/gpu-0"]);
 }
@@ -854,23 +863,23 @@ fn a_shared_devices_counters_are_consumed_once() {
 fn an_admin_access_pick_holds_its_device_for_the_rest_of_the_attempt() {
     let c = claim(
         "c",
-        vec![
+        &[
             request(
                 "admin",
-                json!({"deviceClassName": "gpus", "adminAccess": true}),
+                &json!({"deviceClassName": "gpus", "adminAccess": true}),
             ),
-            request("plain", json!({"deviceClassName": "gpus"})),
+            request("plain", &json!({"deviceClassName": "gpus"})),
         ],
         json!({}),
     );
-    let one = [pool("a", 1, vec![exclusive_gpu("gpu-0", json!({}))])];
+    let one = [pool("a", 1, vec![exclusive_gpu("gpu-0", &json!({}))])];
     assert!(allocate(&one, &[gpus_class()], &[&c], &[node("a")]).is_err());
     let two = [pool(
         "a",
         1,
         vec![
-            exclusive_gpu("gpu-0", json!({})),
-            exclusive_gpu("gpu-1", json!({})),
+            exclusive_gpu("gpu-0", &json!({})),
+            exclusive_gpu("gpu-1", &json!({})),
         ],
     )];
     let p = allocate(&two, &[gpus_class()], &[&c], &[node("a")]).unwrap();
