@@ -73,6 +73,7 @@ fn tally(
             Outcome::InUse => counts.in_use += 1,
             Outcome::TooFull => counts.too_full += 1,
             Outcome::TooSmall => counts.too_small += 1,
+            Outcome::Undeclared => counts.undeclared += 1,
             Outcome::Counters => counts.counters_exhausted += 1,
             Outcome::Fits => {
                 counts.fit += 1;

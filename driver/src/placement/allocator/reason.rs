@@ -21,6 +21,9 @@ pub struct DeviceCounts {
     pub too_full: u32,
     /// Smaller in all than what the request asks of one device (a share larger than the card).
     pub too_small: u32,
+    /// Declaring no capacity of a name the request asks for (kube-scheduler: "some requested
+    /// capacity has not been defined").
+    pub undeclared: u32,
     /// Their pool's shared counters are used up.
     pub counters_exhausted: u32,
     /// Could take the request on their own.
@@ -188,6 +191,7 @@ impl fmt::Display for ClaimFailure {
                     (c.in_use, "in use"),
                     (c.too_full, "too full"),
                     (c.too_small, "smaller than the share asked of one card"),
+                    (c.undeclared, "without a capacity the request asks for"),
                     (c.tainted, "tainted"),
                     (c.counters_exhausted, "out of shared counters"),
                 ] {

@@ -171,6 +171,8 @@ pub(crate) enum Outcome {
     TooFull,
     /// Smaller in all than what the request asks of one device, even when empty.
     TooSmall,
+    /// Declares no capacity of a name the request asks for.
+    Undeclared,
     Counters,
     Fits,
 }
@@ -382,7 +384,7 @@ impl<'a> Search<'a> {
             if outcome == Outcome::Fits || (spec.all && outcome == Outcome::Tainted) {
                 // "All" means all devices with room for the request's capacity, as
                 // committed before this search (kube-scheduler decides it up front).
-                if spec.all && !capacity_fits(self.snap, spec, dev) {
+                if spec.all && !capacity_fits(self.snap, spec, dev, true) {
                     continue;
                 }
                 list.push(dev);
@@ -987,8 +989,20 @@ fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Outcome {
         }
     } else if (entry.multi && u.exclusive > 0) || (!entry.multi && u.holders() > 0) {
         return Outcome::InUse;
-    } else if !capacity_fits(snap, spec, dev) {
-        return Outcome::TooFull;
+    } else if !capacity_fits(snap, spec, dev, true) {
+        // A capacity the device does not declare, or a request too big even for the empty
+        // device, is said as such, not as "too full".
+        let declared = spec
+            .capacity
+            .as_ref()
+            .is_none_or(|reqs| capacity::resolve_requests(reqs, &entry.capacity).is_some());
+        return if !declared {
+            Outcome::Undeclared
+        } else if capacity_fits(snap, spec, dev, false) {
+            Outcome::TooFull
+        } else {
+            Outcome::TooSmall
+        };
     }
     if !entry.consumes.is_empty() && u.holders() == 0 {
         let pool = &snap.pools[entry.pool_idx];
@@ -1009,8 +1023,9 @@ fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Outcome {
     Outcome::Fits
 }
 
-/// Whether a device has room for a request's capacity against committed use only.
-fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> bool {
+/// Whether a device has room for a request's capacity: against committed use only when
+/// `committed`, else on the empty device.
+fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize, committed: bool) -> bool {
     let entry = &snap.devices[dev];
     let requests = match &spec.capacity {
         None => Some(Amounts::new()),
@@ -1019,7 +1034,7 @@ fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> bool {
     let Some(requests) = requests else {
         return false;
     };
-    let used = if entry.multi {
+    let used = if entry.multi && committed {
         snap.uses[dev].consumed.clone()
     } else {
         Amounts::new()

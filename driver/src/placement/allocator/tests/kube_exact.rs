@@ -223,7 +223,12 @@ fn a_gpu_that_lacks_a_requested_capacity_does_not_fit() {
     )
     .unwrap_err();
     assert!(aborted_on(&err).is_none(), "{err}");
-    assert!(err.to_string().contains("too full"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("1 without a capacity the request asks for"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("too full"), "{err}");
 }
 
 /// Issue 31, item 3: A capacity the request does not name, without a request policy default, is consumed
