@@ -579,9 +579,10 @@ mod tests {
         );
     }
 
-    /// What kube-scheduler allocates from native capacity requests (issue 31, 9 and 10), the
-    /// webhook and `tessera validate` let through: `All` takes a share of each shared GPU,
-    /// and another capacity a GPU declares is booked by its own policy.
+    /// What kube-scheduler allocates from native capacity requests (issue 31, 8 to 10), the
+    /// webhook and `tessera validate` let through: capacity requests on a dedicated GPU take it
+    /// whole, `All` takes a share of each shared GPU, and another capacity a GPU declares is
+    /// booked by its own policy.
     #[test]
     fn native_capacity_requests_pass_as_kube_scheduler_allocates_them() {
         let check = |exactly: serde_json::Value| -> Vec<String> {
@@ -600,6 +601,9 @@ mod tests {
             .map(ToString::to_string)
             .collect()
         };
+        let dedicated = check(json!({"deviceClassName": "gpu.tessera.dev",
+            "capacity": {"requests": {"memory": "10Gi", "compute": "50"}}}));
+        assert!(dedicated.is_empty(), "{dedicated:?}");
         let all = check(json!({"deviceClassName": "shared.gpu.tessera.dev",
             "allocationMode": "All", "capacity": {"requests": {"memory": "10Gi"}}}));
         assert!(all.is_empty(), "{all:?}");

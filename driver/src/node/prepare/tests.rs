@@ -754,13 +754,18 @@ fn two_shared_one_exclusive() -> NodeInventory {
     )
 }
 
-/// Claim `ns/c` whose one request `gpu` (of `class`, with `capacity.requests`) was allocated
-/// `results` by kube-scheduler.
-fn kube_allocated(class: &str, capacity: &Value, results: &Value) -> res::ResourceClaim {
+/// Claim `ns/c` whose one request `gpu` (of `class`, in allocation `mode`, with
+/// `capacity.requests`) was allocated `results` by kube-scheduler.
+fn kube_allocated(
+    class: &str,
+    mode: &str,
+    capacity: &Value,
+    results: &Value,
+) -> res::ResourceClaim {
     serde_json::from_value(json!({
         "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": class, "allocationMode": "All",
+            "deviceClassName": class, "allocationMode": mode,
             "capacity": {"requests": capacity}}}]}},
         "status": {"allocation": {"devices": {"results": results}}}
     }))
@@ -781,6 +786,7 @@ fn an_exclusive_gpu_kube_scheduler_gave_to_capacity_requests_is_prepared_whole()
     // only, so the result is the whole GPU.
     let c = kube_allocated(
         "gpu.tessera.dev",
+        "ExactCount",
         &json!({"memory": "10Gi"}),
         &json!([{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-2"}]),
     );
@@ -797,6 +803,7 @@ fn all_shared_gpus_kube_scheduler_gave_to_capacity_requests_are_prepared_as_shar
     };
     let c = kube_allocated(
         "shared.gpu.tessera.dev",
+        "All",
         &json!({"memory": "10Gi", "compute": "20"}),
         &json!([
             result("gpu-0", "7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70"),
