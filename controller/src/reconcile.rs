@@ -50,6 +50,11 @@ pub const REASON_REFUSED: &str = names::REASON_ALLOCATION_REFUSED;
 pub const REASON_UNBOUND: &str = "AllocationNotBound";
 /// Condition reason once a pod is placed.
 pub const REASON_ALLOCATED: &str = "Allocated";
+/// Event reason on a pod whose attempt an error on some node aborted (as kube-scheduler's).
+pub const REASON_ABORTED: &str = "AllocationAborted";
+/// When a pod whose attempt was aborted is tried again at the latest (kube-scheduler puts such
+/// a pod back in its queue with a backoff of at most 10s).
+const ABORTED_RETRY: SignedDuration = SignedDuration::from_secs(10);
 
 /// How the reconciler behaves.
 #[derive(Debug, Clone)]
@@ -74,6 +79,10 @@ enum NotPlaced {
     Unschedulable(String),
     /// Only the claim's owner can fix it: reported, retried only when the pod or cluster changes.
     Refused(String),
+    /// kube-scheduler's allocator returned an error on some candidate node, which aborts the
+    /// pod's attempt wherever else it would fit: reported, nothing placed or preempted, and
+    /// retried when the cluster changes or after [`ABORTED_RETRY`] at the latest.
+    Aborted(String),
     /// Leadership was lost: stop writing.
     NotLeader,
     /// The API server failed or the race was lost too often: retried soon.
@@ -203,6 +212,40 @@ fn pod_key(pod: &Pod) -> String {
         pod.metadata.namespace.as_deref().unwrap_or("default"),
         pod.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// Why a pod was not placed, for its Event and condition, and whether its claims are invalid
+/// (`Some(true)`: they fit nowhere ever), do not fit now (`Some(false)`), or an error on some
+/// node aborted the attempt (`None`: the pod is placed nowhere this time).
+fn why_not_placed(
+    u: &tessera_driver::placement::allocator::Unsatisfiable,
+    candidates: usize,
+    all_nodes: usize,
+    node_summary: &str,
+) -> (String, Option<bool>) {
+    if u.failures
+        .iter()
+        .any(|f| matches!(f.kind, FailureKind::Aborted { .. }))
+    {
+        return (u.to_string(), None);
+    }
+    // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
+    let invalid = u
+        .failures
+        .iter()
+        .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
+    if candidates == 0 && !invalid {
+        return (
+            format!("no node can take the pod: {node_summary}"),
+            Some(false),
+        );
+    }
+    let excluded = if candidates < all_nodes {
+        format!(" (nodes considered: {node_summary})")
+    } else {
+        String::new()
+    };
+    (format!("{u}{excluded}"), Some(invalid))
 }
 
 fn split_key(key: &str) -> (&str, &str) {
@@ -448,6 +491,10 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         let (outcome, reason, message) = match why {
             NotPlaced::Unschedulable(m) => (Outcome::Unschedulable, REASON_FAILED, m),
             NotPlaced::Refused(m) => (Outcome::Refused, REASON_REFUSED, m),
+            NotPlaced::Aborted(m) => {
+                until = now().checked_add(ABORTED_RETRY).ok();
+                (Outcome::Error, REASON_ABORTED, m)
+            }
             NotPlaced::Waiting {
                 reason,
                 message,
@@ -652,26 +699,14 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         if let Some(shape) = placed.learned {
             view.learned(&key, shape);
         }
-        let outcome = placed.result.map_err(|u| {
-            // A malformed claim (e.g. a negative capacity request) fits nowhere ever.
-            let invalid = u
-                .failures
-                .iter()
-                .any(|f| matches!(f.kind, FailureKind::Invalid(_)));
-            if candidates.is_empty() && !invalid {
-                return (format!("no node can take the pod: {node_summary}"), false);
-            }
-            let excluded = if candidates.len() < all_nodes {
-                format!(" (nodes considered: {node_summary})")
-            } else {
-                String::new()
-            };
-            (format!("{u}{excluded}"), invalid)
-        });
+        let outcome = placed
+            .result
+            .map_err(|u| why_not_placed(&u, candidates.len(), all_nodes, &node_summary));
         let placement = match (outcome, waits_until) {
             (Ok(p), _) => p,
-            (Err((_, false)), Some(until)) => return Err(patience::waiting(until)),
-            (Err((message, invalid)), _) => {
+            (Err((message, None)), _) => return Err(NotPlaced::Aborted(message)),
+            (Err((_, Some(false))), Some(until)) => return Err(patience::waiting(until)),
+            (Err((message, Some(invalid))), _) => {
                 return Err(self
                     .fits_nowhere(
                         view,

@@ -136,6 +136,39 @@ fn validate_accepts_the_shipped_classes_and_examples() {
     assert!(text.starts_with("ok:"), "{text}");
 }
 
+/// Issue 31, items 8 to 10: what kube-scheduler allocates from native capacity requests on
+/// Tessera's GPUs (and the node prepares), `tessera validate` admits as the webhook does:
+/// capacity requests on a dedicated GPU, `allocationMode: All` with capacity requests, and a
+/// share asking another capacity its GPU may declare.
+#[test]
+fn validate_admits_native_capacity_requests_kube_scheduler_allocates() {
+    let claim = |name: &str, exactly: &str| {
+        format!(
+            "---\napiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {exactly}\n"
+        )
+    };
+    let text = [
+        claim(
+            "dedicated",
+            "{deviceClassName: gpu.tessera.dev, capacity: {requests: {memory: 10Gi}}}",
+        ),
+        claim(
+            "every-shared-gpu",
+            "{deviceClassName: shared.gpu.tessera.dev, allocationMode: All, capacity: {requests: {memory: 10Gi, compute: '20'}}}",
+        ),
+        claim(
+            "multiprocessors",
+            "{deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 10Gi, multiprocessors: '40'}}}",
+        ),
+    ]
+    .concat();
+    let file = write_temp("native-capacity.yaml", &text);
+    let out = validate_with_classes(&file);
+    assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("ok:"), "{stdout}");
+}
+
 #[test]
 fn validate_reports_every_broken_share_rule_with_its_field() {
     let bad = r#"

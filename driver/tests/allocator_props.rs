@@ -175,6 +175,14 @@ proptest! {
                         prop_assert!(!g.shared, "whole GPUs come from the exclusive class");
                         *exclusive.entry(key.clone()).or_default() += 1;
                     }
+                    // Capacity requests on a GPU that does not allow multiple allocations
+                    // take it whole, as kube-scheduler allocates them.
+                    Ask::Native { .. } if !g.multi => {
+                        prop_assert!(g.shared, "the shared class selects shared GPUs");
+                        prop_assert!(!records.contains_key(&r.device), "no share record");
+                        prop_assert!(r.share_id.is_none() && r.consumed_capacity.is_none());
+                        *exclusive.entry(key.clone()).or_default() += 1;
+                    }
                     Ask::Share { .. } | Ask::Native { .. } => {
                         prop_assert!(g.shared, "shares land on shared GPUs");
                         prop_assert!(!seen.contains(&key), "a share's cards are distinct GPUs");

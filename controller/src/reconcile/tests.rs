@@ -857,3 +857,76 @@ async fn device_gauges_are_worked_out_at_most_once_an_interval_and_never_left_st
     assert_eq!(gauge(&r, "gpu-1").as_deref(), Some(whole.as_str()));
     assert_eq!(report.wake_in, None);
 }
+
+/// Issue 31, 5: a selector that fails at runtime on a GPU of node n2 aborts the pod's attempt,
+/// as kube-scheduler's does (its Filter runs on every node): the pod is placed nowhere, not on
+/// n1 where it would fit, gets a Warning and a condition that say why, and is tried again
+/// within seconds; once n2's GPU has the attribute it is placed.
+#[tokio::test]
+async fn an_error_on_any_node_leaves_the_pod_pending_with_the_reason_and_it_is_retried() {
+    let (mut view, fake) = cluster(1, &["a"], &[("p", &["a"])]);
+    // Newer than the helper's slice of n1, which they replace.
+    let with_model = |node: &str, model: Option<&str>, version: &str| {
+        let mut s = slice(node, 1);
+        if let Some(m) = model {
+            s["spec"]["devices"][0]["attributes"]["model"] = json!({"string": m});
+        }
+        s["metadata"]["resourceVersion"] = json!(version);
+        s
+    };
+    view.apply(
+        Resource::Nodes,
+        Change::Listed(vec![
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "1"}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2", "resourceVersion": "1"}}),
+        ]),
+    );
+    view.apply(
+        Resource::Slices,
+        Change::Listed(vec![
+            with_model("n1", Some("h100"), "2"),
+            with_model("n2", None, "2"),
+        ]),
+    );
+    view.apply(
+        Resource::Classes,
+        Change::Listed(vec![
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu", "resourceVersion": "2"},
+            "spec": {"selectors": [{"cel": {"expression":
+                format!("device.attributes[\"{DRIVER}\"].model == \"h100\"")}}]}}),
+        ]),
+    );
+    let (mut r, _leader) = reconciler(&fake);
+    let report = r.pass(&mut view).await;
+    assert_eq!((report.placed, report.pending), (0, 1));
+    assert!(
+        !fake.calls().iter().any(|c| c.starts_with("allocate")),
+        "{:?}",
+        fake.calls()
+    );
+    assert!(
+        fake.calls()
+            .contains(&format!("condition ns/p {REASON_ABORTED}")),
+        "{:?}",
+        fake.calls()
+    );
+    assert!(
+        r.remembered["ns/p"].message.contains("error on node n2"),
+        "{:?}",
+        r.remembered
+    );
+    assert!(
+        report.wake_in.is_some_and(|w| w <= Duration::from_secs(10)),
+        "{:?}",
+        report.wake_in
+    );
+    view.apply(
+        Resource::Slices,
+        Change::Applied(with_model("n2", Some("a100"), "3")),
+    );
+    let report = r.pass(&mut view).await;
+    assert_eq!(report.placed, 1, "{:?}", r.remembered);
+    let claim = fake.state().claims["ns/a"].clone();
+    assert_eq!(testing::results(testing::allocation(&claim))[0].pool, "n1");
+}

@@ -49,6 +49,7 @@
 //! [`result`] building a claim's allocation; [`diagnose`] explaining a pod that fits nowhere;
 //! [`ask`] what a pod asks as policies see it; [`reach`] which devices a node or class reaches.
 
+mod abort;
 mod ask;
 mod booking;
 mod capacity;

@@ -113,13 +113,6 @@ impl PublishedDevice {
         self.capacity.iter().map(|(k, v)| (&**k, v))
     }
 
-    /// Whether the device lists a capacity spelled exactly `name`.
-    pub(crate) fn has_capacity(&self, name: &str) -> bool {
-        self.capacity
-            .binary_search_by(|(k, _)| (**k).cmp(name))
-            .is_ok()
-    }
-
     /// How many attributes and capacities the device lists (the API bounds the sum).
     pub(crate) fn entries(&self) -> usize {
         self.attributes.len() + self.capacity.len()
@@ -307,7 +300,6 @@ mod tests {
             .collect();
         let want: Vec<_> = api.capacity.clone().unwrap().into_iter().collect();
         assert_eq!(caps, want);
-        assert!(d.has_capacity("memory") && !d.has_capacity("compute"));
         assert_eq!(d.entries(), 6);
         assert_eq!(Some(&d.consumes_counters), api.consumes_counters.as_ref());
         assert_eq!(Some(&d.taints), api.taints.as_ref());

@@ -116,8 +116,8 @@ pub struct RoundedRequests {
 /// Applies the request policies of Tessera's shared GPUs to `capacity.requests`, as
 /// kube-scheduler does (upstream's `roundUpRange` and default filling): below the minimum
 /// rises to it, between steps rounds up to the next step from the minimum, absent takes the
-/// default. `field` prefixes error fields. Errors: a negative request, compute above 100, and
-/// a capacity this driver does not publish.
+/// default. `field` prefixes error fields. Errors: a negative request and compute above 100
+/// (more than any GPU of Tessera holds). Other capacities are left to the device's own policy.
 pub fn round_capacity_requests(
     requests: &BTreeMap<String, Quantity>,
     field: &str,
@@ -139,12 +139,9 @@ pub fn round_capacity_requests(
         match short {
             names::CAP_MEMORY => memory = Some((*value, f)),
             names::CAP_COMPUTE => compute = Some((*value, f)),
-            other => {
-                return Err(share_err(
-                    &f,
-                    format!("unknown capacity {other:?}: a share requests memory and compute"),
-                ));
-            }
+            // Any other capacity a GPU declares is booked by its own request policy, as
+            // kube-scheduler books it; one it does not declare makes the GPU not fit.
+            _ => {}
         }
     }
     let gib = i64::try_from(GIB).unwrap_or(i64::MAX);
@@ -307,8 +304,9 @@ impl ShareRequest {
     /// defines them) for a request of `count` cards, exactly as kube-scheduler applies the
     /// request policies Tessera's shared GPUs publish (see [`round_capacity_requests`]): a
     /// request between steps rounds up, one below the minimum rises to it, an absent one takes
-    /// the default. Refused: a negative request, one above the policy's maximum, and a request
-    /// for any other capacity of this driver (a typo never means "no limit").
+    /// the default. Refused: a negative request and compute above the policy's maximum. A
+    /// request for another capacity is booked where a device declares it; a device that does
+    /// not declare it does not fit (a typo never means "no limit").
     pub fn from_capacity_requests(
         requests: &BTreeMap<String, Quantity>,
         count: u32,

@@ -71,8 +71,10 @@ impl RequestShare {
 /// apply to every request of the class, the last config wins), or when it has
 /// `capacity.requests` that `capacity_rule` counts as a share. `Err` is a mistake that makes
 /// the request invalid wherever it lands: an undecodable or user-written `AllocatedShares`
-/// config, a broken `GpuShare` rule, both kinds of sizing at once, a share with
-/// `allocationMode: All`.
+/// config, a broken `GpuShare` rule, both kinds of sizing at once, a `GpuShare` with
+/// `allocationMode: All`. Native `capacity.requests` are sized as kube-scheduler sizes them,
+/// `All` and capacities other than memory and compute included; only a negative request and
+/// compute above 100 are refused.
 pub fn request_share(
     driver: &str,
     input: &ShareInput<'_>,
@@ -147,14 +149,18 @@ pub fn request_share(
             let count = fixed_count()?;
             ShareRequest::from_gpu_share(&share, count, &context).map(RequestShare::Config)
         }
-        (None, Some(requests)) => Ok(RequestShare::Capacity(fixed_count().and_then(|count| {
-            let field = format!("{}.capacity.requests", input.field);
-            let mut parsed = std::collections::BTreeMap::new();
-            for (name, q) in requests {
-                parsed.insert(name.clone(), Quantity::from_k8s(q)?);
-            }
-            ShareRequest::from_capacity_requests(&parsed, count, &field)
-        }))),
+        // Native requests are sized per device, and `All` takes a share of each device, as
+        // kube-scheduler allocates them.
+        (None, Some(requests)) => Ok(RequestShare::Capacity(
+            if all { Ok(1) } else { fixed_count() }.and_then(|count| {
+                let field = format!("{}.capacity.requests", input.field);
+                let mut parsed = std::collections::BTreeMap::new();
+                for (name, q) in requests {
+                    parsed.insert(name.clone(), Quantity::from_k8s(q)?);
+                }
+                ShareRequest::from_capacity_requests(&parsed, count, &field)
+            }),
+        )),
         (None, None) => Ok(RequestShare::Plain),
     }
 }
@@ -571,5 +577,42 @@ mod tests {
             ),
             "{errors:?}"
         );
+    }
+
+    /// What kube-scheduler allocates from native capacity requests (issue 31, 8 to 10), the
+    /// webhook and `tessera validate` let through: capacity requests on a dedicated GPU take it
+    /// whole, `All` takes a share of each shared GPU, and another capacity a GPU declares is
+    /// booked by its own policy.
+    #[test]
+    fn native_capacity_requests_pass_as_kube_scheduler_allocates_them() {
+        let check = |exactly: serde_json::Value| -> Vec<String> {
+            let spec: res::ResourceClaimSpec = serde_json::from_value(json!({"devices": {
+                "requests": [{"name": "gpu", "exactly": exactly}]}}))
+            .unwrap();
+            validate_claim_spec(
+                "ResourceClaim ml/c",
+                &spec,
+                names::DEFAULT_DRIVER_NAME,
+                &["shared.gpu.tessera.dev"],
+                &|_| None,
+                &CelCache::new(),
+            )
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+        };
+        let dedicated = check(json!({"deviceClassName": "gpu.tessera.dev",
+            "capacity": {"requests": {"memory": "10Gi", "compute": "50"}}}));
+        assert!(dedicated.is_empty(), "{dedicated:?}");
+        let all = check(json!({"deviceClassName": "shared.gpu.tessera.dev",
+            "allocationMode": "All", "capacity": {"requests": {"memory": "10Gi"}}}));
+        assert!(all.is_empty(), "{all:?}");
+        let other = check(json!({"deviceClassName": "shared.gpu.tessera.dev",
+            "capacity": {"requests": {"memory": "10Gi", "multiprocessors": "40"}}}));
+        assert!(other.is_empty(), "{other:?}");
+        let over = check(json!({"deviceClassName": "shared.gpu.tessera.dev",
+            "capacity": {"requests": {"memory": "10Gi", "compute": "101"}}}));
+        assert_eq!(over.len(), 1, "{over:?}");
+        assert!(over[0].contains("maximum of 100"), "{over:?}");
     }
 }

@@ -760,3 +760,129 @@ fn mig_capability_minors_follow_the_drivers_layout_per_gpu_gpu_instance_and_comp
     assert_eq!(mig_cap_minors(1, 0, 0), (138, 139));
     assert_eq!(mig_cap_minors(1, 2, 3), (156, 160));
 }
+
+// Whatever kube-scheduler 1.36.2 allocates on Tessera's GPUs from a claim that uses only
+// Kubernetes features, the node prepares (issue 31): these allocations are written as
+// kube-scheduler writes them, without Tessera's record.
+
+/// Node `node-a` with two shared GPUs and one exclusive GPU.
+fn two_shared_one_exclusive() -> NodeInventory {
+    crate::testing::node_inventory(
+        "nodes:\n- name: node-a\n  gpus:\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n    mode: shared\n  - model: a100-80g\n",
+    )
+}
+
+/// Claim `ns/c` whose one request `gpu` (of `class`, in allocation `mode`, with
+/// `capacity.requests`) was allocated `results` by kube-scheduler.
+fn kube_allocated(
+    class: &str,
+    mode: &str,
+    capacity: &Value,
+    results: &Value,
+) -> res::ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": class, "allocationMode": mode,
+            "capacity": {"requests": capacity}}}]}},
+        "status": {"allocation": {"devices": {"results": results}}}
+    }))
+    .unwrap()
+}
+
+fn shares_of(prepared: &PreparedClaim) -> Vec<(String, Option<PerDeviceShare>)> {
+    prepared
+        .devices
+        .iter()
+        .map(|d| (d.device.clone(), d.share))
+        .collect()
+}
+
+#[test]
+fn an_exclusive_gpu_kube_scheduler_gave_to_capacity_requests_is_prepared_whole() {
+    // Issue 31, 8: `consumedCapacity` and `shareID` are written for multi-allocatable devices
+    // only, so the result is the whole GPU.
+    let c = kube_allocated(
+        "gpu.tessera.dev",
+        "ExactCount",
+        &json!({"memory": "10Gi"}),
+        &json!([{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-2"}]),
+    );
+    let prepared = prepare_on_node(&c, DRIVER, &two_shared_one_exclusive()).unwrap();
+    assert_eq!(shares_of(&prepared), [("gpu-2".to_owned(), None)]);
+}
+
+#[test]
+fn all_shared_gpus_kube_scheduler_gave_to_capacity_requests_are_prepared_as_shares() {
+    // Issue 31, 9: `allocationMode: All` with capacity requests books a share of each GPU.
+    let result = |device: &str, id: &str| {
+        json!({"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": device,
+               "shareID": id, "consumedCapacity": {"memory": "10Gi", "compute": "20"}})
+    };
+    let c = kube_allocated(
+        "shared.gpu.tessera.dev",
+        "All",
+        &json!({"memory": "10Gi", "compute": "20"}),
+        &json!([
+            result("gpu-0", "7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70"),
+            result("gpu-1", "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f")
+        ]),
+    );
+    let prepared = prepare_on_node(&c, DRIVER, &two_shared_one_exclusive()).unwrap();
+    let each = Some(PerDeviceShare {
+        memory_bytes: 10 * GIB,
+        compute_percent: 20,
+    });
+    assert_eq!(
+        shares_of(&prepared),
+        [("gpu-0".to_owned(), each), ("gpu-1".to_owned(), each)]
+    );
+}
+
+#[test]
+fn a_share_that_booked_another_capacity_too_is_prepared_with_its_memory_and_compute() {
+    // Issue 31, 10: a GPU that declares more capacities books each; the node enforces memory
+    // and compute, the rest is kube-scheduler's accounting.
+    let c = claim(
+        Some(json!({"memory": "10Gi", "compute": "0", "multiprocessors": "40"})),
+        &[],
+        &[],
+    );
+    assert_eq!(
+        share(&c),
+        Some(PerDeviceShare {
+            memory_bytes: 10 * GIB,
+            compute_percent: 0
+        })
+    );
+}
+
+#[test]
+fn a_share_kept_as_asked_without_a_step_is_prepared_to_the_byte() {
+    // Issue 31, 6: a range without a step keeps 1500Mi as asked.
+    let c = claim(Some(json!({"memory": "1500Mi", "compute": "0"})), &[], &[]);
+    assert_eq!(share(&c).unwrap().memory_bytes, 1500 << 20);
+}
+
+#[test]
+fn two_requests_sharing_one_gpu_are_prepared_together() {
+    // Issue 31, 1: one request never takes a GPU twice, but two requests of a claim may each
+    // take a share of it; the node gives the claim their sum.
+    let result = |request: &str, id: &str| {
+        json!({"request": request, "driver": DRIVER, "pool": "node-a", "device": "gpu-0",
+               "shareID": id, "consumedCapacity": {"memory": "10Gi", "compute": "25"}})
+    };
+    let c: res::ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
+        "spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}},
+            {"name": "b", "exactly": {"deviceClassName": "shared.gpu.tessera.dev"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            result("a", "7f9b3a52-0d4c-4c8e-9a51-2b3c4d5e6f70"),
+            result("b", "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f")]}}}
+    }))
+    .unwrap();
+    let prepared = prepare(&c).unwrap();
+    assert_eq!(prepared.devices.len(), 2);
+    assert!(prepared.devices.iter().all(|d| d.share.is_some()));
+}

@@ -25,10 +25,7 @@ pub(super) fn pod_ask(specs: &[ClaimSpec], host: &HostResources) -> PodAsk {
             if req.admin {
                 continue;
             }
-            let share = req
-                .share
-                .as_ref()
-                .or_else(|| req.capacity_share.as_ref().and_then(|r| r.as_ref().ok()));
+            let share = req.share.as_ref().or(req.capacity_share.as_ref());
             let (cards, milli) = match share {
                 Some(s) => {
                     let by_memory = match s.memory {

@@ -1,17 +1,19 @@
 //! Consumable capacity: how much of a shareable device one allocation consumes.
 //!
-//! The rules follow Kubernetes' structured allocator: a request names capacities with or
-//! without the driver's domain; every capacity the device declares is consumed (the request,
+//! The rules follow kube-scheduler 1.36's structured allocator: a request names capacities as
+//! the device spells them (with or without the driver's domain: `memory` and
+//! `<driver>/memory` are different names); every capacity the device declares is consumed (the request,
 //! rounded up by the capacity's request policy, else the policy's default, else the whole
 //! capacity); the rounded value must obey the policy and fit beside what is already used.
-//! All arithmetic is exact (nano-units), so fractional ranges round exactly too.
+//! Amounts are kept exact (nano-units); rounding to a range's step is done in whole units
+//! (each quantity's `Value()`, rounded up), as kube-scheduler 1.36 does it.
 
 use std::collections::BTreeMap;
 
 use crate::rules::published::PublishedDevice;
 
 use crate::error::Result;
-use crate::rules::quantity::Quantity;
+use crate::rules::quantity::{Format, Quantity};
 
 /// A device capacity with its request policy, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +40,7 @@ pub(crate) struct Range {
     pub(crate) step: Option<Quantity>,
 }
 
-/// A device's capacities by fully qualified name, sorted: a device has a handful, and a
+/// A device's capacities by name as the device spells it, sorted: a device has a handful, and a
 /// B-tree map of them would cost a node of eleven slots per device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Capacities(Box<[(String, Capacity)]>);
@@ -48,12 +50,12 @@ impl Capacities {
         self.0.binary_search_by(|(k, _)| k.as_str().cmp(name)).ok()
     }
 
-    /// The capacity named `name` (fully qualified).
+    /// The capacity named `name` (as spelled).
     pub(crate) fn get(&self, name: &str) -> Option<&Capacity> {
         self.position(name).map(|i| &self.0[i].1)
     }
 
-    /// Whether the device has capacity `name` (fully qualified).
+    /// Whether the device has capacity `name` (as spelled).
     pub(crate) fn contains_key(&self, name: &str) -> bool {
         self.position(name).is_some()
     }
@@ -75,35 +77,28 @@ impl From<BTreeMap<String, Capacity>> for Capacities {
     }
 }
 
-/// Consumed amounts keyed by fully qualified capacity name.
+/// Consumed amounts keyed by capacity name as the device spells it.
 pub(crate) type Amounts = BTreeMap<String, Quantity>;
 
-/// The fully qualified name of capacity `name` of a device published by `driver`.
-pub(crate) fn qualify(name: &str, driver: &str) -> String {
-    if name.contains('/') {
-        name.to_owned()
+/// The name under which a device of `driver` declares capacity `name` (e.g. `memory`):
+/// as the device spells it, with or without the driver's domain; plain `name` when it
+/// declares neither.
+pub(crate) fn declared_name(capacity: &Capacities, name: &str, driver: &str) -> String {
+    let qualified = format!("{driver}/{name}");
+    if !capacity.contains_key(name) && capacity.contains_key(&qualified) {
+        qualified
     } else {
-        format!("{driver}/{name}")
+        name.to_owned()
     }
 }
 
-/// Parses a device's capacities, keyed by fully qualified name. An entry spelled with the
-/// driver's own domain wins over the same capacity spelled without one, as upstream.
-pub(crate) fn parse_device_capacity(
-    device: &PublishedDevice,
-    driver: &str,
-    object: &str,
-) -> Result<Capacities> {
+/// Parses a device's capacities, keyed by their names as the device spells them:
+/// kube-scheduler 1.36 looks capacity names up as spelled (`requestsContainNonExistCapacity`,
+/// `calculateConsumedCapacity`), so `memory` and `<driver>/memory` are two capacities.
+pub(crate) fn parse_device_capacity(device: &PublishedDevice, object: &str) -> Result<Capacities> {
     let mut out = BTreeMap::new();
-    let prefix = format!("{driver}/");
-    let mut entries: Vec<_> = device.capacities().collect();
-    // Qualified spellings first so they take precedence.
-    entries.sort_by_key(|(name, _)| !name.starts_with(&prefix));
-    for (name, cap) in entries {
-        let key = qualify(name, driver);
-        if out.contains_key(&key) {
-            continue;
-        }
+    for (name, cap) in device.capacities() {
+        let key = name.to_owned();
         let field = |f: &str| format!("{object}: capacity.{name}{f}");
         let q = |v: &k8s_openapi::apimachinery::pkg::api::resource::Quantity, f: &str| {
             Quantity::from_k8s(v).map_err(|e| crate::Error::invalid(field(""), f, e.to_string()))
@@ -150,25 +145,17 @@ pub(crate) fn parse_device_capacity(
     Ok(out.into())
 }
 
-/// Resolves a request's capacity names against a device of `driver`. Returns `Ok(None)` when
-/// the device lacks a requested capacity (the device does not fit), and an error message when
-/// the request names one capacity twice (the claim cannot be allocated anywhere).
+/// A request's capacities against a device's, by name as spelled (kube-scheduler 1.36's
+/// `requestsContainNonExistCapacity`); `None` when the device does not declare one of them:
+/// the device does not fit (it is no error).
 pub(crate) fn resolve_requests(
     requests: &BTreeMap<String, Quantity>,
-    driver: &str,
     capacity: &Capacities,
-) -> std::result::Result<Option<Amounts>, String> {
-    let mut out = Amounts::new();
-    for (name, value) in requests {
-        let key = qualify(name, driver);
-        if !capacity.contains_key(&key) {
-            return Ok(None);
-        }
-        if out.insert(key.clone(), *value).is_some() {
-            return Err(format!("capacity {key} is requested twice"));
-        }
-    }
-    Ok(Some(out))
+) -> Option<Amounts> {
+    requests
+        .iter()
+        .map(|(name, value)| capacity.contains_key(name).then(|| (name.clone(), *value)))
+        .collect()
 }
 
 /// What one allocation consumes of one capacity.
@@ -190,14 +177,15 @@ pub(crate) fn consumed_quantity(requested: Option<Quantity>, cap: &Capacity) -> 
         let Some(step) = range.step else {
             return req;
         };
-        let added = req.nanos() - range.min.nanos();
-        let steps =
-            added.div_euclid(step.nanos()) + i128::from(added.rem_euclid(step.nanos()) != 0);
-        let nanos = steps
-            .checked_mul(step.nanos())
-            .and_then(|n| n.checked_add(range.min.nanos()))
-            .unwrap_or(i128::MAX);
-        return Quantity::from_nanos(nanos, step.format());
+        // kube-scheduler 1.36 (`roundUpRange`) rounds in whole units: the request, the
+        // minimum and the step each read with `Value()` (rounded up), the result written as
+        // a BinarySI quantity.
+        let whole = |q: Quantity| i128::from(q.ceil_units());
+        let (min, step) = (whole(range.min), whole(step).max(1));
+        let added = whole(req) - min;
+        let units = min + step * (added / step + i128::from(added % step != 0));
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
+        return Quantity::from_nanos(Quantity::from_units(units).nanos(), Format::BinarySi);
     }
     if !policy.values.is_empty() {
         return policy
@@ -250,7 +238,9 @@ pub(crate) fn violates_policy(consumed: Quantity, policy: Option<&RequestPolicy>
             return true;
         }
         if let Some(step) = range.step {
-            return (consumed.nanos() - range.min.nanos()).rem_euclid(step.nanos()) != 0;
+            // In whole units, as `violateValidRange` reads them.
+            let whole = |q: Quantity| i128::from(q.ceil_units());
+            return (whole(consumed) - whole(range.min)) % whole(step).max(1) != 0;
         }
         return false;
     }

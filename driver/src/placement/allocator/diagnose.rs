@@ -14,11 +14,16 @@ use super::snapshot::{CandidateIds, SelectorCache, Snapshot};
 use crate::rules::quantity::Quantity;
 
 fn wanted(req: &ReqSpec) -> Wanted {
-    match req
-        .share
-        .as_ref()
-        .or_else(|| req.capacity_share.as_ref().and_then(|r| r.as_ref().ok()))
+    // Native capacity requests, as asked: each device books them by its own policies.
+    if req.share.is_none()
+        && let Some(asked) = req.capacity.as_ref().filter(|c| !c.is_empty())
     {
+        let list: Vec<String> = asked.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        return Wanted::Capacity {
+            room: format!("with room for {}", list.join(" and ")),
+        };
+    }
+    match req.share.as_ref() {
         Some(share) => {
             let memory = match share.memory {
                 crate::rules::share::MemoryAsk::Bytes(b) => {
@@ -44,10 +49,10 @@ fn tally(
     req: &ReqSpec,
     reachable: &[bool],
     reachable_count: u32,
-) -> Result<(DeviceCounts, Vec<usize>, Option<String>), FailureKind> {
+) -> Result<(DeviceCounts, Vec<usize>), FailureKind> {
     let abort = |a: Abort| match a {
         Abort::Cel(e) => FailureKind::CelRuntime(e.to_string()),
-        Abort::Fatal(m) => FailureKind::Invalid(m),
+        Abort::Fatal(m) | Abort::Error(m) => FailureKind::Invalid(m),
         Abort::Budget => FailureKind::SearchLimit(0),
     };
     let selected = class_devices(snap, cache, req);
@@ -57,15 +62,9 @@ fn tally(
         ..DeviceCounts::default()
     };
     let mut fitting = Vec::new();
-    let mut share_error = None;
     for &dev in selected.iter().filter(|&&d| reachable[d]) {
         counts.class_mismatch -= 1;
         let outcome = search::classify(snap, cache, req, dev).map_err(abort)?;
-        if outcome == Outcome::NotShared
-            && let Some(Err(e)) = req.share_on(snap.devices[dev].tessera)
-        {
-            share_error = Some(e.to_string());
-        }
         match outcome {
             Outcome::ClassMismatch => {}
             Outcome::SelectorMismatch => counts.selector_mismatch += 1,
@@ -74,6 +73,7 @@ fn tally(
             Outcome::InUse => counts.in_use += 1,
             Outcome::TooFull => counts.too_full += 1,
             Outcome::TooSmall => counts.too_small += 1,
+            Outcome::Undeclared => counts.undeclared += 1,
             Outcome::Counters => counts.counters_exhausted += 1,
             Outcome::Fits => {
                 counts.fit += 1;
@@ -81,7 +81,7 @@ fn tally(
             }
         }
     }
-    Ok((counts, fitting, share_error))
+    Ok((counts, fitting))
 }
 
 /// A constraint no candidate node can meet even with every device that fits on its own:
@@ -193,18 +193,13 @@ pub(super) fn diagnose(
                 fitting.push(None);
                 continue;
             };
-            let (counts, fits, share_error) =
-                match tally(snap, cache, req, &reachable, reachable_count) {
-                    Ok(t) => t,
-                    Err(kind) => {
-                        failure = Some((req, kind, DeviceCounts::default()));
-                        break;
-                    }
-                };
-            if let Some(m) = share_error.filter(|_| counts.fit == 0) {
-                failure = Some((req, FailureKind::Invalid(m), counts));
-                break;
-            }
+            let (counts, fits) = match tally(snap, cache, req, &reachable, reachable_count) {
+                Ok(t) => t,
+                Err(kind) => {
+                    failure = Some((req, kind, DeviceCounts::default()));
+                    break;
+                }
+            };
             let needed = if req.all {
                 1
             } else {

@@ -9,6 +9,7 @@ use std::collections::BinaryHeap;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as res;
 
+use super::abort::{Hazards, aborted};
 use super::ask::pod_ask;
 use super::diagnose::diagnose;
 use super::policy::{NodeView, ScoreInput};
@@ -124,16 +125,16 @@ impl Allocator {
         } else {
             Box::new((0..candidates.len()).filter(move |&pos| may_fit(pos)))
         };
-        let mut budget = self.options.max_steps;
-        for pos in positions {
+        let hazards = Hazards::of(snapshot, cache, specs);
+        let run_at = |cache: &mut SelectorCache, pos: usize, budget: u64| {
             let node = &candidates[pos];
-            let devices = node_devices(snapshot, node, id_of(pos));
             let node_view = view(pos);
             let scoring = search::Scoring {
                 node: &node_view,
                 input: &input,
                 gpu_devices: &summary(pos).gpu_devices,
             };
+            let devices = node_devices(snapshot, node, id_of(pos));
             let mut search = Search::new(
                 snapshot,
                 cache,
@@ -145,50 +146,72 @@ impl Allocator {
                 scoring,
             );
             let outcome = search.run();
-            budget = budget.saturating_sub(search.steps);
+            let picks = std::mem::take(&mut search.picks);
+            let selected = std::mem::take(&mut search.selected);
+            (outcome, search.steps, picks, selected)
+        };
+        // An error on a node aborts the attempt (kube-scheduler); a misfit moves on.
+        let stop = |pos: usize, abort: Abort| -> Unsatisfiable {
+            let kind = match abort {
+                Abort::Budget => FailureKind::SearchLimit(self.options.max_steps),
+                Abort::Cel(e) => aborted(&candidates[pos], e.to_string()),
+                Abort::Error(m) => aborted(&candidates[pos], m),
+                Abort::Fatal(m) => FailureKind::Invalid(m),
+            };
+            Unsatisfiable::single(first.clone(), None, kind)
+        };
+        let mut budget = self.options.max_steps;
+        let mut searched = vec![false; candidates.len()];
+        let mut found = None;
+        for pos in positions {
+            searched[pos] = true;
+            let (outcome, steps, picks, selected) = run_at(cache, pos, budget);
+            budget = budget.saturating_sub(steps);
             match outcome {
                 Ok(true) => {
-                    let node_name = node.metadata.name.clone().unwrap_or_default();
-                    let allocations = specs
-                        .iter()
-                        .zip(claims)
-                        .enumerate()
-                        .map(|(i, (spec, claim))| {
-                            result::build(
-                                &self.options.driver_name,
-                                snapshot,
-                                spec,
-                                claim,
-                                &search.picks[i],
-                                &search.selected[i],
-                                &node_name,
-                            )
-                        })
-                        .collect();
-                    return Ok(Placement {
-                        node: node_name,
-                        allocations,
-                    });
+                    found = Some((pos, picks, selected));
+                    break;
                 }
                 Ok(false) => {}
-                Err(Abort::Budget) => {
-                    return Err(Unsatisfiable::single(
-                        first,
-                        None,
-                        FailureKind::SearchLimit(self.options.max_steps),
-                    ));
+                Err(abort) => return Err(stop(pos, abort)),
+            }
+        }
+        // The nodes not searched where an error could happen are searched too: an error
+        // there aborts the attempt even though a node fits (`super::abort`).
+        if !hazards.none() {
+            for pos in 0..candidates.len() {
+                if searched[pos] || !host_fits(pos) || !hazards.on(snapshot, &candidates[pos]) {
+                    continue;
                 }
-                Err(Abort::Cel(e)) => {
-                    return Err(Unsatisfiable::single(
-                        first,
-                        None,
-                        FailureKind::CelRuntime(e.to_string()),
-                    ));
-                }
-                Err(Abort::Fatal(m)) => {
-                    return Err(Unsatisfiable::single(first, None, FailureKind::Invalid(m)));
+                let (outcome, steps, _, _) = run_at(cache, pos, budget);
+                budget = budget.saturating_sub(steps);
+                if let Err(abort) = outcome {
+                    return Err(stop(pos, abort));
                 }
             }
+        }
+        if let Some((pos, picks, selected)) = found {
+            let node_name = candidates[pos].metadata.name.clone().unwrap_or_default();
+            let allocations = specs
+                .iter()
+                .zip(claims)
+                .enumerate()
+                .map(|(i, (spec, claim))| {
+                    result::build(
+                        &self.options.driver_name,
+                        snapshot,
+                        spec,
+                        claim,
+                        &picks[i],
+                        &selected[i],
+                        &node_name,
+                    )
+                })
+                .collect();
+            return Ok(Placement {
+                node: node_name,
+                allocations,
+            });
         }
         let without_room = (0..candidates.len()).filter(|&pos| !host_fits(pos)).count();
         if specs.is_empty() || without_room == candidates.len() {

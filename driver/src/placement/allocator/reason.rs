@@ -21,6 +21,9 @@ pub struct DeviceCounts {
     pub too_full: u32,
     /// Smaller in all than what the request asks of one device (a share larger than the card).
     pub too_small: u32,
+    /// Declaring no capacity of a name the request asks for (kube-scheduler: "some requested
+    /// capacity has not been defined").
+    pub undeclared: u32,
     /// Their pool's shared counters are used up.
     pub counters_exhausted: u32,
     /// Could take the request on their own.
@@ -41,6 +44,11 @@ pub enum Wanted {
     Device,
     /// A shared GPU with room for the share, e.g. `with 10Gi free and 50% compute`.
     Gpu {
+        /// The room asked for, starting with `with`.
+        room: String,
+    },
+    /// A device with room for native capacity requests, e.g. `with room for memory 10Gi`.
+    Capacity {
         /// The room asked for, starting with `with`.
         room: String,
     },
@@ -75,6 +83,16 @@ pub enum FailureKind {
     Invalid(String),
     /// A CEL selector failed at runtime.
     CelRuntime(String),
+    /// kube-scheduler's allocator returned an error on a candidate node (a selector's runtime
+    /// error, "all devices" while a pool is being updated, ...): that aborts the pod's whole
+    /// scheduling attempt, whatever other nodes offer, so nothing is placed and the pod is
+    /// tried again later. Not a rule of the claim: the cluster may change.
+    Aborted {
+        /// The node whose search failed.
+        node: String,
+        /// kube-scheduler's error there.
+        error: String,
+    },
     /// The search exceeded its step budget.
     SearchLimit(u64),
     /// No candidate node fits; the allocator was asked not to work out why (simulations).
@@ -157,6 +175,14 @@ impl fmt::Display for ClaimFailure {
                         write!(f, ": needs {n} distinct GPUs {room}, found {}", c.fit)?;
                         "GPU"
                     }
+                    (Wanted::Capacity { room }, 1) => {
+                        write!(f, ": no device {room}")?;
+                        "device"
+                    }
+                    (Wanted::Capacity { room }, n) => {
+                        write!(f, ": needs {n} devices {room}, found {}", c.fit)?;
+                        "device"
+                    }
                 };
                 write!(f, ": {} matched the class", plural(c.matched_class(), noun))?;
                 for (n, what) in [
@@ -165,6 +191,7 @@ impl fmt::Display for ClaimFailure {
                     (c.in_use, "in use"),
                     (c.too_full, "too full"),
                     (c.too_small, "smaller than the share asked of one card"),
+                    (c.undeclared, "without a capacity the request asks for"),
                     (c.tainted, "tainted"),
                     (c.counters_exhausted, "out of shared counters"),
                 ] {
@@ -196,6 +223,12 @@ impl fmt::Display for ClaimFailure {
             )?,
             FailureKind::NoNodes => write!(f, ": no candidate node")?,
             FailureKind::Invalid(m) | FailureKind::CelRuntime(m) => write!(f, ": {m}")?,
+            FailureKind::Aborted { node, error } => write!(
+                f,
+                ": the scheduling attempt is aborted by an error on node {node}, as \
+                 kube-scheduler aborts it (the pod stays pending and is retried, not placed on \
+                 another node): {error}"
+            )?,
             FailureKind::SearchLimit(n) => {
                 write!(f, ": unsatisfiable: search limit of {n} steps reached")?;
             }

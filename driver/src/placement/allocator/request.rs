@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1 as res;
 
 use super::snapshot::{SelectorCache, Snapshot, claim_name};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::rules::config::{self, Patience, Tier};
 use crate::rules::overcommit::{self, Overcommit};
 use crate::rules::patience;
@@ -37,8 +37,10 @@ pub(crate) struct ReqSpec {
     pub(crate) capacity: Option<BTreeMap<String, Quantity>>,
     /// A share from a Tessera `GpuShare` config.
     pub(crate) share: Option<ShareRequest>,
-    /// A share from `capacity.requests`, applied on Tessera devices; `Err` holds the broken rule.
-    pub(crate) capacity_share: Option<std::result::Result<ShareRequest, Error>>,
+    /// What `capacity.requests` come to under the request policies Tessera's shared GPUs
+    /// publish, for placement scores and reasons only: the search sizes them on each device by
+    /// that device's own policies, as kube-scheduler does.
+    pub(crate) capacity_share: Option<ShareRequest>,
     /// The tier of the request's shares, as [`crate::rules::tier::request_tier`] resolves it.
     pub(crate) tier: Tier,
     /// The share's patience when it is delay-tolerant ([`crate::rules::patience::request_patience`]).
@@ -47,25 +49,6 @@ pub(crate) struct ReqSpec {
     pub(crate) fragments_only: bool,
     /// The class's over-commit factors when the tier is batch; none for online shares.
     pub(crate) overcommit: Overcommit,
-}
-
-impl ReqSpec {
-    /// The share this request asks of a device of Tessera (`tessera` true) or another driver.
-    pub(crate) fn share_on(
-        &self,
-        tessera: bool,
-    ) -> Option<std::result::Result<&ShareRequest, &Error>> {
-        if let Some(s) = &self.share {
-            return Some(Ok(s));
-        }
-        if tessera {
-            return self
-                .capacity_share
-                .as_ref()
-                .map(std::result::Result::as_ref);
-        }
-        None
-    }
 }
 
 /// The same claim with over-commit switched off: every share booked in full, as online.
@@ -233,6 +216,14 @@ fn prepare_request(
             for (name, q) in reqs {
                 let q = Quantity::from_k8s(q)
                     .map_err(|err| e(format!("{field}.capacity.requests.{name}: {err}")))?;
+                // The API server accepts it; Tessera refuses it as input (it would free
+                // capacity), wherever the request lands.
+                if q.is_negative() {
+                    return Err(e(format!(
+                        "{field}.capacity.requests.{name}: {q} is negative; capacity requests \
+                         must be at least 0"
+                    )));
+                }
                 out.insert(name.clone(), q);
             }
             Some(out)
@@ -243,7 +234,7 @@ fn prepare_request(
     let (share, capacity_share) = match share {
         RequestShare::Plain => (None, None),
         RequestShare::Config(s) => (Some(s), None),
-        RequestShare::Capacity(r) => (None, Some(r)),
+        RequestShare::Capacity(r) => (None, r.ok()),
     };
     Ok(ReqSpec {
         base: base.to_owned(),

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::request::{ClaimSpec, ReqSpec};
 use super::search::Pick;
-use super::snapshot::{DeviceEntry, Snapshot};
+use super::snapshot::Snapshot;
 use crate::rules::config::{AllocatedShares, DeviceShare};
 use crate::rules::nodeselect::{FIELD_NODE_NAME, NodeScope};
 use crate::rules::quantity::Quantity;
@@ -40,7 +40,7 @@ pub(super) fn build(
         let entry = &snap.devices[pick.device];
         let consumed = pick.consumed.as_ref().map(|c| {
             c.iter()
-                .map(|(k, v)| (status_name(entry, k), v.to_k8s()))
+                .map(|(k, v)| (k.clone(), v.to_k8s()))
                 .collect::<BTreeMap<_, _>>()
         });
         // kube-scheduler leaves the field out when nothing was consumed.
@@ -101,16 +101,6 @@ pub(super) fn build(
         }),
         node_selector: result_node_selector(snap, picks, node),
     }
-}
-
-/// The capacity name to write in a result: as the device spells it.
-fn status_name(entry: &DeviceEntry, fq: &str) -> String {
-    if entry.device().has_capacity(fq) {
-        return fq.to_owned();
-    }
-    fq.strip_prefix(&format!("{}/", entry.driver))
-        .unwrap_or(fq)
-        .to_owned()
 }
 
 /// Class configs once per class (naming the requests that use it), then claim configs that

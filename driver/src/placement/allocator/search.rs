@@ -26,8 +26,11 @@ use crate::rules::share::PerDeviceShare;
 pub(crate) enum Abort {
     /// The step budget ran out.
     Budget,
-    /// A selector failed at runtime.
+    /// A selector failed at runtime (kube-scheduler's allocator returns it as an error).
     Cel(Error),
+    /// kube-scheduler's allocator returns an error for this node (e.g. "all devices" while a
+    /// pool is being updated): not a misfit, the pod's scheduling attempt aborts.
+    Error(String),
     /// The claim can never be allocated (a rule is broken).
     Fatal(String),
 }
@@ -168,6 +171,8 @@ pub(crate) enum Outcome {
     TooFull,
     /// Smaller in all than what the request asks of one device, even when empty.
     TooSmall,
+    /// Declares no capacity of a name the request asks for.
+    Undeclared,
     Counters,
     Fits,
 }
@@ -190,9 +195,9 @@ pub(crate) fn static_outcome(
         }
     }
     let entry = &snap.devices[dev];
-    if let Some(share) = spec.share_on(entry.tessera)
-        && (!entry.tessera_shared || share.is_err())
-    {
+    // Only a `GpuShare` (Tessera's own config) needs a shared GPU: native capacity requests
+    // take any device that declares the capacities, as kube-scheduler decides it.
+    if spec.share.is_some() && !entry.tessera_shared {
         return Ok(Outcome::NotShared);
     }
     if entry
@@ -242,6 +247,9 @@ pub(crate) struct Search<'a> {
     pub(crate) steps: u64,
     budget: u64,
     cands: HashMap<(usize, usize, usize), Rc<Vec<usize>>>,
+    /// CEL runtime errors of candidates (claim, request, alternative, device), raised only when
+    /// the search reaches the device free, as kube-scheduler evaluates selectors lazily.
+    deferred: HashMap<(usize, usize, usize, usize), Error>,
     excl: Vec<(usize, usize)>,
     inflight: HashMap<usize, Amounts>,
     /// Over-committed memory bytes and compute of this search's batch picks, per device.
@@ -297,6 +305,7 @@ impl<'a> Search<'a> {
             steps: 0,
             budget,
             cands: HashMap::new(),
+            deferred: HashMap::new(),
             excl: Vec::new(),
             inflight: HashMap::new(),
             inflight_over: HashMap::new(),
@@ -311,8 +320,48 @@ impl<'a> Search<'a> {
     }
 
     /// Runs the search; `Ok(true)` when every claim got its devices.
+    ///
+    /// As kube-scheduler's `Allocate`, every "all devices" request (and subrequest) of every
+    /// claim is resolved before the search starts (`validateDeviceRequest`): a pool of this
+    /// node being updated or invalid, or a selector failing on any device of the node, is an
+    /// error however the search would go.
     pub(crate) fn run(&mut self) -> Step {
-        self.step(0, 0, None, 0)
+        for c in 0..self.specs.len() {
+            for r in 0..self.specs[c].requests.len() {
+                for a in 0..self.specs[c].requests[r].len() {
+                    let spec = &self.specs[c].requests[r][a];
+                    if !spec.all {
+                        continue;
+                    }
+                    if let Some(pool) = self.unusable_pool() {
+                        return Err(Abort::Error(format!(
+                            "claim {}, request {}: asks for all devices, but {pool}",
+                            self.specs[c].name, spec.full
+                        )));
+                    }
+                    self.candidates(c, r, a)?;
+                }
+            }
+        }
+        self.step(0, 0, None, 0, 0)
+    }
+
+    /// Whether the device is held in a way that rules it out for request `spec` of claim `c`
+    /// before anything else is looked at (kube-scheduler's `deviceInUse`, or for admin access
+    /// `allocatingDeviceForClaim`): held whole by an allocation, or picked whole in this
+    /// search (an admin-access pick included).
+    fn in_use(&self, c: usize, spec: &ReqSpec, dev: usize) -> bool {
+        let entry = &self.snap.devices[dev];
+        let u = &self.snap.uses[dev];
+        let excl_any = self.excl.iter().any(|&(d, _)| d == dev);
+        if spec.admin {
+            return !entry.multi && self.excl.iter().any(|&(d, cl)| d == dev && cl == c);
+        }
+        if entry.multi || spec.share.is_some() {
+            return u.exclusive > 0 || excl_any;
+        }
+        let inflight_holders = self.holders.get(&dev).copied().unwrap_or(0);
+        u.holders() > 0 || inflight_holders > 0 || excl_any
     }
 
     fn candidates(&mut self, c: usize, r: usize, a: usize) -> Result<Rc<Vec<usize>>, Abort> {
@@ -322,12 +371,20 @@ impl<'a> Search<'a> {
         let spec = &self.specs[c].requests[r][a];
         let mut list = Vec::new();
         for &dev in &self.node_devices {
-            // "All" takes every selectable device; taints are checked when it is taken.
-            let outcome = static_outcome(self.snap, self.cache, spec, dev)?;
+            // "All" takes every selectable device; taints are checked when it is taken. Its
+            // selectors' errors count at once; another request's only when it is reached.
+            let outcome = match static_outcome(self.snap, self.cache, spec, dev) {
+                Err(Abort::Cel(e)) if !spec.all => {
+                    self.deferred.insert((c, r, a, dev), e);
+                    list.push(dev);
+                    continue;
+                }
+                other => other?,
+            };
             if outcome == Outcome::Fits || (spec.all && outcome == Outcome::Tainted) {
                 // "All" means all devices with room for the request's capacity, as
                 // committed before this search (kube-scheduler decides it up front).
-                if spec.all && !capacity_fits(self.snap, spec, dev)? {
+                if spec.all && !capacity_fits(self.snap, spec, dev, true) {
                     continue;
                 }
                 list.push(dev);
@@ -340,9 +397,7 @@ impl<'a> Search<'a> {
             let topology = spec.count > 1 && self.policy.prefers_topology();
             let free: Vec<bool> = list
                 .iter()
-                .map(|&dev| {
-                    !topology || matches!(dynamic_outcome(self.snap, spec, dev), Ok(Outcome::Fits))
-                })
+                .map(|&dev| !topology || dynamic_outcome(self.snap, spec, dev) == Outcome::Fits)
                 .collect();
             self.order(spec, &mut list, &free);
         }
@@ -415,8 +470,13 @@ impl<'a> Search<'a> {
         }
     }
 
+    /// One step of the search: device `d` of alternative `alt` of request `r` of claim `c`.
+    /// `start` is where in the request's candidates the search for device `d` begins: after
+    /// the device taken for `d - 1`, as kube-scheduler's `allocateOne` continues at its
+    /// `startLocation`, so one request never takes a device twice (not even one that allows
+    /// multiple allocations) and tries each set of devices once, not in every order.
     #[allow(clippy::many_single_char_names)] // Reason: c, r, a, d index claim, request, alternative, device throughout.
-    fn step(&mut self, c: usize, r: usize, alt: Option<usize>, d: usize) -> Step {
+    fn step(&mut self, c: usize, r: usize, alt: Option<usize>, d: usize, start: usize) -> Step {
         self.steps += 1;
         if self.steps > self.budget {
             return Err(Abort::Budget);
@@ -426,19 +486,19 @@ impl<'a> Search<'a> {
         }
         let claim = &self.specs[c];
         if r >= claim.requests.len() {
-            return self.step(c + 1, 0, None, 0);
+            return self.step(c + 1, 0, None, 0, 0);
         }
         let Some(a) = alt else {
             if claim.first_available[r] {
                 for a in 0..claim.requests[r].len() {
-                    if self.step(c, r, Some(a), 0)? {
+                    if self.step(c, r, Some(a), 0, 0)? {
                         self.selected[c][r] = a;
                         return Ok(true);
                     }
                 }
                 return Ok(false);
             }
-            return self.step(c, r, Some(0), d);
+            return self.step(c, r, Some(0), d, start);
         };
         let spec = &claim.requests[r][a];
         let cands = self.candidates(c, r, a)?;
@@ -447,7 +507,7 @@ impl<'a> Search<'a> {
             return Ok(false);
         }
         if d >= needed {
-            return self.step(c, r + 1, None, 0);
+            return self.step(c, r + 1, None, 0, 0);
         }
         if self.picks[c]
             .len()
@@ -458,24 +518,30 @@ impl<'a> Search<'a> {
             return Ok(false);
         }
         if spec.all {
-            if spec.all && self.all_blocked() {
-                return Ok(false);
-            }
             let dev = cands[d];
             if !self.take(c, r, a, dev)? {
                 return Ok(false);
             }
-            if self.step(c, r, Some(a), d + 1)? {
+            if self.step(c, r, Some(a), d + 1, 0)? {
                 return Ok(true);
             }
             self.untake(c);
             return Ok(false);
         }
-        for &dev in cands.iter() {
+        for (at, &dev) in cands.iter().enumerate().skip(start) {
+            // In use first, selectors after: a selector's error on a device in use is never
+            // raised (`allocateOne` checks `deviceInUse` before `isSelectable`).
+            let spec = &self.specs[c].requests[r][a];
+            if self.in_use(c, spec, dev) {
+                continue;
+            }
+            if let Some(e) = self.deferred.get(&(c, r, a, dev)) {
+                return Err(Abort::Cel(e.clone()));
+            }
             if !self.take(c, r, a, dev)? {
                 continue;
             }
-            match self.step(c, r, Some(a), d + 1) {
+            match self.step(c, r, Some(a), d + 1, at + 1) {
                 Ok(true) => return Ok(true),
                 Ok(false) => self.untake(c),
                 Err(e) => {
@@ -487,12 +553,14 @@ impl<'a> Search<'a> {
         Ok(false)
     }
 
-    /// Whether an incomplete or invalid pool concerns this node ("All" must see every device).
-    fn all_blocked(&self) -> bool {
+    /// Why the pool of this node that is being updated or is invalid cannot be used, if one
+    /// is ("all devices" must see every device; kube-scheduler then returns an error).
+    fn unusable_pool(&self) -> Option<&str> {
         self.snap
             .pools
             .iter()
-            .any(|p| p.unusable.is_some() && p.scopes.iter().any(|s| s.matches(self.node)))
+            .filter(|p| p.scopes.iter().any(|s| s.matches(self.node)))
+            .find_map(|p| p.unusable.as_deref())
     }
 
     fn used_with_inflight(&self, dev: usize) -> Amounts {
@@ -516,23 +584,38 @@ impl<'a> Search<'a> {
         let mut share = None;
         let mut over = None;
         let mut exclusive = false;
-        // "All" candidates include tainted devices: an untolerated taint fails the request.
-        if spec.all
-            && entry
-                .taints
-                .iter()
-                .any(|t| !spec.tolerations.iter().any(|tol| tolerates(tol, t)))
-        {
-            return Ok(false);
+        // "All" takes the devices listed up front in kube-scheduler's `allocateDevice` order:
+        // in use, shared counters, taints (the list includes tainted devices), each of which
+        // fails the request; then the claim's constraints, which abort the attempt.
+        if spec.all {
+            let counters_needed = !spec.admin
+                && !entry.consumes.is_empty()
+                && u.holders() == 0
+                && inflight_holders == 0;
+            if self.in_use(c, spec, dev)
+                || (counters_needed && !self.counters_fit(dev))
+                || entry
+                    .taints
+                    .iter()
+                    .any(|t| !spec.tolerations.iter().any(|tol| tolerates(tol, t)))
+            {
+                return Ok(false);
+            }
+            if !self.constraints_admit(c, r, a, dev) {
+                return Err(Abort::Error(format!(
+                    "claim {}, request {}: cannot add device {} because a claim constraint \
+                     would not be satisfied",
+                    self.specs[c].name,
+                    spec.full,
+                    entry.id()
+                )));
+            }
         }
         if spec.admin {
             if !entry.multi && self.excl.iter().any(|&(d, cl)| d == dev && cl == c) {
                 return Ok(false);
             }
-        } else if let Some(share_req) = spec.share_on(entry.tessera) {
-            let Ok(share_req) = share_req else {
-                return Ok(false);
-            };
+        } else if let Some(share_req) = spec.share.as_ref() {
             if !entry.tessera_shared || u.exclusive > 0 || excl_any {
                 return Ok(false);
             }
@@ -589,18 +672,18 @@ impl<'a> Search<'a> {
             }
             share = Some(per);
         } else {
-            if entry.multi {
-                if u.exclusive > 0 || excl_any {
-                    return Ok(false);
-                }
-            } else if u.holders() > 0 || inflight_holders > 0 {
+            // Kubernetes' own sizing (`CmpRequestOverCapacity`): every requested capacity
+            // must be declared, each declared one is consumed by its request policy.
+            if self.in_use(c, spec, dev) {
+                return Ok(false);
+            }
+            if spec.fragments_only && entry.tessera_shared && !super::delay::is_fragment(u) {
                 return Ok(false);
             }
             let empty = Amounts::new();
             let requests = match &spec.capacity {
                 None => Some(empty),
-                Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
-                    .map_err(Abort::Fatal)?,
+                Some(reqs) => capacity::resolve_requests(reqs, &entry.capacity),
             };
             let Some(requests) = requests else {
                 return Ok(false);
@@ -620,18 +703,23 @@ impl<'a> Search<'a> {
                 Ok(Some(_)) => exclusive = true,
             }
             if entry.tessera_shared && entry.multi {
-                // A default share on a Tessera GPU is still a share the node must enforce.
+                // What was booked of a Tessera GPU (a default one included) is a share the
+                // node enforces. Its memory is whole bytes and its compute whole percent: a
+                // fraction (possible only where a policy has no step, which Tessera's GPUs
+                // never publish) could not be enforced, so such a GPU does not fit.
                 let (mem, comp) = entry.share_names();
-                let x = consumed.as_ref();
-                let bytes = x
-                    .and_then(|x| x.get(&mem))
-                    .and_then(|q| q.as_units())
-                    .and_then(|v| u64::try_from(v).ok())
-                    .unwrap_or(0);
-                let pct = x
-                    .and_then(|x| x.get(&comp))
-                    .and_then(|q| q.as_units())
-                    .unwrap_or(0);
+                let whole = |name: &str| -> Option<i64> {
+                    consumed
+                        .as_ref()
+                        .and_then(|x| x.get(name))
+                        .map_or(Some(0), |q| q.as_units())
+                };
+                let (Some(bytes), Some(pct)) = (
+                    whole(&mem).and_then(|v| u64::try_from(v).ok()),
+                    whole(&comp),
+                ) else {
+                    return Ok(false);
+                };
                 share = Some(PerDeviceShare {
                     memory_bytes: bytes,
                     compute_percent: pct,
@@ -800,23 +888,7 @@ impl<'a> Search<'a> {
             if !k.applies(&spec.base, &spec.full) {
                 continue;
             }
-            let Some(value) = lookup_attr(self.snap, dev, &k.attribute) else {
-                for j in 0..i {
-                    self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
-                }
-                return false;
-            };
-            let next = match &self.constraints[c][i] {
-                ConstraintState::Match { common } => match common.last() {
-                    None => Some(value),
-                    Some((_, set)) => Some(set.intersect(&value)).filter(|s| !s.is_empty()),
-                },
-                ConstraintState::Distinct { values } => values
-                    .iter()
-                    .all(|(_, y)| y.disjoint(&value))
-                    .then_some(value),
-            };
-            let Some(next) = next else {
+            let Some(next) = self.constraint_with(c, i, dev) else {
                 for j in 0..i {
                     self.remove_one(c, j, &spec.base.clone(), &spec.full.clone(), dev);
                 }
@@ -830,6 +902,35 @@ impl<'a> Search<'a> {
             }
         }
         true
+    }
+
+    /// What constraint `i` of claim `c` keeps once `dev` is added, or `None` when the device
+    /// breaks it (lacks the attribute, or its values do not meet the others').
+    fn constraint_with(&self, c: usize, i: usize, dev: usize) -> Option<AttrSet> {
+        let value = lookup_attr(self.snap, dev, &self.specs[c].constraints[i].attribute)?;
+        match &self.constraints[c][i] {
+            ConstraintState::Match { common } => match common.last() {
+                None => Some(value),
+                Some((_, set)) => Some(set.intersect(&value)).filter(|s| !s.is_empty()),
+            },
+            ConstraintState::Distinct { values } => values
+                .iter()
+                .all(|(_, y)| y.disjoint(&value))
+                .then_some(value),
+        }
+    }
+
+    /// Whether adding `dev` for alternative `a` of request `r` keeps every constraint of claim
+    /// `c` that covers it (nothing is recorded).
+    #[allow(clippy::many_single_char_names)] // Reason: indices as in `step`.
+    fn constraints_admit(&self, c: usize, r: usize, a: usize, dev: usize) -> bool {
+        let spec = &self.specs[c].requests[r][a];
+        self.specs[c]
+            .constraints
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.applies(&spec.base, &spec.full))
+            .all(|(i, _)| self.constraint_with(c, i, dev).is_some())
     }
 
     fn remove_one(&mut self, c: usize, i: usize, base: &str, full: &str, dev: usize) {
@@ -866,30 +967,42 @@ pub(crate) fn classify(
     if o != Outcome::Fits {
         return Ok(o);
     }
-    dynamic_outcome(snap, spec, dev)
+    Ok(dynamic_outcome(snap, spec, dev))
 }
 
 /// How a device that passed the static checks fares against committed use only.
-fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcome, Abort> {
+fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Outcome {
     if spec.admin {
-        return Ok(Outcome::Fits);
+        return Outcome::Fits;
     }
     let entry = &snap.devices[dev];
     let u = &snap.uses[dev];
-    if let Some(Ok(share)) = spec.share_on(entry.tessera) {
+    if let Some(share) = spec.share.as_ref() {
         if u.exclusive > 0 {
-            return Ok(Outcome::InUse);
+            return Outcome::InUse;
         }
         let Ok(per) = share.per_device(entry.memory) else {
-            return Ok(Outcome::TooSmall);
+            return Outcome::TooSmall;
         };
         if booking::book_share(snap, dev, spec, per, None, None).is_none() {
-            return Ok(Outcome::TooFull);
+            return Outcome::TooFull;
         }
     } else if (entry.multi && u.exclusive > 0) || (!entry.multi && u.holders() > 0) {
-        return Ok(Outcome::InUse);
-    } else if !capacity_fits(snap, spec, dev)? {
-        return Ok(Outcome::TooFull);
+        return Outcome::InUse;
+    } else if !capacity_fits(snap, spec, dev, true) {
+        // A capacity the device does not declare, or a request too big even for the empty
+        // device, is said as such, not as "too full".
+        let declared = spec
+            .capacity
+            .as_ref()
+            .is_none_or(|reqs| capacity::resolve_requests(reqs, &entry.capacity).is_some());
+        return if !declared {
+            Outcome::Undeclared
+        } else if capacity_fits(snap, spec, dev, false) {
+            Outcome::TooFull
+        } else {
+            Outcome::TooSmall
+        };
     }
     if !entry.consumes.is_empty() && u.holders() == 0 {
         let pool = &snap.pools[entry.pool_idx];
@@ -902,32 +1015,32 @@ fn dynamic_outcome(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<Outcom
                 };
                 let used = get(snap.counters_used[entry.pool_idx].get(set));
                 if used.saturating_add(*q) > get(pool.counters.get(set)) {
-                    return Ok(Outcome::Counters);
+                    return Outcome::Counters;
                 }
             }
         }
     }
-    Ok(Outcome::Fits)
+    Outcome::Fits
 }
 
-/// Whether a device has room for a request's capacity against committed use only.
-fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize) -> Result<bool, Abort> {
+/// Whether a device has room for a request's capacity: against committed use only when
+/// `committed`, else on the empty device.
+fn capacity_fits(snap: &Snapshot, spec: &ReqSpec, dev: usize, committed: bool) -> bool {
     let entry = &snap.devices[dev];
     let requests = match &spec.capacity {
         None => Some(Amounts::new()),
-        Some(reqs) => capacity::resolve_requests(reqs, &entry.driver, &entry.capacity)
-            .map_err(Abort::Fatal)?,
+        Some(reqs) => capacity::resolve_requests(reqs, &entry.capacity),
     };
     let Some(requests) = requests else {
-        return Ok(false);
+        return false;
     };
-    let used = if entry.multi {
+    let used = if entry.multi && committed {
         snap.uses[dev].consumed.clone()
     } else {
         Amounts::new()
     };
-    Ok(matches!(
+    matches!(
         capacity::try_consume(&entry.capacity, &requests, &[&used]),
         Ok(Some(_))
-    ))
+    )
 }

@@ -703,8 +703,11 @@ fn cel_runtime_errors_and_missing_classes_are_reasons_not_panics() {
             &[node("a")],
         )
         .unwrap_err();
+    // As in kube-scheduler, a selector's runtime error aborts the attempt (the pod is
+    // retried); it is never read as "does not match".
     assert!(
-        matches!(err.failures[0].kind, FailureKind::CelRuntime(_)),
+        matches!(&err.failures[0].kind, FailureKind::Aborted { node, error }
+            if node == "a" && error.contains("nope")),
         "{err}"
     );
     let err = a
@@ -911,7 +914,15 @@ fn the_record_carries_the_tier_from_the_claim_or_the_class() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("allowOnline: false"), "{err}");
-    // A capacity.requests share of the batch class is batch too.
+    // A capacity.requests share of the batch class is batch too. (On gpu-0, which does not
+    // allow multiple allocations, capacity requests take the whole GPU, as kube-scheduler
+    // allocates them: the share is looked for on gpu-1 alone.)
+    let snap = Snapshot::new(
+        &[slice("a-1", "a", vec![gpu("gpu-1", "shared", "x", true)])],
+        &all,
+        &[],
+    )
+    .unwrap();
     let mut req = exact("gpu", "batch.gpu.tessera.dev", 1);
     req.exactly.as_mut().unwrap().capacity = Some(res::CapacityRequirements {
         requests: Some([("memory".to_owned(), q("4Gi"))].into()),
@@ -1076,6 +1087,8 @@ fn without_an_island_a_multi_gpu_claim_prefers_one_numa_node() {
     }
 }
 
+mod invariants;
+mod kube_exact;
 mod overcommit;
 
 #[test]

@@ -37,6 +37,8 @@ pub(crate) struct SelectorCache {
     pub(crate) class_devices: HashMap<String, Arc<Vec<usize>>>,
     /// Per class and request selectors: the GPU models of the devices they select.
     pub(crate) request_models: HashMap<(String, Vec<usize>), Arc<Vec<String>>>,
+    /// Per class and request selectors: the devices where one of them fails at runtime.
+    pub(crate) error_devices: HashMap<(String, Vec<usize>), Arc<Vec<usize>>>,
     candidate_names: Arc<Vec<String>>,
     candidate_ids: Arc<Vec<Option<usize>>>,
     /// Node scores of cacheable policies.

@@ -30,8 +30,6 @@ pub(crate) struct DeviceEntry {
     pub(crate) capacity: Capacities,
     /// `allowMultipleAllocations`.
     pub(crate) multi: bool,
-    /// Published by Tessera's driver.
-    pub(crate) tessera: bool,
     /// A Tessera GPU many claims may share: `allowMultipleAllocations`, or `sharing=shared`.
     pub(crate) tessera_shared: bool,
     /// Tessera memory capacity in bytes (0 when not declared).
@@ -47,7 +45,8 @@ pub(crate) struct DeviceEntry {
     /// Its node can back over-committed memory (`enforcement: hami-core`, `isolation:
     /// verified`).
     pub(crate) backs_memory_overcommit: bool,
-    /// Fully qualified memory and compute capacity names (computed once: hot in searches).
+    /// The memory and compute capacity names as the device spells them (computed once: hot in
+    /// searches).
     pub(super) share_keys: (String, String),
     /// The slice that publishes the device, shared with whoever handed it in (the
     /// controller's view keeps the same one), and the device's position in its list: a
@@ -80,7 +79,7 @@ impl DeviceEntry {
         CelDevice::new(&self.driver, self.device())
     }
 
-    /// Fully qualified memory and compute capacity names of this device's driver.
+    /// The memory and compute capacity names as the device spells them.
     pub(crate) fn share_names(&self) -> (String, String) {
         self.share_keys.clone()
     }
@@ -216,7 +215,9 @@ impl Snapshot {
         scope: NodeScope,
     ) -> Result<()> {
         let object = format!("{object}: device {}", device.name);
-        let capacity = capacity::parse_device_capacity(device, driver, &object)?;
+        let capacity = capacity::parse_device_capacity(device, &object)?;
+        let memory_name = capacity::declared_name(&capacity, names::CAP_MEMORY, driver);
+        let compute_name = capacity::declared_name(&capacity, names::CAP_COMPUTE, driver);
         let tessera = driver == self.tessera_driver;
         // The API field is the truth: a device that allows multiple allocations is shared
         // whatever its informational `sharing` attribute says; without the field (1.32,
@@ -226,12 +227,12 @@ impl Snapshot {
                 || attr_text(device, driver, names::ATTR_SHARING).as_deref()
                     == Some(names::SHARING_SHARED));
         let memory = capacity
-            .get(&capacity::qualify(names::CAP_MEMORY, driver))
+            .get(&memory_name)
             .and_then(|c| c.value.as_units())
             .and_then(|v| u64::try_from(v).ok())
             .unwrap_or(0);
         let compute = capacity
-            .get(&capacity::qualify(names::CAP_COMPUTE, driver))
+            .get(&compute_name)
             .and_then(|c| c.value.as_units())
             .unwrap_or(100);
         let mut consumes = Vec::new();
@@ -262,7 +263,6 @@ impl Snapshot {
             scope,
             capacity,
             multi: device.allow_multiple_allocations == Some(true),
-            tessera,
             tessera_shared,
             memory,
             compute,
@@ -285,10 +285,7 @@ impl Snapshot {
                     == Some(names::ENFORCEMENT_HAMI_CORE)
                 && attr_text(device, driver, names::ATTR_ISOLATION).as_deref()
                     == Some(names::ISOLATION_VERIFIED),
-            share_keys: (
-                capacity::qualify(names::CAP_MEMORY, driver),
-                capacity::qualify(names::CAP_COMPUTE, driver),
-            ),
+            share_keys: (memory_name, compute_name),
             slice,
             at,
         });

@@ -20,7 +20,7 @@ pub(crate) struct DeviceUse {
     pub(crate) exclusive: u32,
     /// Share allocations.
     pub(crate) shares: u32,
-    /// Capacity consumed by shares, by fully qualified name: what they are guaranteed.
+    /// Capacity consumed by shares, by name as the device spells it: what they are guaranteed.
     pub(crate) consumed: Amounts,
     /// What batch shares were booked beyond their guarantee ([`crate::rules::overcommit`]), by name.
     pub(crate) over: Amounts,
@@ -48,7 +48,7 @@ struct RecordedShare {
 }
 
 impl RecordedShare {
-    /// What was booked beyond the guarantee, by fully qualified capacity name of `entry`.
+    /// What was booked beyond the guarantee, by capacity name of `entry` as it spells it.
     fn over(&self, entry: &DeviceEntry) -> Amounts {
         let (mem, comp) = entry.share_names();
         let mut over = Amounts::new();
@@ -155,7 +155,7 @@ impl Snapshot {
                 let mut consumed = Amounts::new();
                 for (name, q) in cc {
                     // A value we cannot read counts as the whole capacity.
-                    let key = capacity::qualify(name, &entry.driver);
+                    let key = name.clone();
                     let value = Quantity::from_k8s(q)
                         .ok()
                         .or_else(|| entry.capacity.get(&key).map(|c| c.value));
