@@ -177,6 +177,29 @@ pub const POD: ResourceKind = ResourceKind::new("Pod", "pods");
 pub const NODE: ResourceKind = ResourceKind::new("Node", "nodes");
 /// policy/v1 Evictions, posted to a pod's `eviction` subresource.
 pub const EVICTION: ResourceKind = ResourceKind::new("Eviction", "eviction");
+/// Tessera's GPU profile schedules (cluster-scoped, [`CONFIG_API_VERSION`]).
+pub const GPU_PROFILE_SCHEDULE: ResourceKind =
+    ResourceKind::new("GpuProfileSchedule", "gpuprofileschedules");
+/// The API group of Tessera's own objects (the group of [`CONFIG_API_VERSION`]).
+pub const TESSERA_GROUP: &str = "gpu.tessera.dev";
+/// The version of Tessera's own objects (the version of [`CONFIG_API_VERSION`]).
+pub const TESSERA_VERSION: &str = "v1alpha1";
+/// Node annotation: the controller's record of the profile switch in progress or last done
+/// on the node (JSON, `tessera_driver::node::schedule::switch::SwitchRecord`).
+pub const ANNOTATION_PROFILE_SWITCH: &str = "gpu.tessera.dev/profile-switch";
+/// Event reason: a node starts switching to a scheduled GPU profile.
+pub const REASON_PROFILE_SWITCH: &str = "ProfileSwitch";
+/// Event reason: every GPU of a node is in its scheduled profile's mode.
+pub const REASON_PROFILE_SWITCHED: &str = "ProfileSwitched";
+/// Event reason: a pod is evicted because its GPU must switch profile and the deadline passed.
+pub const REASON_PROFILE_EVICTION: &str = "ProfileDrainEviction";
+/// Event reason: a GPU's switch waits for a pod that may not be evicted.
+pub const REASON_PROFILE_WAITING: &str = "ProfileDrainWaiting";
+/// Event reason: a pod is evicted to make contiguous room for a pending claim.
+pub const REASON_DEFRAG_EVICTION: &str = "DefragEviction";
+/// Annotation on a DeviceClass: `"true"` says that pods holding its devices may be evicted
+/// for a profile switch or defragmentation, whatever their tier.
+pub const ANNOTATION_CLASS_PREEMPTIBLE: &str = "gpu.tessera.dev/preemptible";
 
 /// Plugin type a DRA driver reports to kubelet's plugin registration.
 pub const PLUGIN_TYPE_DRA: &str = "DRAPlugin";

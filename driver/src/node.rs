@@ -43,4 +43,5 @@ pub mod mps_user;
 pub mod prepare;
 pub mod prepared;
 pub mod reconfigure;
+pub mod schedule;
 pub mod slices;

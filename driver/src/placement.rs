@@ -9,6 +9,7 @@
 //! imports `node`, `tools`, `admission` or `apiversion`.
 
 pub mod allocator;
+pub mod defrag;
 pub mod fast_path;
 pub mod fragmentation;
 pub mod gate;

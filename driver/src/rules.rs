@@ -11,6 +11,7 @@
 
 pub mod cel;
 pub mod config;
+pub mod labelselect;
 pub mod limits;
 pub(crate) mod nodeselect;
 pub mod overcommit;
