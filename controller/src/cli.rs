@@ -2,6 +2,7 @@
 //! inspect live.
 
 pub mod allocate;
+pub mod defrag;
 pub mod demo;
 pub mod device_plugin;
 pub mod input;
@@ -68,6 +69,24 @@ pub enum Command {
         /// Output format.
         #[arg(short = 'o', long, default_value = "table")]
         output: OutputFormat,
+    },
+    /// Plan defragmentation offline: for each pending pod that fits nowhere, the fewest
+    /// movable batch pods (owned by a controller) whose move to other nodes makes room for it,
+    /// with the reason for every move. Reads what `allocate` reads; changes nothing.
+    Defrag {
+        /// Files or folders of DeviceClasses, ResourceSlices, ResourceClaims, Nodes and Pods
+        /// (`-` reads standard input).
+        #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+        /// Placement policy.
+        #[arg(long, env = "TESSERA_POLICY", default_value_t)]
+        policy: Policy,
+        /// The most pods moved in all (the controller's evictions per hour).
+        #[arg(long, default_value_t = 10)]
+        budget: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Check every CEL expression, opaque config and share rule of the given files.
     Validate {
@@ -264,6 +283,26 @@ impl Cli {
                     }),
                 };
                 simulate::run(&args, &self.driver_name, out)
+            }
+            Command::Defrag {
+                files,
+                policy,
+                budget,
+                json,
+            } => {
+                let mut objects = input::Objects::load_skipping_refused(files)?;
+                for warning in device_plugin::rewrite(&mut objects, &self.device_plugin_options())?
+                {
+                    let _ = writeln!(std::io::stderr(), "warning: {warning}");
+                }
+                for refusal in &objects.refusals {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "warning: left out: {}",
+                        output::printable(&refusal.message, false)
+                    );
+                }
+                defrag::run(&objects, &self.driver_name, *policy, *budget, *json, out)
             }
             Command::Validate { files } => {
                 let objects = input::Objects::load_listing_refusals(files)?;

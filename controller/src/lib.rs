@@ -13,6 +13,7 @@ pub mod metrics;
 mod object_key;
 pub mod reconcile;
 pub mod service;
+pub mod tidal;
 pub mod webhook;
 pub mod writer;
 

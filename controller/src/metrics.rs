@@ -74,6 +74,15 @@ pub struct Metrics {
     leader: Gauge,
     gpu_memory: Family<GpuLabels, Gauge>,
     gpu_compute: Family<GpuLabels, Gauge>,
+    gpus_by_mode: Family<ModeLabels, Gauge>,
+    gpus_draining: Gauge,
+    profile_switch: Histogram,
+    profile_evictions: Counter,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: String,
 }
 
 impl Metrics {
@@ -135,6 +144,31 @@ impl Metrics {
             "Compute of each device held by allocated claims, in percent",
             gpu_compute.clone(),
         );
+        let gpus_by_mode = Family::<ModeLabels, Gauge>::default();
+        registry.register(
+            "scheduled_gpus",
+            "GPUs of nodes a GpuProfileSchedule selects, by the mode their slices publish",
+            gpus_by_mode.clone(),
+        );
+        let gpus_draining = Gauge::default();
+        registry.register(
+            "scheduled_gpus_draining",
+            "GPUs of scheduled nodes that claims still hold while their profile wants another mode",
+            gpus_draining.clone(),
+        );
+        // 1 s to about 18 h: a free GPU switches in seconds, a drained one when its claims end.
+        let profile_switch = Histogram::new(exponential_buckets(1.0, 2.0, 17));
+        registry.register(
+            "profile_switch_duration_seconds",
+            "Time from a node's scheduled profile switch starting to every GPU being in its mode",
+            profile_switch.clone(),
+        );
+        let profile_evictions = Counter::default();
+        registry.register(
+            "profile_evictions",
+            "Pods evicted because their GPU had to switch profile and the drain deadline passed",
+            profile_evictions.clone(),
+        );
         Self {
             registry,
             policy: policy.to_owned(),
@@ -147,7 +181,37 @@ impl Metrics {
             leader,
             gpu_memory,
             gpu_compute,
+            gpus_by_mode,
+            gpus_draining,
+            profile_switch,
+            profile_evictions,
         }
+    }
+
+    /// Sets the scheduled nodes' GPUs per published mode and how many drain.
+    pub fn set_profile_state(
+        &self,
+        by_mode: &std::collections::BTreeMap<&str, i64>,
+        draining: i64,
+    ) {
+        for mode in ["exclusive", "shared", "mig"] {
+            self.gpus_by_mode
+                .get_or_create(&ModeLabels {
+                    mode: mode.to_owned(),
+                })
+                .set(by_mode.get(mode).copied().unwrap_or(0));
+        }
+        self.gpus_draining.set(draining);
+    }
+
+    /// Observes one finished profile switch.
+    pub fn profile_switched(&self, took: Duration) {
+        self.profile_switch.observe(took.as_secs_f64());
+    }
+
+    /// Counts one eviction for a profile switch.
+    pub fn profile_evicted(&self) {
+        self.profile_evictions.inc();
     }
 
     /// Counts one handled pod.

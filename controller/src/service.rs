@@ -26,12 +26,16 @@ use crate::health_http::OpsServer;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::Metrics;
 use crate::reconcile::{Reconciler, ReconcilerConfig};
+use crate::tidal::TidalKeeper;
 use crate::writer::Writer;
 
 /// How many reflected changes may wait for the view.
 const EVENT_QUEUE: usize = 64;
 /// Pause before a pass retries what failed for a passing reason (API errors, lost races).
 const RETRY_SOON: Duration = Duration::from_secs(1);
+/// How often the leader applies the GPU profile schedules at the latest (sooner when a window
+/// starts or a drain deadline passes, and at every resync when that is shorter).
+const TIDAL_EVERY: Duration = Duration::from_secs(10);
 
 /// Everything the service needs besides a client.
 #[derive(Debug, Clone)]
@@ -118,6 +122,14 @@ pub async fn run_with(
         Arc::clone(&metrics),
         leading.clone(),
     );
+    let mut tidal = TidalKeeper::new(
+        client.clone(),
+        version,
+        &config.driver_name,
+        Writer::new(client.clone(), version),
+        Arc::clone(&metrics),
+    );
+    let mut tidal_due = tokio::time::Instant::now();
     let mut templates = TemplateKeeper::new(
         client,
         version,
@@ -172,8 +184,26 @@ pub async fn run_with(
             let retry_soon = !keep_templates(&mut templates, &view).await || report.retry_soon;
             // Retry soon after a passing failure, and when a waiting pod's patience ends.
             let start = tokio::time::Instant::now();
+            if start >= tidal_due {
+                tidal_due = start + TIDAL_EVERY.min(config.resync);
+                match tidal.sync(&view).await {
+                    Ok(done) => {
+                        if let Some(w) = done.wake_in {
+                            tidal_due = tidal_due.min(start + w);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "applying the GPU profile schedules failed; retrying")
+                    }
+                }
+            }
             let soon = (retry_soon && !retry_armed).then(|| start + RETRY_SOON);
-            let wake = report.wake_in.map(|w| start + w);
+            let wake = report
+                .wake_in
+                .map(|w| start + w)
+                .into_iter()
+                .chain([tidal_due])
+                .min();
             if let Some(at) = soon.into_iter().chain(wake).min()
                 && (!retry_armed || at < retry.deadline())
             {

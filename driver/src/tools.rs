@@ -7,5 +7,6 @@
 //! shared top-level modules. Nothing in another wing imports `tools`.
 
 pub mod batch;
+pub mod defrag;
 pub mod inspect;
 pub mod simulate;

@@ -6,6 +6,8 @@
 
 #[path = "support/controller_scenarios.rs"]
 mod scenarios;
+#[path = "support/tidal_scenarios.rs"]
+mod tidal;
 #[path = "support/tier_scenarios.rs"]
 mod tiers;
 
@@ -810,4 +812,15 @@ async fn a_delay_tolerant_pod_waits_for_a_fragment_then_takes_one() {
     let (server, client, _dir) = start(&["v1"]).await;
     server.use_wall_clock(true);
     tiers::a_delay_tolerant_pod_waits_for_a_fragment(&client, ApiVersion::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_profile_drains_evicts_only_preemptible_pods_and_survives_a_restart() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    server.use_wall_clock(true);
+    tidal::a_scheduled_profile_drains_evicts_only_preemptible_pods_and_survives_a_restart(
+        &client,
+        ApiVersion::V1,
+    )
+    .await;
 }

@@ -189,6 +189,9 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
         ("", "pods/status", "patch"),
         ("", "pods/eviction", "create"),
         ("", "nodes", "list"),
+        ("", "nodes", "patch"),
+        ("gpu.tessera.dev", "gpuprofileschedules", "list"),
+        ("policy", "poddisruptionbudgets", "list"),
         ("", "events", "create"),
         // kube-runtime's Recorder: events.k8s.io/v1, a repeat patched onto the first.
         ("events.k8s.io", "events", "create"),
@@ -285,11 +288,18 @@ fn pods_fail_open_claims_fail_closed_and_the_paths_are_the_controllers() {
     );
     assert_eq!(
         hooks(validating),
-        [(
-            Hook::ValidateClaims.path().to_owned(),
-            "Fail".to_owned(),
-            "resourceclaims,resourceclaimtemplates".to_owned()
-        )]
+        [
+            (
+                Hook::ValidateClaims.path().to_owned(),
+                "Fail".to_owned(),
+                "resourceclaims,resourceclaimtemplates".to_owned()
+            ),
+            (
+                Hook::ValidateSchedules.path().to_owned(),
+                "Fail".to_owned(),
+                "gpuprofileschedules".to_owned()
+            ),
+        ]
     );
 }
 
@@ -706,4 +716,37 @@ fn only_the_api_server_may_reach_the_controllers_webhook_port() {
     assert!(
         template.contains(r#"lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes""#)
     );
+}
+
+#[test]
+fn the_schedule_crd_serves_the_kind_the_controller_reads_with_a_schema() {
+    let text = std::fs::read_to_string(chart().join("crds/gpuprofileschedules.yaml")).unwrap();
+    let crd: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(crd["kind"].as_str(), Some("CustomResourceDefinition"));
+    assert_eq!(crd["spec"]["group"].as_str(), Some(names::TESSERA_GROUP));
+    assert_eq!(
+        crd["spec"]["names"]["kind"].as_str(),
+        Some(names::GPU_PROFILE_SCHEDULE.kind)
+    );
+    assert_eq!(
+        crd["spec"]["names"]["plural"].as_str(),
+        Some(names::GPU_PROFILE_SCHEDULE.plural)
+    );
+    assert_eq!(
+        crd["metadata"]["name"].as_str().unwrap(),
+        format!(
+            "{}.{}",
+            names::GPU_PROFILE_SCHEDULE.plural,
+            names::TESSERA_GROUP
+        )
+    );
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"].as_str(), Some(names::TESSERA_VERSION));
+    let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    for field in ["nodeSelector", "timeZone", "profiles", "windows"] {
+        assert!(
+            !spec["properties"][field].is_null(),
+            "the schema lacks spec.{field}"
+        );
+    }
 }

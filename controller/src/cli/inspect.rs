@@ -79,6 +79,18 @@ pub async fn inspect(
                 InspectFormat::Json => write_json(&view, out),
                 InspectFormat::Table => {
                     write_cluster_table(&view, out);
+                    let schedules = fetch_schedules(&client).await?;
+                    let rows = tessera_driver::tools::inspect::profiles::node_profiles(
+                        driver,
+                        &schedules,
+                        &objects.nodes,
+                        &objects.slices,
+                        &objects.classes,
+                        &objects.claims,
+                        &objects.pods,
+                        k8s_openapi::jiff::Timestamp::now(),
+                    );
+                    write_profiles(&rows, out);
                     Ok(())
                 }
             }
@@ -114,6 +126,92 @@ pub async fn inspect(
             }
         }
     }
+}
+
+/// The cluster's `GpuProfileSchedules` (none when the CRD is not installed); one that breaks a
+/// rule is left out with a warning on standard error.
+async fn fetch_schedules(
+    client: &kube::Client,
+) -> Result<Vec<tessera_driver::node::schedule::Schedule>> {
+    let ar = crate::tidal::schedule_resource();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let listed = match api.list(&ListParams::default()).await {
+        Ok(l) => l,
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Vec::new()),
+        Err(e) => return Err(Error::api("listing GpuProfileSchedules", &e)),
+    };
+    let mut out = Vec::new();
+    for item in listed.items {
+        let mut value = serde_json::to_value(&item).map_err(|e| Error::Output(e.to_string()))?;
+        value["apiVersion"] = serde_json::json!(names::CONFIG_API_VERSION);
+        value["kind"] = serde_json::json!(names::GPU_PROFILE_SCHEDULE.kind);
+        match tessera_driver::node::schedule::parse(&value) {
+            Ok(s) => out.push(s),
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: {}",
+                    crate::cli::output::printable(&e.to_string(), false)
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The scheduled nodes: profile in force, next switch, and who holds each draining GPU.
+fn write_profiles(
+    rows: &[tessera_driver::tools::inspect::profiles::NodeProfile],
+    out: &mut String,
+) {
+    if rows.is_empty() {
+        return;
+    }
+    let mut table = vec![
+        [
+            "NODE",
+            "SCHEDULE",
+            "PROFILE (SINCE)",
+            "NEXT SWITCH",
+            "DRAINING GPUS (HELD BY)",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for r in rows {
+        let profile = match (&r.profile, &r.since) {
+            (Some(p), Some(s)) => format!("{p} ({s})"),
+            _ => "-".to_owned(),
+        };
+        let next = r
+            .next
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |(p, at)| format!("{p} at {at}"));
+        let draining = if r.draining.is_empty() {
+            "none".to_owned()
+        } else {
+            r.draining
+                .iter()
+                .map(|g| {
+                    format!(
+                        "gpu-{} {}->{} ({})",
+                        g.index,
+                        g.mode,
+                        g.wanted,
+                        g.held_by.join(", ")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        table.push(
+            [r.node.clone(), r.schedule.clone(), profile, next, draining]
+                .map(|c| crate::cli::output::printable(&c, false))
+                .to_vec(),
+        );
+    }
+    out.push('\n');
+    write_table(&table, out);
 }
 
 /// Lists DeviceClasses, ResourceSlices, ResourceClaims and Nodes (and Pods when `pods`).

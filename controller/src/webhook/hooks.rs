@@ -11,6 +11,9 @@
 //!   (`tessera_driver::admission::claim_mark`), so the controller need not write them.
 //! * `/validate-claims` checks every Tessera opaque config and share rule of ResourceClaims and
 //!   ResourceClaimTemplates and denies with a message naming the field and the rule.
+//! * `/validate-schedules` checks `GpuProfileSchedules`
+//!   (`tessera_driver::node::schedule::parse`: selector, time zone, profiles, cron windows,
+//!   drain deadlines) and denies with a message naming the object, the field and the rule.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,11 +43,18 @@ pub enum Hook {
     MutateClaims,
     /// Checks claims and templates (validating, fail-closed).
     ValidateClaims,
+    /// Checks GPU profile schedules (validating, fail-closed).
+    ValidateSchedules,
 }
 
 impl Hook {
     /// Every hook.
-    pub const ALL: [Self; 3] = [Self::MutatePods, Self::MutateClaims, Self::ValidateClaims];
+    pub const ALL: [Self; 4] = [
+        Self::MutatePods,
+        Self::MutateClaims,
+        Self::ValidateClaims,
+        Self::ValidateSchedules,
+    ];
 
     /// The URL path the hook is served at.
     pub const fn path(self) -> &'static str {
@@ -52,6 +62,7 @@ impl Hook {
             Self::MutatePods => "/mutate-pods",
             Self::MutateClaims => "/mutate-claims",
             Self::ValidateClaims => "/validate-claims",
+            Self::ValidateSchedules => "/validate-schedules",
         }
     }
 
@@ -169,6 +180,7 @@ impl Admission {
                 Hook::MutatePods => self.mutate_pod(&request).await,
                 Hook::MutateClaims => self.mutate_claim(&request).await,
                 Hook::ValidateClaims => self.validate_claim(&request).await,
+                Hook::ValidateSchedules => validate_schedule(&request),
             }
         }
         .instrument(span.clone())
@@ -509,6 +521,37 @@ impl Admission {
 }
 
 /// Decodes a reviewed claim or template in any served version; `Ok(None)` for other kinds.
+/// The `/validate-schedules` hook: a `GpuProfileSchedule` created or updated must read as one
+/// (every rule of `tessera_driver::node::schedule::parse`). Other resources, deletes and the
+/// status subresource are allowed.
+fn validate_schedule(request: &AdmissionRequest) -> AdmissionResponse {
+    let allow = AdmissionResponse::allow(&request.uid);
+    if !matches!(request.operation.as_str(), "CREATE" | "UPDATE")
+        || request.sub_resource.is_some()
+        || request.resource.resource != names::GPU_PROFILE_SCHEDULE.plural
+    {
+        return allow;
+    }
+    let Some(object) = request.object.as_ref() else {
+        return AdmissionResponse::deny(
+            &request.uid,
+            400,
+            "BadRequest",
+            format!(
+                "the {} review has no object",
+                names::GPU_PROFILE_SCHEDULE.kind
+            ),
+        );
+    };
+    match tessera_driver::node::schedule::parse(object) {
+        Ok(_) => allow,
+        Err(e) => {
+            tracing::info!(message = %e, "denied");
+            AdmissionResponse::deny(&request.uid, 422, "Invalid", e.to_string())
+        }
+    }
+}
+
 fn decode_claim_object(
     request: &AdmissionRequest,
     object: Option<&serde_json::Value>,

@@ -33,7 +33,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1 as res;
 use serde::Serialize;
 
-use crate::placement::allocator::preempt::{self, Evictable};
+use crate::placement::allocator::preempt;
+pub use crate::placement::allocator::preempt::Evictable;
 use crate::placement::allocator::{Allocator, Placement, Snapshot, claim_key, claim_name};
 use crate::placement::fragmentation::HostResources;
 use crate::rules::labelselect::Selector;

@@ -98,7 +98,7 @@ pub fn bare_node(name: &str) -> core::Node {
 
 /// The candidate nodes: the given Node objects, plus a bare node for every node a slice names
 /// that has no Node object; sorted by name so results do not depend on file order.
-fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node> {
+pub(crate) fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node> {
     let mut by_name: BTreeMap<String, core::Node> = BTreeMap::new();
     for node in input.nodes {
         if let Some(name) = &node.metadata.name {
@@ -120,7 +120,7 @@ fn candidate_nodes(input: &BatchInput<'_>, only: Option<&str>) -> Vec<core::Node
 
 /// Whether `pod` may run on `node`, as far as the offline view can tell: `spec.nodeName` and
 /// `spec.nodeSelector`.
-fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
+pub(crate) fn pod_fits_node(pod: &core::Pod, node: &core::Node) -> bool {
     let Some(spec) = &pod.spec else { return true };
     if let Some(name) = &spec.node_name
         && node.metadata.name.as_ref() != Some(name)

@@ -16,7 +16,9 @@
 //! for a UID that does not match), JSON merge patch, JSON patch,
 //! delete and deleteCollection; `PodDisruptionBudgets` (policy/v1) and the `pods/eviction`
 //! subresource with budget checks (see `eviction`); Events in core v1 and in events.k8s.io/v1,
-//! one set of objects converted and checked as the real server does (see `events`). As on a real server, deleting an object that carries finalizers
+//! one set of objects converted and checked as the real server does (see `events`); Tessera's
+//! `GpuProfileSchedules` (gpu.tessera.dev/v1alpha1, cluster-scoped, no status subresource), as a
+//! server with the chart's CRD installed serves them. As on a real server, deleting an object that carries finalizers
 //! only sets `metadata.deletionTimestamp`; the object goes when an update removes its last
 //! finalizer. Strategic merge patch and server-side apply are approximated
 //! by a merge patch (apply creates an absent object); `managedFields` are recorded only when a
@@ -61,6 +63,11 @@ const COORDINATION_VERSION: &str = "v1";
 pub const POLICY_GROUP: &str = "policy";
 /// The only version of [`POLICY_GROUP`] the fake serves.
 const POLICY_VERSION: &str = "v1";
+/// Tessera's own group (`GpuProfileSchedules`, a CRD on a real server), served in v1alpha1,
+/// as a server with the chart's CRD installed serves it.
+pub const TESSERA_GROUP: &str = "gpu.tessera.dev";
+/// The only version of [`TESSERA_GROUP`] the fake serves.
+const TESSERA_VERSION: &str = "v1alpha1";
 
 /// What a request does, for fault injection and the request log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -98,7 +105,7 @@ pub struct Kind {
     pub has_status: bool,
 }
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 11] = [
     Kind {
         resource: "nodes",
         kind: "Node",
@@ -170,6 +177,13 @@ const KINDS: [Kind; 10] = [
         group: POLICY_GROUP,
         namespaced: true,
         has_status: true,
+    },
+    Kind {
+        resource: "gpuprofileschedules",
+        kind: "GpuProfileSchedule",
+        group: TESSERA_GROUP,
+        namespaced: false,
+        has_status: false,
     },
 ];
 
@@ -582,6 +596,11 @@ fn parse_target(segments: &[&str], versions: &[String]) -> Option<Target> {
         {
             (events::GROUP, *version, rest)
         }
+        ["apis", group, version, rest @ ..]
+            if *group == TESSERA_GROUP && *version == TESSERA_VERSION =>
+        {
+            (TESSERA_GROUP, *version, rest)
+        }
         _ => return None,
     };
     let (namespace, rest) = match rest {
@@ -690,6 +709,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
     let coordination = || one_version_group(COORDINATION_GROUP, COORDINATION_VERSION);
     let policy = || one_version_group(POLICY_GROUP, POLICY_VERSION);
     let events_group = || one_version_group(events::GROUP, events::VERSION);
+    let tessera = || one_version_group(TESSERA_GROUP, TESSERA_VERSION);
     let resources = resource_list;
     match segments {
         ["api"] => Some(json!({
@@ -707,6 +727,7 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
             groups.push(coordination());
             groups.push(policy());
             groups.push(events_group());
+            groups.push(tessera());
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
         }
         ["apis", g] if *g == RESOURCE_GROUP && !versions.is_empty() => {
@@ -726,9 +747,16 @@ fn discovery(segments: &[&str], versions: &[String]) -> Option<Value> {
         }
         ["apis", g, v]
             if (*g == COORDINATION_GROUP && *v == COORDINATION_VERSION)
-                || (*g == POLICY_GROUP && *v == POLICY_VERSION) =>
+                || (*g == POLICY_GROUP && *v == POLICY_VERSION)
+                || (*g == TESSERA_GROUP && *v == TESSERA_VERSION) =>
         {
             Some(resources(g, v))
+        }
+        ["apis", g] if *g == TESSERA_GROUP => {
+            let mut g = tessera();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            Some(g)
         }
         ["apis", g] if *g == POLICY_GROUP => {
             let mut g = policy();

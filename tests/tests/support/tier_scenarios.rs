@@ -23,10 +23,10 @@ use tessera_kubeapi as apiserver;
 
 use crate::scenarios::*;
 
-const BATCH_CLASS: &str = "batch.gpu.tessera.dev";
+pub(crate) const BATCH_CLASS: &str = "batch.gpu.tessera.dev";
 
 /// Installs the shipped batch DeviceClass.
-async fn seed_batch_class(client: &kube::Client, version: ApiVersion) {
+pub(crate) async fn seed_batch_class(client: &kube::Client, version: ApiVersion) {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap();
@@ -46,7 +46,12 @@ async fn seed_batch_class(client: &kube::Client, version: ApiVersion) {
 }
 
 /// A claim of `class` for a share of `memory_gib` GiB, with an optional patience.
-fn class_share_claim(name: &str, class: &str, memory_gib: u32, patience: Option<&str>) -> Value {
+pub(crate) fn class_share_claim(
+    name: &str,
+    class: &str,
+    memory_gib: u32,
+    patience: Option<&str>,
+) -> Value {
     let mut params = json!({"apiVersion": names::CONFIG_API_VERSION, "kind": names::GPU_SHARE_KIND,
         "memory": format!("{memory_gib}Gi")});
     if let Some(p) = patience {
@@ -82,7 +87,12 @@ async fn seed_priority_classes(client: &kube::Client, values: &[i32]) {
 }
 
 /// A gated pod with one claim, a priority and labels.
-async fn create_tier_pod(client: &kube::Client, name: &str, priority: i32, labels: &Value) {
+pub(crate) async fn create_tier_pod(
+    client: &kube::Client,
+    name: &str,
+    priority: i32,
+    labels: &Value,
+) {
     let mut pod = gated_pod(name, &[name], &[], "1");
     let mut value = serde_json::to_value(&pod).unwrap();
     value["metadata"]["labels"] = labels.clone();
@@ -93,7 +103,7 @@ async fn create_tier_pod(client: &kube::Client, name: &str, priority: i32, label
 }
 
 /// Plays the kubelet for `name`: the pod runs and is ready.
-async fn run_pod(client: &kube::Client, name: &str) {
+pub(crate) async fn run_pod(client: &kube::Client, name: &str) {
     let status = json!({"status": {"phase": "Running", "conditions": [
         {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
     Api::<Pod>::namespaced(client.clone(), NS)
@@ -105,7 +115,7 @@ async fn run_pod(client: &kube::Client, name: &str) {
 /// Plays the kubelet and kube-controller-manager for pods being deleted: a pod with a
 /// deletionTimestamp finishes (deleted at once), and the claims of pods that are gone are
 /// released ([`release_claims_of_gone_pods`]).
-async fn finish_deleted_pods(client: &kube::Client, version: ApiVersion) {
+pub(crate) async fn finish_deleted_pods(client: &kube::Client, version: ApiVersion) {
     for (name, pod) in &pods(client).await {
         if pod.metadata.deletion_timestamp.is_some() {
             let _ = Api::<Pod>::namespaced(client.clone(), NS)
@@ -141,7 +151,7 @@ fn allocated_device(
 }
 
 /// The Events in `NS` with `reason`, as (involved pod, message).
-async fn events(client: &kube::Client, reason: &str) -> Vec<(String, String)> {
+pub(crate) async fn events(client: &kube::Client, reason: &str) -> Vec<(String, String)> {
     Api::<Event>::namespaced(client.clone(), NS)
         .list(&ListParams::default())
         .await

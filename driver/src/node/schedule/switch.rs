@@ -3,9 +3,9 @@
 //! The state of a switch lives on the node, in the annotation
 //! [`names::ANNOTATION_PROFILE_SWITCH`] ([`SwitchRecord`]): which schedule, profile and window
 //! start it is for, when it started, which pods it evicted, and when it finished. A controller
-//! that restarts, or a new leader, reads it back and continues: a record for the same window
-//! start is never started again, its start time (and so its deadline) stays, and a pod it has
-//! evicted is never evicted again.
+//! that restarts, or a new leader, reads it back and continues: a switch to the profile the
+//! record names is never started again (a later start of the same profile continues it), its
+//! start time (and so its deadline) stays, and a pod it has evicted is never evicted again.
 //!
 //! At each pass, [`decide`]:
 //! * writes the profile's mode labels (idempotent; the plugin drains and switches);
@@ -37,7 +37,7 @@ pub struct SwitchRecord {
     pub schedule: String,
     /// The profile switched to.
     pub profile: String,
-    /// When the window that started the profile started (RFC 3339): the switch's identity.
+    /// When the window that started the profile started (RFC 3339).
     pub window_start: String,
     /// When the controller started the switch (RFC 3339); the drain deadline counts from it.
     pub started: String,
@@ -68,13 +68,14 @@ impl SwitchRecord {
         self.started.parse().ok()
     }
 
-    /// Whether it is the switch for `schedule`'s `active` window start.
+    /// Whether it is the switch to `schedule`'s profile in force (`active`). A later start of
+    /// the same profile (the next day's window) continues the same switch: only a change of
+    /// profile starts a new one.
     pub fn is_for(&self, schedule: &Schedule, active: Active) -> bool {
         self.schedule == schedule.name
             && schedule
                 .profile(active.profile)
                 .is_some_and(|p| p.name == self.profile)
-            && self.window_start.parse::<Timestamp>().ok() == Some(active.since)
     }
 }
 
