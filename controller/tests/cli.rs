@@ -527,3 +527,118 @@ fn simulate_names_the_file_line_and_column_of_a_bad_value() {
     let reversed = simulate(&nodes, &pods, &["--seeds", "9..3"]);
     assert_eq!(reversed.status.code(), Some(2));
 }
+
+/// A snapshot (as `tessera allocate` reads it) where a 60Gi share fits nowhere: node `a`'s two
+/// GPUs each hold a 50Gi batch share, node `c`'s one GPU 30Gi online; every pod is a
+/// ReplicaSet's.
+fn fragmented_snapshot() -> String {
+    use k8s_openapi::api::resource::v1 as res;
+    use tessera_driver::apiversion::{self, ApiVersion};
+    use tessera_driver::node::slices::{self, RenderOptions};
+    use tessera_driver::placement::allocator::{Allocator, AllocatorOptions, Snapshot};
+    use tessera_driver::testing;
+
+    let inventory = testing::inventory(
+        "nodes:\n- name: a\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: 2\n\
+         - name: c\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: 1\n",
+    );
+    let rendered: Vec<res::ResourceSlice> = inventory
+        .nodes
+        .iter()
+        .flat_map(|n| slices::render(n, &RenderOptions::default()).unwrap())
+        .collect();
+    let classes: Vec<res::DeviceClass> = [testing::SHARED_CLASS_YAML, testing::BATCH_CLASS_YAML]
+        .into_iter()
+        .map(testing::class_from_yaml)
+        .collect();
+    let mut snapshot = Snapshot::new(&rendered, &classes, &[]).unwrap();
+    let allocator = Allocator::new(AllocatorOptions::default());
+    let mut docs: Vec<serde_json::Value> = rendered
+        .iter()
+        .map(|s| apiversion::encode_slice(s, ApiVersion::V1).unwrap())
+        .collect();
+    let pod = |name: &str| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": format!("pod-{name}"),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                              "name": "rs", "uid": "rs", "controller": true}]},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+        })
+    };
+    for (name, class, gib, on) in [
+        ("a0", "batch.gpu.tessera.dev", 50, "a"),
+        ("a1", "batch.gpu.tessera.dev", 50, "a"),
+        ("c0", "shared.gpu.tessera.dev", 30, "c"),
+    ] {
+        let mut claim =
+            testing::gpu_claim(name, class, Some(testing::gpu_share(&format!("{gib}Gi"))));
+        let placed = allocator
+            .allocate(&snapshot, &[&claim], &[testing::k8s_node(on)])
+            .unwrap();
+        snapshot.commit(&claim, &placed.allocations[0]);
+        claim.status = Some(res::ResourceClaimStatus {
+            allocation: Some(placed.allocations[0].clone()),
+            ..Default::default()
+        });
+        let mut value = serde_json::to_value(&claim).unwrap();
+        value["apiVersion"] = serde_json::json!("resource.k8s.io/v1");
+        value["kind"] = serde_json::json!("ResourceClaim");
+        docs.push(value);
+        docs.push(pod(name));
+    }
+    let mut big = serde_json::to_value(testing::gpu_claim(
+        "big",
+        "shared.gpu.tessera.dev",
+        Some(testing::gpu_share("60Gi")),
+    ))
+    .unwrap();
+    big["apiVersion"] = serde_json::json!("resource.k8s.io/v1");
+    big["kind"] = serde_json::json!("ResourceClaim");
+    docs.push(big);
+    docs.push(pod("big"));
+    docs.iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[test]
+fn defrag_prints_the_move_that_makes_room_with_its_reason() {
+    let file = write_temp("defrag-snapshot.yaml", &fragmented_snapshot());
+    let out = tessera(&[
+        "defrag",
+        "-f",
+        "deviceclasses",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert_success(&out);
+    let text = printed(&out);
+    assert!(
+        text.contains("default/big: fits on a after 1 move(s):"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "move default/a0  a -> c  because default/a0 holds 50.0Gi of batch GPU memory on a"
+        ),
+        "{text}"
+    );
+    let off = tessera(&[
+        "defrag",
+        "--budget",
+        "0",
+        "-f",
+        "deviceclasses",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert_success(&off);
+    assert!(
+        printed(&off).contains("default/big: no plan"),
+        "{}",
+        printed(&off)
+    );
+}

@@ -148,11 +148,11 @@ async fn fetch_schedules(
         match tessera_driver::node::schedule::parse(&value) {
             Ok(s) => out.push(s),
             Err(e) => {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "warning: {}",
+                let line = format!(
+                    "warning: {}\n",
                     crate::cli::output::printable(&e.to_string(), false)
                 );
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             }
         }
     }

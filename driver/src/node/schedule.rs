@@ -186,6 +186,7 @@ fn parse_mode(text: &str) -> Option<GpuMode> {
 }
 
 /// Reads and validates a `GpuProfileSchedule` object (JSON as the API server serves it).
+#[allow(clippy::too_many_lines)] // Reason: every field's rule in spec order, each naming its field.
 pub fn parse(value: &serde_json::Value) -> Result<Schedule> {
     let name_hint = value
         .pointer("/metadata/name")
@@ -393,6 +394,10 @@ impl Schedule {
     /// at `now`, and which. `None` when none is found within [`MAX_STARTS_SEARCHED`] starts.
     pub fn next_switch(&self, now: Timestamp) -> Option<Active> {
         let current = self.active_at(now).map(|a| a.profile);
+        if self.windows.iter().all(|w| Some(w.profile) == current) {
+            // Every window starts the profile in force: it never changes.
+            return None;
+        }
         let mut cursor = now;
         for _ in 0..MAX_STARTS_SEARCHED {
             let next = self.next_start(cursor)?;

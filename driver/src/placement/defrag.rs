@@ -7,9 +7,9 @@
 //!
 //! * Only *movable* pods move ([`movable`]): preemptible by their tier (every share they hold
 //!   is recorded batch, [`crate::placement::allocator::preempt::evictable`]), owned by a
-//!   controller that re-creates them elsewhere (a ReplicaSet, Job, StatefulSet…; not a
-//!   DaemonSet, whose pods belong to their node, nor a bare pod), and not blocked by a
-//!   PodDisruptionBudget (one that selects the pod and allows no disruption now).
+//!   controller that re-creates them elsewhere (a `ReplicaSet`, `Job`, `StatefulSet`…; not a
+//!   `DaemonSet`, whose pods belong to their node, nor a bare pod), and not blocked by a
+//!   `PodDisruptionBudget` (one that selects the pod and allows no disruption now).
 //! * For each candidate node holding movable pods, the pods are ordered largest GPU memory
 //!   first (fewer moves), the shortest prefix whose removal lets the claim fit is taken, and
 //!   every pod the claim fits without is dropped again: the set is minimal (no move in it can
@@ -81,7 +81,7 @@ pub fn recreated_elsewhere(pod: &Pod) -> bool {
         .any(|o| o.controller == Some(true) && o.kind != "DaemonSet" && o.kind != "Node")
 }
 
-/// Whether a PodDisruptionBudget among `pdbs` selects `pod` (same namespace, selector
+/// Whether a `PodDisruptionBudget` among `pdbs` selects `pod` (same namespace, selector
 /// matches its labels) and allows no disruption now (`status.disruptionsAllowed` below 1, or
 /// no status yet: the disruption controller has not counted it). A PDB with a malformed or
 /// empty selector is taken as the API server's eviction handling takes it: it selects

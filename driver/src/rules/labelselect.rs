@@ -1,5 +1,5 @@
 //! Label selectors (`metav1.LabelSelector`: `matchLabels` and `matchExpressions` with `In`,
-//! `NotIn`, `Exists` and `DoesNotExist`), as Deployments, PodDisruptionBudgets and Tessera's
+//! `NotIn`, `Exists` and `DoesNotExist`), as Deployments, `PodDisruptionBudgets` and Tessera's
 //! profile schedules use them.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,7 +8,7 @@
 //! carried out in the snapshot (the moved pods' claims placed where the plan says, the pending
 //! pod where room was made), so later pods see the cluster as it would then be.
 //!
-//! A snapshot holds no PodDisruptionBudgets: offline, every movable pod counts as allowed to
+//! A snapshot holds no `PodDisruptionBudgets`: offline, every movable pod counts as allowed to
 //! move (live, the controller reads the budgets, and the Eviction API enforces them).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,6 +51,7 @@ fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Str
 }
 
 /// The plans for every pending pod of `input`, moving at most `budget` pods in all.
+#[allow(clippy::too_many_lines)] // Reason: the batch's grouping, then try, plan and carry out, in one loop.
 pub fn defrag_batch(
     input: &BatchInput<'_>,
     driver: &str,

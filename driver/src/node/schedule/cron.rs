@@ -22,6 +22,10 @@ use jiff::tz::TimeZone;
 /// is still found.
 pub const SEARCH_DAYS: u32 = 8 * 366 + 1;
 
+/// How far a daylight-saving change can move a civil time: searches start this far before
+/// (or after) the civil time they search from.
+const DST_MARGIN: jiff::SignedDuration = jiff::SignedDuration::from_hours(3);
+
 /// A parsed cron expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cron {
@@ -211,11 +215,11 @@ impl Cron {
 
     /// Whether some day of some year matches (a restricted weekday always matches some day).
     fn can_fire(&self) -> bool {
+        // Longest month lengths, February in a leap year.
+        const LONGEST: [u32; 12] = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
         if !self.any_weekday {
             return true;
         }
-        // Longest month lengths, February in a leap year.
-        const LONGEST: [u32; 12] = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
         (1..=12u32).any(|m| {
             self.months & (1 << m) != 0
                 && (1..=LONGEST[(m - 1) as usize]).any(|d| self.days & (1 << d) != 0)
@@ -258,11 +262,16 @@ impl Cron {
     /// The first occurrence strictly after `after`, in `zone`; `None` when there is none
     /// within [`SEARCH_DAYS`] (or past the end of time jiff knows).
     pub fn next_after(&self, after: Timestamp, zone: &TimeZone) -> Option<Timestamp> {
-        // A day before the civil date, so that a time a DST change moves is not missed.
-        let mut date = zone.to_datetime(after).date().yesterday().ok()?;
+        // From [`DST_MARGIN`] before the civil time, so that a time a DST change moves is not
+        // missed; earlier civil times are never after `after`.
+        let floor = zone.to_datetime(after).checked_sub(DST_MARGIN).ok()?;
+        let mut date = floor.date();
         for _ in 0..=SEARCH_DAYS {
             if self.matches_day(date) {
                 for t in self.times() {
+                    if date.at(t.0, t.1, 0, 0) < floor {
+                        continue;
+                    }
                     if let Some(at) = Self::instant(zone, date, t).filter(|at| *at > after) {
                         return Some(at);
                     }
@@ -276,10 +285,14 @@ impl Cron {
     /// The latest occurrence at or before `at`, in `zone`; `None` when there is none within
     /// [`SEARCH_DAYS`].
     pub fn latest_at_or_before(&self, at: Timestamp, zone: &TimeZone) -> Option<Timestamp> {
-        let mut date = zone.to_datetime(at).date().tomorrow().ok()?;
+        let ceiling = zone.to_datetime(at).checked_add(DST_MARGIN).ok()?;
+        let mut date = ceiling.date();
         for _ in 0..=SEARCH_DAYS {
             if self.matches_day(date) {
                 for t in self.times().rev() {
+                    if date.at(t.0, t.1, 0, 0) > ceiling {
+                        continue;
+                    }
                     if let Some(when) = Self::instant(zone, date, t).filter(|w| *w <= at) {
                         return Some(when);
                     }

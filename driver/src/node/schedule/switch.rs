@@ -245,14 +245,14 @@ pub fn decide(
             Some(_) if gpu.holders.is_empty() => GpuStep::SwitchesNow,
             Some(_) => GpuStep::Draining(gpu.holders.clone()),
         };
-        if let GpuStep::Draining(holders) = &step {
-            if past_deadline {
-                for h in holders {
-                    if !h.disruption.preemptible() {
-                        waiting_for.insert(h.clone());
-                    } else if !h.terminating && !evicted.contains(h.pod.as_str()) {
-                        evict.insert(h.clone());
-                    }
+        if let GpuStep::Draining(holders) = &step
+            && past_deadline
+        {
+            for h in holders {
+                if !h.disruption.preemptible() {
+                    waiting_for.insert(h.clone());
+                } else if !h.terminating && !evicted.contains(h.pod.as_str()) {
+                    evict.insert(h.clone());
                 }
             }
         }
@@ -283,17 +283,16 @@ pub fn decide(
     })
 }
 
+/// Each GPU's published mode and whether it drains, by index.
+pub type PublishedModes = BTreeMap<u32, (GpuMode, bool)>;
+/// The GPU index of each device, by (pool, device name).
+pub type DeviceGpus = BTreeMap<(String, String), u32>;
+
 /// The GPUs a node's ResourceSlices publish for `driver`: each GPU's index, mode and
 /// draining taint. A GPU in MIG mode is published as its instances (`type: mig` with a
 /// `parentIndex`); a whole GPU as `type: gpu` with `index` and `sharing`. Also returns the
 /// GPU index of every device name, to find the GPU a claim's device is on.
-pub fn published_gpus(
-    slices: &[&res::ResourceSlice],
-    driver: &str,
-) -> (
-    BTreeMap<u32, (GpuMode, bool)>,
-    BTreeMap<(String, String), u32>,
-) {
+pub fn published_gpus(slices: &[&res::ResourceSlice], driver: &str) -> (PublishedModes, DeviceGpus) {
     let mut gpus: BTreeMap<u32, (GpuMode, bool)> = BTreeMap::new();
     let mut devices = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.spec.driver == driver) {
