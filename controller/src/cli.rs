@@ -219,6 +219,29 @@ impl Cli {
         }
     }
 
+    /// `tessera defrag`: loads the files as `allocate` does and prints the plans.
+    fn run_defrag(
+        &self,
+        files: &[PathBuf],
+        policy: Policy,
+        budget: usize,
+        json: bool,
+        out: &mut String,
+    ) -> Result<()> {
+        let mut objects = input::Objects::load_skipping_refused(files)?;
+        for warning in device_plugin::rewrite(&mut objects, &self.device_plugin_options())? {
+            let _ = writeln!(std::io::stderr(), "warning: {warning}");
+        }
+        for refusal in &objects.refusals {
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: left out: {}",
+                output::printable(&refusal.message, false)
+            );
+        }
+        defrag::run(&objects, &self.driver_name, policy, budget, json, out)
+    }
+
     /// Runs the command, appending what it prints to `out`.
     pub fn run(&self, out: &mut String) -> Result<()> {
         match &self.command {
@@ -289,21 +312,7 @@ impl Cli {
                 policy,
                 budget,
                 json,
-            } => {
-                let mut objects = input::Objects::load_skipping_refused(files)?;
-                for warning in device_plugin::rewrite(&mut objects, &self.device_plugin_options())?
-                {
-                    let _ = writeln!(std::io::stderr(), "warning: {warning}");
-                }
-                for refusal in &objects.refusals {
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "warning: left out: {}",
-                        output::printable(&refusal.message, false)
-                    );
-                }
-                defrag::run(&objects, &self.driver_name, *policy, *budget, *json, out)
-            }
+            } => self.run_defrag(files, *policy, *budget, *json, out),
             Command::Validate { files } => {
                 let objects = input::Objects::load_listing_refusals(files)?;
                 validate::run(&objects, &self.driver_name, out)

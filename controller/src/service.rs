@@ -184,19 +184,7 @@ pub async fn run_with(
             let retry_soon = !keep_templates(&mut templates, &view).await || report.retry_soon;
             // Retry soon after a passing failure, and when a waiting pod's patience ends.
             let start = tokio::time::Instant::now();
-            if start >= tidal_due {
-                tidal_due = start + TIDAL_EVERY.min(config.resync);
-                match tidal.sync(&view).await {
-                    Ok(done) => {
-                        if let Some(w) = done.wake_in {
-                            tidal_due = tidal_due.min(start + w);
-                        }
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "applying the GPU profile schedules failed; retrying")
-                    }
-                }
-            }
+            tidal_due = keep_schedules(&mut tidal, &view, start, tidal_due, config.resync).await;
             let soon = (retry_soon && !retry_armed).then(|| start + RETRY_SOON);
             let wake = report
                 .wake_in
@@ -246,6 +234,30 @@ fn spawn_reflectors(
             DefaultBackoff::default(),
         ));
     }
+}
+
+/// Applies the GPU profile schedules when due (`due`); returns when they are due next: at most
+/// [`TIDAL_EVERY`] (or `resync`) later, sooner at a window start or a drain deadline.
+async fn keep_schedules(
+    tidal: &mut TidalKeeper<Writer>,
+    view: &ClusterView,
+    start: tokio::time::Instant,
+    due: tokio::time::Instant,
+    resync: Duration,
+) -> tokio::time::Instant {
+    if start < due {
+        return due;
+    }
+    let mut next = start + TIDAL_EVERY.min(resync);
+    match tidal.sync(view).await {
+        Ok(done) => {
+            if let Some(w) = done.wake_in {
+                next = next.min(start + w);
+            }
+        }
+        Err(e) => warn!(error = %e, "applying the GPU profile schedules failed; retrying"),
+    }
+    next
 }
 
 /// One sync of the device-plugin claim templates; `false` when it failed (retry soon).

@@ -8,7 +8,7 @@
 //!   the record is on the node before anything else happens, and a lost race is a 409 that
 //!   leaves the node for the next pass;
 //! * past the profile's drain deadline, the evictions of preemptible holders of draining GPUs
-//!   through the Eviction API (a 429 from a PodDisruptionBudget is an answer: the pod stays and
+//!   through the Eviction API (a 429 from a `PodDisruptionBudget` is an answer: the pod stays and
 //!   is tried again at a later pass); each accepted eviction is added to the record;
 //! * Events on the node (the switch starts, finishes) and on each pod (evicted, blocked,
 //!   waited for), and the metrics (GPUs per mode, GPUs draining, switch duration).
@@ -272,6 +272,7 @@ impl<W: Writes> TidalKeeper<W> {
 
     /// Writes one node's decision: record and labels first, then evictions, then the record
     /// again with the evictions the server accepted.
+    #[allow(clippy::too_many_lines)] // Reason: one node's writes in the order they must happen.
     async fn apply(
         &self,
         node: &Node,

@@ -292,7 +292,10 @@ pub type DeviceGpus = BTreeMap<(String, String), u32>;
 /// draining taint. A GPU in MIG mode is published as its instances (`type: mig` with a
 /// `parentIndex`); a whole GPU as `type: gpu` with `index` and `sharing`. Also returns the
 /// GPU index of every device name, to find the GPU a claim's device is on.
-pub fn published_gpus(slices: &[&res::ResourceSlice], driver: &str) -> (PublishedModes, DeviceGpus) {
+pub fn published_gpus(
+    slices: &[&res::ResourceSlice],
+    driver: &str,
+) -> (PublishedModes, DeviceGpus) {
     let mut gpus: BTreeMap<u32, (GpuMode, bool)> = BTreeMap::new();
     let mut devices = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.spec.driver == driver) {
