@@ -122,13 +122,7 @@ pub async fn run_with(
         Arc::clone(&metrics),
         leading.clone(),
     );
-    let mut tidal = TidalKeeper::new(
-        client.clone(),
-        version,
-        &config.driver_name,
-        Writer::new(client.clone(), version),
-        Arc::clone(&metrics),
-    );
+    let mut tidal = tidal_keeper(&client, version, &config.driver_name, &metrics);
     let mut tidal_due = tokio::time::Instant::now();
     let mut templates = TemplateKeeper::new(
         client,
@@ -234,6 +228,17 @@ fn spawn_reflectors(
             DefaultBackoff::default(),
         ));
     }
+}
+
+/// The leader's keeper of the GPU profile schedules.
+fn tidal_keeper(
+    client: &kube::Client,
+    version: ApiVersion,
+    driver: &str,
+    metrics: &Arc<Metrics>,
+) -> TidalKeeper<Writer> {
+    let writes = Writer::new(client.clone(), version);
+    TidalKeeper::new(client.clone(), version, driver, writes, Arc::clone(metrics))
 }
 
 /// Applies the GPU profile schedules when due (`due`); returns when they are due next: at most
