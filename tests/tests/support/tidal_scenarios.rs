@@ -1,5 +1,5 @@
 //! GPU profiles on a schedule against an API server: a window opens, free GPUs switch and held
-//! ones drain, the drain deadline evicts only preemptible pods (a PodDisruptionBudget blocks
+//! ones drain, the drain deadline evicts only preemptible pods (a `PodDisruptionBudget` blocks
 //! one), a controller restart mid-switch continues the switch without starting it again or
 //! evicting more, and the switch finishes once the last holder is gone. The test plays the
 //! kubelet plugin (it publishes the GPUs' modes as the plugin would after reading the node's
@@ -103,8 +103,12 @@ fn is_gone_or_terminating(pods: &std::collections::BTreeMap<String, Pod>, name: 
 }
 
 /// See the module docs. One node of three shared GPUs, labelled into the schedule; an online
-/// share, a batch share and a batch share that a PodDisruptionBudget protects all land on one
+/// share, a batch share and a batch share that a `PodDisruptionBudget` protects all land on one
 /// GPU.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one story, step by step: the window, the deadline, the restart, the end"
+)]
 pub(crate) async fn a_scheduled_profile_drains_evicts_only_preemptible_pods_and_survives_a_restart(
     client: &kube::Client,
     version: ApiVersion,
