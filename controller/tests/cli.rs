@@ -530,7 +530,7 @@ fn simulate_names_the_file_line_and_column_of_a_bad_value() {
 
 /// A snapshot (as `tessera allocate` reads it) where a 60Gi share fits nowhere: node `a`'s two
 /// GPUs each hold a 50Gi batch share, node `c`'s one GPU 30Gi online; every pod is a
-/// ReplicaSet's.
+/// `ReplicaSet`'s.
 fn fragmented_snapshot() -> String {
     use k8s_openapi::api::resource::v1 as res;
     use tessera_driver::apiversion::{self, ApiVersion};
