@@ -46,7 +46,9 @@ fn a_schedule_reads_its_selector_zone_profiles_and_windows() {
     assert!(s.selector.matches(&string_map(&[("pool", "inference")])));
     assert!(!s.selector.matches(&string_map(&[("pool", "training")])));
     assert_eq!(
-        s.profiles[0].drain_deadline.map(|d| d.as_secs()),
+        s.profiles[0]
+            .drain_deadline
+            .map(crate::rules::config::Patience::as_secs),
         Some(1800)
     );
     assert_eq!(s.profiles[1].choice.mode_of(0), Some(GpuMode::Exclusive));

@@ -1,6 +1,7 @@
 //! Defragmentation plans, on snapshots built from the shipped DeviceClasses and rendered slices.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -32,14 +33,13 @@ impl Cluster {
     }
 
     fn sized(nodes: &[(&str, usize)]) -> Self {
-        let yaml: String = nodes
-            .iter()
-            .map(|(n, gpus)| {
-                format!(
-                    "- name: {n}\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: {gpus}\n"
-                )
-            })
-            .collect();
+        let mut yaml = String::new();
+        for (n, gpus) in nodes {
+            let _ = write!(
+                yaml,
+                "- name: {n}\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: {gpus}\n"
+            );
+        }
         let inventory = testing::inventory(&format!("nodes:\n{yaml}"));
         let slices: Vec<_> = inventory
             .nodes
@@ -76,7 +76,7 @@ impl Cluster {
         .unwrap()
     }
 
-    /// Places a pod `name` owned by a ReplicaSet with one share of `memory` GiB on `on`.
+    /// Places a pod `name` owned by a `ReplicaSet` with one share of `memory` GiB on `on`.
     fn run(&mut self, name: &str, class: &str, memory: u32, on: &str) {
         self.run_owned(name, class, memory, on, Some("ReplicaSet"));
     }
