@@ -301,6 +301,16 @@ impl Writes for MemoryApi {
     ) -> tessera_controller::Result<()> {
         Ok(())
     }
+    async fn node_event(
+        &self,
+        _node: &k8s_openapi::api::core::v1::Node,
+        _warning: bool,
+        _action: &str,
+        _reason: &str,
+        _message: &str,
+    ) -> tessera_controller::Result<()> {
+        Ok(())
+    }
 }
 
 /// `VmRSS` and `VmHWM` of this process, in KiB.

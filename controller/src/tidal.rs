@@ -21,11 +21,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tessera_driver::apiversion::{self, ApiVersion, Object};
@@ -305,7 +304,7 @@ impl<W: Writes> TidalKeeper<W> {
                 decision.record.profile, decision.record.schedule
             );
             info!(%message, "profile switch started");
-            self.node_event(node, false, names::REASON_PROFILE_SWITCH, &message, now)
+            self.node_event(node, false, names::REASON_PROFILE_SWITCH, &message)
                 .await;
         }
         if decision.finished && decision.record_changed {
@@ -323,7 +322,7 @@ impl<W: Writes> TidalKeeper<W> {
                 took.as_secs()
             );
             info!(%message, "profile switch finished");
-            self.node_event(node, false, names::REASON_PROFILE_SWITCHED, &message, now)
+            self.node_event(node, false, names::REASON_PROFILE_SWITCHED, &message)
                 .await;
         }
         for h in &decision.waiting_for {
@@ -333,7 +332,7 @@ impl<W: Writes> TidalKeeper<W> {
                     decision.record.profile,
                     h.disruption.as_str()
                 );
-                self.pod_event(pod, false, names::REASON_PROFILE_WAITING, &message, now)
+                self.pod_event(pod, false, names::REASON_PROFILE_WAITING, &message)
                     .await;
             }
         }
@@ -352,14 +351,13 @@ impl<W: Writes> TidalKeeper<W> {
                         h.disruption.as_str()
                     );
                     info!(pod = %h.pod, "evicted for a profile switch");
-                    self.pod_event(pod, false, names::REASON_PROFILE_EVICTION, &message, now)
+                    self.pod_event(pod, false, names::REASON_PROFILE_EVICTION, &message)
                         .await;
                     self.node_event(
                         node,
                         false,
                         names::REASON_PROFILE_EVICTION,
                         &format!("evicted {} ({message})", h.pod),
-                        now,
                     )
                     .await;
                     self.metrics.profile_evicted();
@@ -371,7 +369,7 @@ impl<W: Writes> TidalKeeper<W> {
                         record.profile
                     );
                     info!(pod = %h.pod, %why, "a PodDisruptionBudget blocks a profile eviction");
-                    self.pod_event(pod, true, names::REASON_PROFILE_WAITING, &message, now)
+                    self.pod_event(pod, true, names::REASON_PROFILE_WAITING, &message)
                         .await;
                 }
                 Eviction::Gone => {}
@@ -409,58 +407,25 @@ impl<W: Writes> TidalKeeper<W> {
             .map_err(|e| Error::api(format!("writing the profile switch of Node {name}"), &e))
     }
 
-    /// Records an Event on the node; a failure is logged (an Event is never worth a retry).
-    async fn node_event(
-        &self,
-        node: &Node,
-        warning: bool,
-        reason: &str,
-        message: &str,
-        now: Timestamp,
-    ) {
-        let name = node_name(node);
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-                namespace: Some("default".to_owned()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some(names::CORE_API_V1.to_owned()),
-                kind: Some(names::NODE.kind.to_owned()),
-                name: Some(name.to_owned()),
-                uid: node.metadata.uid.clone(),
-                ..ObjectReference::default()
-            },
-            reason: Some(reason.to_owned()),
-            message: Some(message.to_owned()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
-            source: Some(EventSource {
-                component: Some(names::CONTROLLER_COMPONENT.to_owned()),
-                host: None,
-            }),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            count: Some(1),
-            ..Event::default()
-        };
-        if let Err(e) = Api::<Event>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &event)
+    /// Records an Event on the node through the controller's Recorder; a failure is logged
+    /// (an Event is never worth a retry).
+    async fn node_event(&self, node: &Node, warning: bool, reason: &str, message: &str) {
+        if let Err(e) = self
+            .writes
+            .node_event(node, warning, names::ACTION_SWITCH_PROFILE, reason, message)
             .await
         {
-            warn!(node = %name, reason, error = %e, "recording an Event on the node failed");
+            warn!(node = %node_name(node), reason, error = %e, "recording an Event on the node failed");
         }
     }
 
-    async fn pod_event(
-        &self,
-        pod: &Pod,
-        warning: bool,
-        reason: &str,
-        message: &str,
-        now: Timestamp,
-    ) {
-        if let Err(e) = self.writes.event(pod, warning, reason, message, now).await {
+    /// Records an Event on the pod through the controller's Recorder; a failure is logged.
+    async fn pod_event(&self, pod: &Pod, warning: bool, reason: &str, message: &str) {
+        if let Err(e) = self
+            .writes
+            .event(pod, warning, names::ACTION_SWITCH_PROFILE, reason, message)
+            .await
+        {
             warn!(reason, error = %e, "recording an Event on the pod failed");
         }
     }

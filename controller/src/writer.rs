@@ -6,7 +6,7 @@
 
 use std::future::Future;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodCondition};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -108,6 +108,16 @@ pub trait Writes: Send + Sync {
         reason: &str,
         message: &str,
     ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Records an Event about the node, as [`Writes::event`] does about a pod.
+    fn node_event(
+        &self,
+        node: &Node,
+        warning: bool,
+        action: &str,
+        reason: &str,
+        message: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// The `reservedFor` entry naming `pod`.
@@ -148,6 +158,30 @@ impl Writer {
             client,
             claims: tessera_kubeapi::resource(version, tessera_driver::names::RESOURCE_CLAIM),
         }
+    }
+
+    /// Publishes one Event about `regarding`, its note bounded by
+    /// [`tessera_kubeapi::events::note`].
+    async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        warning: bool,
+        action: &str,
+        reason: &str,
+        message: &str,
+    ) -> std::result::Result<(), kube::Error> {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(tessera_kubeapi::events::note(message)),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        self.events.publish(&event, regarding).await
     }
 
     /// Claims are read as [`JsonObject`]s: the answer's JSON without `managedFields`, decoded
@@ -378,21 +412,33 @@ impl Writes for Writer {
             resource_version: pod.metadata.resource_version.clone(),
             ..ObjectReference::default()
         };
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_owned(),
-            note: Some(tessera_kubeapi::events::note(message)),
-            action: action.to_owned(),
-            secondary: None,
-        };
-        self.events
-            .publish(&event, &regarding)
+        self.publish(&regarding, warning, action, reason, message)
             .await
             .map_err(|e| Error::api(format!("recording an Event on Pod {namespace}/{name}"), &e))
+    }
+
+    /// Records an events.k8s.io/v1 Event about the node through the same [`Recorder`] (a
+    /// cluster-scoped object's Events live in `default`, as kube-runtime writes them).
+    async fn node_event(
+        &self,
+        node: &Node,
+        warning: bool,
+        action: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<()> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let regarding = ObjectReference {
+            api_version: Some(names::CORE_API_V1.to_owned()),
+            kind: Some(names::NODE.kind.to_owned()),
+            name: Some(name.to_owned()),
+            uid: node.metadata.uid.clone(),
+            resource_version: node.metadata.resource_version.clone(),
+            ..ObjectReference::default()
+        };
+        self.publish(&regarding, warning, action, reason, message)
+            .await
+            .map_err(|e| Error::api(format!("recording an Event on Node {name}"), &e))
     }
 
     /// Evicts the pod through its `eviction` subresource (policy/v1), with its UID as a

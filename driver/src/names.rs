@@ -234,6 +234,12 @@ pub const CONTROLLER_COMPONENT: &str = "tessera-controller";
 pub const ACTION_ALLOCATE: &str = "Allocate";
 /// `action` of the controller's Events on a pod it evicted to make room for a higher tier.
 pub const ACTION_PREEMPT: &str = "Preempt";
+/// `action` of the controller's Events about a node's scheduled GPU profile switch: the switch
+/// starting or finishing, a pod it waits for or could not evict, a pod it evicted.
+pub const ACTION_SWITCH_PROFILE: &str = "SwitchProfile";
+/// `action` of the controller's Events about defragmentation: a pod evicted so that a pending
+/// claim finds contiguous room, or an eviction a `PodDisruptionBudget` blocked.
+pub const ACTION_DEFRAGMENT: &str = "Defragment";
 /// Pod condition the controller sets on a gated pod it cannot place (status `False`, with the
 /// allocator's reason) and once it placed it (status `True`).
 pub const CONDITION_ALLOCATED: &str = "gpu.tessera.dev/Allocated";

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -293,6 +293,22 @@ impl Writes for FakeWrites {
         self.state()
             .calls
             .push(format!("event {} {reason}", key_of(&pod.metadata)));
+        Ok(())
+    }
+
+    async fn node_event(
+        &self,
+        node: &Node,
+        _warning: bool,
+        _action: &str,
+        reason: &str,
+        _message: &str,
+    ) -> Result<()> {
+        tokio::task::yield_now().await;
+        self.state().calls.push(format!(
+            "node event {} {reason}",
+            node.metadata.name.as_deref().unwrap_or_default()
+        ));
         Ok(())
     }
 }
