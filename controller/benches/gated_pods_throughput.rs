@@ -97,6 +97,7 @@ async fn sample(inventory: &Inventory) -> Duration {
         // The gate protocol's three writes, as this benchmark has always measured.
         fast_path: false,
         preemption: false,
+        defrag_per_hour: 0,
     };
     let task = tokio::spawn(service::run_with(
         client,

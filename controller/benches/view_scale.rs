@@ -301,6 +301,14 @@ impl Writes for MemoryApi {
     ) -> tessera_controller::Result<()> {
         Ok(())
     }
+    async fn annotate_node(
+        &self,
+        node: &k8s_openapi::api::core::v1::Node,
+        _key: &str,
+        _value: &str,
+    ) -> tessera_controller::Result<k8s_openapi::api::core::v1::Node> {
+        Ok(node.clone())
+    }
     async fn node_event(
         &self,
         _node: &k8s_openapi::api::core::v1::Node,
@@ -425,6 +433,7 @@ async fn run(nodes: usize, pods: usize) {
             // The controller's defaults.
             fast_path: true,
             preemption: false,
+            defrag_per_hour: 0,
         },
         api.clone(),
         Arc::new(Metrics::new("bench")),

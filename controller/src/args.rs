@@ -99,6 +99,12 @@ pub struct Args {
     /// `PodDisruptionBudgets` are respected); off by default. See docs/controller.md.
     #[arg(long, env = "TESSERA_PREEMPTION", default_value_t = false)]
     pub preemption: bool,
+    /// Let a pod that fits nowhere for lack of contiguous room have at most this many batch
+    /// pods per hour moved out of its way (evicted through the Eviction API, so
+    /// `PodDisruptionBudgets` are respected; only pods a controller re-creates); 0, the default,
+    /// turns defragmentation off. See docs/controller.md.
+    #[arg(long, env = "TESSERA_DEFRAG_EVICTIONS_PER_HOUR", default_value_t = 0)]
+    pub defrag_evictions_per_hour: u32,
     /// Log line format.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value = "plain")]
     pub log_format: LogFormat,
@@ -174,6 +180,7 @@ impl Args {
             shared_replicas: self.shared_gpu_replicas,
             fast_path: self.fast_path,
             preemption: self.preemption,
+            defrag_per_hour: self.defrag_evictions_per_hour,
         }
     }
 

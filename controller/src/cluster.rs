@@ -133,7 +133,7 @@ fn newer(incoming: Option<u64>, stored: Option<u64>) -> bool {
 /// version, creation and deletion times, gates, claims, node constraints, containers' names and
 /// requests, overhead, what keeps it off the fast path (inter-pod affinity, spread
 /// constraints, a scheduler name, volumes other than config and scratch ones, host ports,
-/// pod-level resources: usually nothing), and status phase, conditions (the condition patch rewrites the list) and
+/// pod-level resources: usually nothing), its controlling owner reference, and status phase, conditions (the condition patch rewrites the list) and
 /// claim statuses, and the device-plugin request the pod webhook recorded (the templates the
 /// pod needs are made from it). Everything else (`managedFields`, labels, other annotations,
 /// images, env,
@@ -147,7 +147,13 @@ pub(crate) fn slim_pod(pod: &mut Pod) {
         let recorded = all.remove(names::ANNOTATION_DEVICE_PLUGIN_REQUEST)?;
         Some([(names::ANNOTATION_DEVICE_PLUGIN_REQUEST.to_owned(), recorded)].into())
     });
-    meta.owner_references = None;
+    // Defragmentation moves only pods a controller re-creates: the controlling reference is
+    // kept (its kind and name), the others dropped.
+    meta.owner_references = meta.owner_references.take().and_then(|all| {
+        all.into_iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| vec![o])
+    });
     meta.generate_name = None;
     if let Some(spec) = pod.spec.as_mut() {
         // What the node filter and the fast path's choice read (`fast_path::blocker`
@@ -214,11 +220,15 @@ fn slim_bound_pod(pod: &mut Pod) {
 }
 
 /// Keeps of a node only what the node filter reads: name, labels, version, taints,
-/// unschedulable and allocatable amounts.
+/// unschedulable and allocatable amounts; and defragmentation's record.
 fn slim_node(node: &mut Node) {
     let meta = &mut node.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    // Defragmentation's record is kept: its budget and holds are counted from it.
+    meta.annotations = meta.annotations.take().and_then(|mut all| {
+        let record = all.remove(names::ANNOTATION_DEFRAG)?;
+        Some([(names::ANNOTATION_DEFRAG.to_owned(), record)].into())
+    });
     meta.owner_references = None;
     if let Some(spec) = node.spec.as_mut() {
         *spec = NodeSpec {

@@ -78,6 +78,7 @@ pub struct Metrics {
     gpus_draining: Gauge,
     profile_switch: Histogram,
     profile_evictions: Counter,
+    defrag_evictions: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -169,6 +170,12 @@ impl Metrics {
             "Pods evicted because their GPU had to switch profile and the drain deadline passed",
             profile_evictions.clone(),
         );
+        let defrag_evictions = Counter::default();
+        registry.register(
+            "defrag_evictions",
+            "Batch pods evicted by defragmentation to make contiguous room for a pending pod",
+            defrag_evictions.clone(),
+        );
         Self {
             registry,
             policy: policy.to_owned(),
@@ -185,6 +192,7 @@ impl Metrics {
             gpus_draining,
             profile_switch,
             profile_evictions,
+            defrag_evictions,
         }
     }
 
@@ -212,6 +220,11 @@ impl Metrics {
     /// Counts one eviction for a profile switch.
     pub fn profile_evicted(&self) {
         self.profile_evictions.inc();
+    }
+
+    /// Counts one eviction made by defragmentation.
+    pub fn defrag_evicted(&self) {
+        self.defrag_evictions.inc();
     }
 
     /// Counts one handled pod.

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
 use crate::writer::{Eviction, Writer};
 
+mod defrag;
 mod patience;
 mod preempt;
 mod protocol;
@@ -70,6 +71,8 @@ pub struct ReconcilerConfig {
     pub fast_path: bool,
     /// Whether an online pod that fits nowhere may evict batch pods ([`preempt`]).
     pub preemption: bool,
+    /// How many batch pods defragmentation may evict per hour ([`defrag`]); 0 turns it off.
+    pub defrag_per_hour: u32,
 }
 
 /// Why a pod was not placed in this pass.
@@ -183,6 +186,7 @@ pub struct Reconciler<W = Writer> {
     /// The same allocator, placing delay-tolerant shares on fragments only ([`patience`]).
     fragments: Allocator,
     preemptions: preempt::Preemptions,
+    defrags: defrag::Defrags,
     protocol: Protocol<W>,
     metrics: std::sync::Arc<Metrics>,
     config: ReconcilerConfig,
@@ -292,6 +296,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             allocator,
             fragments,
             preemptions: preempt::Preemptions::default(),
+            defrags: defrag::Defrags::default(),
             protocol: Protocol {
                 writer,
                 metrics: Arc::clone(&metrics),
@@ -352,6 +357,7 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         let live: BTreeSet<&String> = gated.iter().map(|(_, k)| k).collect();
         self.remembered.retain(|k, _| live.contains(k));
         self.preemptions.retain(&live);
+        self.defrags.retain(&live);
         // Decide every ready pod first (each placement committed before the next pod is
         // decided), then carry out their writes side by side.
         let mut jobs = Vec::new();
@@ -630,6 +636,12 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
         {
             return waiting;
         }
+        if !invalid
+            && !tied
+            && let Some(waiting) = self.defragment(view, pod, refs, candidates, host).await
+        {
+            return waiting;
+        }
         // Claims already allocated by this controller tie the pod to a node that no longer
         // fits: give them back so the next attempt may choose freely.
         if tied {
@@ -670,8 +682,25 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     ) -> Result<Job, NotPlaced> {
         let requests = view.checked_pod_requests(pod).map_err(NotPlaced::Refused)?;
         let usage = usage.get_or_insert_with(|| hosts_in_use(view));
-        let (candidates, node_summary) =
+        let (mut candidates, node_summary) =
             Self::candidates(view, pod, requests, node.as_deref(), usage);
+        // Room that defragmentation made goes to the pod it was made for: that pod is placed
+        // only there while it is held, and no other pod is.
+        let holds = self.holds(view, pod);
+        if holds.mine.is_some() || !holds.others.is_empty() {
+            let kept: Vec<Node> = candidates
+                .iter()
+                .filter(|n| {
+                    let name = n.metadata.name.as_deref().unwrap_or_default();
+                    holds
+                        .mine
+                        .as_deref()
+                        .map_or_else(|| !holds.others.contains(name), |mine| mine == name)
+                })
+                .cloned()
+                .collect();
+            candidates = Arc::new(kept);
+        }
         let claims: Vec<res::ResourceClaim> = pending
             .iter()
             .filter_map(|k| view.claims().get(k).cloned())

@@ -59,6 +59,9 @@ pub struct ControllerConfig {
     pub fast_path: bool,
     /// Whether an online pod that fits nowhere may evict batch pods (docs/controller.md).
     pub preemption: bool,
+    /// How many batch pods defragmentation may evict per hour; 0 (the default) turns it off
+    /// (docs/controller.md).
+    pub defrag_per_hour: u32,
 }
 
 /// What a running service shares with its caller.
@@ -117,6 +120,7 @@ pub async fn run_with(
             unbound_after: config.unbound_after,
             fast_path: config.fast_path,
             preemption: config.preemption,
+            defrag_per_hour: config.defrag_per_hour,
         },
         Writer::new(client.clone(), version),
         Arc::clone(&metrics),

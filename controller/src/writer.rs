@@ -109,6 +109,16 @@ pub trait Writes: Send + Sync {
         message: &str,
     ) -> impl Future<Output = Result<()>> + Send;
 
+    /// Sets annotation `key` of the node to `value`, with the node's resourceVersion as a
+    /// precondition (a 409 is an error: the caller reads the node again); answers the node as
+    /// stored.
+    fn annotate_node(
+        &self,
+        node: &Node,
+        key: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<Node>> + Send;
+
     /// Records an Event about the node, as [`Writes::event`] does about a pod.
     fn node_event(
         &self,
@@ -415,6 +425,18 @@ impl Writes for Writer {
         self.publish(&regarding, warning, action, reason, message)
             .await
             .map_err(|e| Error::api(format!("recording an Event on Pod {namespace}/{name}"), &e))
+    }
+
+    async fn annotate_node(&self, node: &Node, key: &str, value: &str) -> Result<Node> {
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let body = json!({"metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {key: value},
+        }});
+        Api::<Node>::all(self.client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(|e| Error::api(format!("annotating Node {name} with {key}"), &e))
     }
 
     /// Records an events.k8s.io/v1 Event about the node through the same [`Recorder`] (a

@@ -193,6 +193,16 @@ pub const REASON_PROFILE_SWITCH: &str = "ProfileSwitch";
 pub const REASON_PROFILE_SWITCHED: &str = "ProfileSwitched";
 /// Event reason: a pod is evicted because its GPU must switch profile and the deadline passed.
 pub const REASON_PROFILE_EVICTION: &str = "ProfileDrainEviction";
+/// Annotation the controller's leader writes on a node where it made room by
+/// defragmentation (before it evicts anything): whom the room is for and the evictions of the
+/// last hour, JSON ([`crate::placement::defrag::record::DefragRecord`]). A restarted or new
+/// leader counts its budget from these records.
+pub const ANNOTATION_DEFRAG: &str = "gpu.tessera.dev/defrag";
+/// Event reason on a pod evicted by defragmentation, and on the node where room was made.
+pub const REASON_DEFRAGMENTED: &str = "Defragmented";
+/// Condition and Event reason on a pending pod that waits for the room defragmentation makes
+/// for it.
+pub const REASON_DEFRAGMENTING: &str = "Defragmenting";
 /// Event reason: a GPU's switch waits for a pod that may not be evicted.
 pub const REASON_PROFILE_WAITING: &str = "ProfileDrainWaiting";
 /// Event reason: a pod is evicted to make contiguous room for a pending claim.

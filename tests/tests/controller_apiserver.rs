@@ -4,6 +4,8 @@
 //! device double-booked, no claim left allocated for a pod that is gone.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+#[path = "support/defrag_scenarios.rs"]
+mod defrag;
 #[path = "support/controller_scenarios.rs"]
 mod scenarios;
 #[path = "support/tidal_scenarios.rs"]
@@ -823,4 +825,12 @@ async fn a_scheduled_profile_drains_evicts_only_preemptible_pods_and_survives_a_
         ApiVersion::V1,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defragmentation_moves_the_fewest_batch_pods_within_its_budget() {
+    let (server, client, _dir) = start(&["v1"]).await;
+    server.use_wall_clock(true);
+    defrag::defragmentation_moves_the_fewest_batch_pods_within_its_budget(&client, ApiVersion::V1)
+        .await;
 }

@@ -296,6 +296,21 @@ impl Writes for FakeWrites {
         Ok(())
     }
 
+    async fn annotate_node(&self, node: &Node, key: &str, value: &str) -> Result<Node> {
+        tokio::task::yield_now().await;
+        let name = node.metadata.name.clone().unwrap_or_default();
+        self.state()
+            .calls
+            .push(format!("annotate node {name} {key}"));
+        let mut written = node.clone();
+        written
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value.to_owned());
+        Ok(written)
+    }
+
     async fn node_event(
         &self,
         node: &Node,
@@ -405,6 +420,7 @@ fn reconciler_with(
             unbound_after: Duration::from_hours(1),
             fast_path,
             preemption: false,
+            defrag_per_hour: 0,
         },
         fake.clone(),
         Arc::new(Metrics::new("first-fit")),
@@ -754,6 +770,7 @@ async fn an_online_pod_preempts_once_and_waits_while_its_victim_terminates() {
             unbound_after: Duration::from_hours(1),
             fast_path: false,
             preemption: true,
+            defrag_per_hour: 0,
         },
         fake.clone(),
         Arc::new(Metrics::new("first-fit")),

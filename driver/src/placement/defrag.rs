@@ -24,6 +24,8 @@
 //! once the moved pods are gone; the controller evicts them, waits for their claims to be
 //! released, and places the pod, where room was made.
 
+pub mod record;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -280,6 +280,7 @@ pub(crate) fn config(policy: Policy, leader: Option<LeaderConfig>) -> Controller
         shared_replicas: tessera_driver::admission::device_plugin_names::DEFAULT_SHARED_REPLICAS,
         fast_path: true,
         preemption: false,
+        defrag_per_hour: 0,
     }
 }
 
