@@ -164,18 +164,7 @@ impl Metrics {
             "Time from a node's scheduled profile switch starting to every GPU being in its mode",
             profile_switch.clone(),
         );
-        let profile_evictions = Counter::default();
-        registry.register(
-            "profile_evictions",
-            "Pods evicted because their GPU had to switch profile and the drain deadline passed",
-            profile_evictions.clone(),
-        );
-        let defrag_evictions = Counter::default();
-        registry.register(
-            "defrag_evictions",
-            "Batch pods evicted by defragmentation to make contiguous room for a pending pod",
-            defrag_evictions.clone(),
-        );
+        let (profile_evictions, defrag_evictions) = register_evictions(&mut registry);
         Self {
             registry,
             policy: policy.to_owned(),
@@ -294,6 +283,24 @@ impl Metrics {
             .map_err(|e| Error::Output(format!("encoding metrics: {e}")))?;
         Ok(out)
     }
+}
+
+/// The counters of evictions the controller makes on its own: for a profile switch, and for
+/// defragmentation.
+fn register_evictions(registry: &mut Registry) -> (Counter, Counter) {
+    let profile_evictions = Counter::default();
+    registry.register(
+        "profile_evictions",
+        "Pods evicted because their GPU had to switch profile and the drain deadline passed",
+        profile_evictions.clone(),
+    );
+    let defrag_evictions = Counter::default();
+    registry.register(
+        "defrag_evictions",
+        "Batch pods evicted by defragmentation to make contiguous room for a pending pod",
+        defrag_evictions.clone(),
+    );
+    (profile_evictions, defrag_evictions)
 }
 
 #[cfg(test)]

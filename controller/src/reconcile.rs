@@ -682,25 +682,9 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
     ) -> Result<Job, NotPlaced> {
         let requests = view.checked_pod_requests(pod).map_err(NotPlaced::Refused)?;
         let usage = usage.get_or_insert_with(|| hosts_in_use(view));
-        let (mut candidates, node_summary) =
+        let (candidates, node_summary) =
             Self::candidates(view, pod, requests, node.as_deref(), usage);
-        // Room that defragmentation made goes to the pod it was made for: that pod is placed
-        // only there while it is held, and no other pod is.
-        let holds = self.holds(view, pod);
-        if holds.mine.is_some() || !holds.others.is_empty() {
-            let kept: Vec<Node> = candidates
-                .iter()
-                .filter(|n| {
-                    let name = n.metadata.name.as_deref().unwrap_or_default();
-                    holds
-                        .mine
-                        .as_deref()
-                        .map_or_else(|| !holds.others.contains(name), |mine| mine == name)
-                })
-                .cloned()
-                .collect();
-            candidates = Arc::new(kept);
-        }
+        let candidates = self.held_candidates(view, pod, candidates);
         let claims: Vec<res::ResourceClaim> = pending
             .iter()
             .filter_map(|k| view.claims().get(k).cloned())

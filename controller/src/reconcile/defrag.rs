@@ -18,6 +18,7 @@
 //! evicted for a pod while a pod evicted for it still exists.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1 as res;
@@ -69,11 +70,11 @@ impl Defrags {
 }
 
 /// Where the room held for `pod` is, and the nodes held for other pods still waiting, at `now`.
-pub(super) struct Holds {
+struct Holds {
     /// The node held for this pod.
-    pub(super) mine: Option<String>,
+    mine: Option<String>,
     /// Nodes held for other pods.
-    pub(super) others: BTreeSet<String>,
+    others: BTreeSet<String>,
 }
 
 fn exists(view: &ClusterView, key: &str, uid: Option<&String>) -> bool {
@@ -85,7 +86,7 @@ fn exists(view: &ClusterView, key: &str, uid: Option<&String>) -> bool {
 impl<W: Writes + Clone + 'static> Reconciler<W> {
     /// The holds that concern `pod` (empty when defragmentation is off). A record that cannot
     /// be read holds nothing (it also stops defragmentation: see [`Self::defragment`]).
-    pub(super) fn holds(&self, view: &ClusterView, pod: &Pod) -> Holds {
+    fn holds(&self, view: &ClusterView, pod: &Pod) -> Holds {
         let mut holds = Holds {
             mine: None,
             others: BTreeSet::new(),
@@ -110,6 +111,32 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             }
         }
         holds
+    }
+
+    /// `candidates` less what defragmentation holds: room it made goes to the pod it was made
+    /// for, which is placed only there while it is held, and no other pod is placed there.
+    pub(super) fn held_candidates(
+        &self,
+        view: &ClusterView,
+        pod: &Pod,
+        candidates: Arc<Vec<Node>>,
+    ) -> Arc<Vec<Node>> {
+        let holds = self.holds(view, pod);
+        if holds.mine.is_none() && holds.others.is_empty() {
+            return candidates;
+        }
+        let kept: Vec<Node> = candidates
+            .iter()
+            .filter(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                holds
+                    .mine
+                    .as_deref()
+                    .map_or_else(|| !holds.others.contains(name), |mine| mine == name)
+            })
+            .cloned()
+            .collect();
+        Arc::new(kept)
     }
 
     /// Tries to make contiguous room for `pod` by moving batch pods; `Some` is what to tell the
@@ -289,12 +316,13 @@ impl<W: Writes + Clone + 'static> Reconciler<W> {
             code: None,
             message: "the node is gone".to_owned(),
         })?;
-        let moves: Vec<(String, Option<String>)> = plan
+        let evicting: Vec<(String, Option<String>)> = plan
             .moves
             .iter()
             .map(|m| (m.pod.clone(), m.uid.clone()))
             .collect();
-        let record = DefragRecord::made(previous, key, pod.metadata.uid.as_deref(), &moves, now());
+        let record =
+            DefragRecord::made(previous, key, pod.metadata.uid.as_deref(), &evicting, now());
         let written = self
             .protocol
             .writer

@@ -7,6 +7,7 @@
 //! are gone released).
 #![allow(dead_code, reason = "each test file uses a subset")]
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -74,6 +75,32 @@ async fn pods_with_event(client: &kube::Client, reason: &str) -> Vec<String> {
     on
 }
 
+fn three_nodes() -> Inventory {
+    let mut yaml = String::from("nodes:\n");
+    for i in 0..3 {
+        let _ = write!(
+            yaml,
+            "- name: {}\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: 1\n",
+            node_name(i)
+        );
+    }
+    Inventory::from_yaml(&yaml).unwrap()
+}
+
+/// Whether pod `name` carries the controller's condition (with `reason`, when given).
+async fn has_condition(client: &kube::Client, name: &str, reason: Option<&str>) -> bool {
+    pods(client).await[name]
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c.type_ == names::CONDITION_ALLOCATED
+                    && reason.is_none_or(|r| c.status == "False" && c.reason.as_deref() == Some(r))
+            })
+        })
+}
+
 /// Three nodes with one 80Gi GPU each, shared. node-0 holds two movable batch shares of 30Gi;
 /// node-1 one movable batch share of 20Gi a `PodDisruptionBudget` protects; node-2 an online
 /// share of 40Gi (also owned by a `ReplicaSet`: its tier alone keeps it in place). A pod
@@ -87,17 +114,7 @@ pub(crate) async fn defragmentation_moves_the_fewest_batch_pods_within_its_budge
     version: ApiVersion,
 ) {
     let wait = Duration::from_secs(30);
-    let nodes = Inventory::from_yaml(&format!(
-        "nodes:\n{}",
-        (0..3)
-            .map(|i| format!(
-                "- name: {}\n  mode: shared\n  gpus:\n  - model: a100-80g\n    count: 1\n",
-                node_name(i)
-            ))
-            .collect::<String>()
-    ))
-    .unwrap();
-    seed(client, version, &nodes, "16").await;
+    seed(client, version, &three_nodes(), "16").await;
     seed_batch_class(client, version).await;
     let placed = [
         ("batch-a1", BATCH_CLASS, 30, 0, json!({"app": "a"})),
@@ -150,18 +167,8 @@ pub(crate) async fn defragmentation_moves_the_fewest_batch_pods_within_its_budge
     )
     .await;
     create_pod(client, &gated_pod("trainer", &["trainer"], &[], "1")).await;
-    eventually(wait, "the big pod is reported as not fitting", || async {
-        pods(client).await["trainer"]
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter().any(|c| {
-                    c.type_ == names::CONDITION_ALLOCATED
-                        && c.status == "False"
-                        && c.reason.as_deref() == Some("FailedAllocation")
-                })
-            })
+    eventually(wait, "the big pod is reported as not fitting", || {
+        has_condition(client, "trainer", Some("FailedAllocation"))
     })
     .await;
     // Passes go by (the resync is 2s): nothing is moved.
@@ -178,7 +185,6 @@ pub(crate) async fn defragmentation_moves_the_fewest_batch_pods_within_its_budge
     );
     first.stop().await;
 
-    // The disruption budget now allows one disruption; a new controller moves batch-b.
     pdbs.patch_status(
         "protected",
         &PatchParams::default(),
@@ -186,6 +192,17 @@ pub(crate) async fn defragmentation_moves_the_fewest_batch_pods_within_its_budge
     )
     .await
     .unwrap();
+    the_room_goes_to_the_pod_it_was_made_for(client, version, wait).await;
+    a_restart_does_not_evict_past_the_budget(client, version, wait).await;
+}
+
+/// The disruption budget now allows one disruption: a new controller moves batch-b, and the
+/// big pod lands on node-1, whose record names it and the eviction.
+async fn the_room_goes_to_the_pod_it_was_made_for(
+    client: &kube::Client,
+    version: ApiVersion,
+    wait: Duration,
+) {
     let second = start_controller(client, defragmenting(1));
     eventually(
         wait,
@@ -205,11 +222,11 @@ pub(crate) async fn defragmentation_moves_the_fewest_batch_pods_within_its_budge
         pods_with_event(client, names::REASON_DEFRAGMENTED).await,
         ["batch-b"]
     );
-    let node1 = Api::<Node>::all(client.clone())
+    let record_node = Api::<Node>::all(client.clone())
         .get(&node_name(1))
         .await
         .unwrap();
-    let record = DefragRecord::of(&node1)
+    let record = DefragRecord::of(&record_node)
         .unwrap()
         .expect("the node carries the record");
     assert_eq!(record.room_for, format!("{NS}/trainer"));
@@ -222,9 +239,16 @@ pub(crate) async fn defragmentation_moves_the_fewest_batch_pods_within_its_budge
         [format!("{NS}/batch-b")]
     );
     second.stop().await;
+}
 
-    // One move on node-0 would now make room for a second big pod, but this hour's eviction
-    // is on node-1's record: a restarted controller does not evict past the budget.
+/// One move on node-0 would now make room for a second big pod, but this hour's eviction is
+/// on node-1's record: a restarted controller does not evict past the budget; with a budget
+/// of two it moves batch-a1 (never the online pod) and the pod lands on node-0.
+async fn a_restart_does_not_evict_past_the_budget(
+    client: &kube::Client,
+    version: ApiVersion,
+    wait: Duration,
+) {
     crate::scenarios::delete_pod(client, "batch-a2").await;
     release_claims_of_gone_pods(client, version).await;
     create_claim(
