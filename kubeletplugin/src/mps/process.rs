@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-#[cfg(any(test, feature = "testing"))]
 use tessera_driver::node::host_dir::HostDir;
+#[cfg(any(test, feature = "testing"))]
 use tessera_driver::node::mps;
 use tessera_driver::node::mps::ControlSocket;
 use tessera_driver::node::mps::MpsDaemon;
