@@ -376,6 +376,22 @@ pub fn merge_devices(
         .collect()
 }
 
+/// Whether two lists of entries say the same: the same devices with the same data and the same
+/// conditions, whatever their transition times and observed generations.
+pub fn same_report(a: &[AllocatedDeviceStatus], b: &[AllocatedDeviceStatus]) -> bool {
+    fn said(s: &AllocatedDeviceStatus) -> impl PartialEq + '_ {
+        (
+            (&s.driver, &s.pool, &s.device, &s.share_id, &s.data),
+            s.conditions
+                .iter()
+                .flatten()
+                .map(|c| (&c.type_, &c.status, &c.reason, &c.message))
+                .collect::<Vec<_>>(),
+        )
+    }
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| said(x) == said(y))
+}
+
 /// What `status.devices` of `claim` must become, or `None` when it already says what the node
 /// knows. `entry` is the claim's checkpoint entry (a claim not recorded as prepared gets no
 /// entries of this driver); `measured` is the accounting's last measure of the claim.

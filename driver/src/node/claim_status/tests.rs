@@ -304,3 +304,13 @@ fn messages_are_bounded_at_a_character_boundary() {
     assert!(cut.len() <= MESSAGE_LIMIT);
     assert!(cut.chars().all(|c| c == 'é'));
 }
+
+#[test]
+fn the_same_report_ignores_transition_times_but_not_a_turned_condition() {
+    let node = t4_node();
+    let one = written(&node, &claim(None), Some(&measured(&node, 50)), &at(1)).unwrap();
+    let later = written(&node, &claim(None), Some(&measured(&node, 50)), &at(7)).unwrap();
+    assert!(same_report(&one, &later));
+    let over = written(&node, &claim(None), Some(&measured(&node, 150)), &at(7)).unwrap();
+    assert!(!same_report(&one, &over));
+}
