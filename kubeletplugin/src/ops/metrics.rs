@@ -252,7 +252,6 @@ impl Metrics {
              different pods); the pass goes on for the others",
             accounting_skips.clone(),
         );
-        let use_gauges = UseGauges::register(&mut registry);
         let gpu_isolation = Family::<IsolationLabels, Gauge>::default();
         registry.register(
             "gpu_isolation",
@@ -311,6 +310,7 @@ impl Metrics {
             mode_changes_refused.clone(),
         );
         Self {
+            use_gauges: UseGauges::register(&mut registry),
             registry,
             calls,
             errors,
@@ -325,7 +325,6 @@ impl Metrics {
             accounting_stops,
             accounting_skips,
             gpu_isolation,
-            use_gauges,
         }
     }
 
