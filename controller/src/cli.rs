@@ -139,6 +139,15 @@ pub enum InspectTarget {
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
+    /// Show what a claim booked, what the node that prepared it says it got and uses (its
+    /// status.devices), and the node's Events about it or its pods.
+    Claim {
+        /// `NAMESPACE/NAME`, or a name in `--namespace`.
+        claim: String,
+        /// The claim's namespace, when the name does not carry one.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
 }
 
 /// Output formats of `tessera simulate`.
@@ -280,6 +289,15 @@ impl Cli {
                         namespace: namespace.clone(),
                         name: name.clone(),
                     },
+                    Some(InspectTarget::Claim { claim, namespace }) => {
+                        let (namespace, name) = claim
+                            .split_once('/')
+                            .unwrap_or((namespace.as_str(), claim.as_str()));
+                        inspect::Target::Claim {
+                            namespace: namespace.to_owned(),
+                            name: name.to_owned(),
+                        }
+                    }
                 };
                 inspect::run(
                     kubeconfig.as_deref(),
