@@ -419,7 +419,7 @@ async fn prepare_succeeds_while_the_api_server_refuses_writes_and_the_status_fol
     );
     assert_eq!(node.reporter.failed_writes(), 2);
     assert_eq!(
-        node.reporter.run_due(start + Duration::from_secs(60)).await,
+        node.reporter.run_due(start + Duration::from_mins(1)).await,
         0
     );
     assert_eq!(
