@@ -204,7 +204,7 @@ async fn the_gpu_table_shows_allocated_and_free_memory_and_compute_with_claims_a
     assert_eq!(gpus[0]["computeFree"], 50);
     assert_eq!(
         gpus[0]["claims"],
-        json!([{"namespace": "team-a", "name": "share", "pods": ["train"]}])
+        json!([{"namespace": "team-a", "name": "share", "pods": ["train"], "memoryBooked": "10Gi"}])
     );
     assert_eq!(gpus[1]["mode"], "exclusive");
     assert_eq!(gpus[1]["memoryFree"], "0");

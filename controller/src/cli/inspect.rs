@@ -265,10 +265,15 @@ fn write_cluster_table(view: &ClusterView, out: &mut String) {
                 .claims
                 .iter()
                 .map(|c| {
-                    if c.pods.is_empty() {
+                    let who = if c.pods.is_empty() {
                         format!("{}/{}", c.namespace, c.name)
                     } else {
                         format!("{}/{} ({})", c.namespace, c.name, c.pods.join(", "))
+                    };
+                    match (c.memory_booked, c.memory_used) {
+                        (Some(booked), Some(used)) => format!("{who} [{used} of {booked} used]"),
+                        (Some(booked), None) => format!("{who} [{booked} booked]"),
+                        _ => who,
                     }
                 })
                 .collect::<Vec<_>>()

@@ -96,6 +96,45 @@ fn capacity(result: &res::DeviceRequestAllocationResult, name: &str) -> Option<Q
         .and_then(|q| Quantity::from_k8s(q).ok())
 }
 
+/// This driver's `status.devices` entry of allocation result `r` of `claim`, if the node wrote
+/// one.
+fn written_entry<'a>(
+    claim: &'a res::ResourceClaim,
+    r: &res::DeviceRequestAllocationResult,
+) -> Option<&'a res::AllocatedDeviceStatus> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.devices.as_ref())?
+        .iter()
+        .find(|s| {
+            s.driver == r.driver
+                && s.pool == r.pool
+                && s.device == r.device
+                && s.share_id == r.share_id
+        })
+}
+
+/// The memory allocation result `r` of `claim` booked (its consumed capacity, else the limit the
+/// node enforces) and uses (as the node last wrote it).
+pub fn memory_booked_and_used(
+    claim: &res::ResourceClaim,
+    r: &res::DeviceRequestAllocationResult,
+) -> (Option<Quantity>, Option<Quantity>) {
+    let data = written_entry(claim, r)
+        .and_then(|e| e.data.as_ref())
+        .map(|d| &d.0);
+    let bytes = |key: &str| {
+        data.and_then(|d| d.get(key))
+            .and_then(Value::as_u64)
+            .map(Quantity::from_bytes)
+    };
+    (
+        capacity(r, names::CAP_MEMORY).or_else(|| bytes("memoryLimitBytes")),
+        bytes("memoryUsedBytes"),
+    )
+}
+
 /// Explains `claim` for `driver`, with the `events` of its namespace (the node plugin's about
 /// the claim or the pods it is reserved for are kept).
 pub fn explain_claim(driver: &str, claim: &res::ResourceClaim, events: &[Event]) -> ClaimView {
@@ -107,9 +146,6 @@ pub fn explain_claim(driver: &str, claim: &res::ResourceClaim, events: &[Event])
         .filter(|r| r.resource == names::POD.plural)
         .map(|r| r.name.clone())
         .collect();
-    let written: &[res::AllocatedDeviceStatus] = status
-        .and_then(|s| s.devices.as_deref())
-        .unwrap_or_default();
     let results: &[res::DeviceRequestAllocationResult] = status
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
@@ -119,12 +155,8 @@ pub fn explain_claim(driver: &str, claim: &res::ResourceClaim, events: &[Event])
         .iter()
         .filter(|r| r.driver == driver)
         .map(|r| {
-            let entry = written.iter().find(|s| {
-                s.driver == r.driver
-                    && s.pool == r.pool
-                    && s.device == r.device
-                    && s.share_id == r.share_id
-            });
+            let entry = written_entry(claim, r);
+            let (memory_booked, memory_used) = memory_booked_and_used(claim, r);
             let data = entry.and_then(|e| e.data.as_ref()).map(|d| &d.0);
             let field = |key: &str| data.and_then(|d| d.get(key));
             let condition = |type_: &str| {
@@ -135,19 +167,13 @@ pub fn explain_claim(driver: &str, claim: &res::ResourceClaim, events: &[Event])
             ClaimDevice {
                 request: r.request.clone(),
                 device: format!("{}/{}", r.pool, r.device),
-                memory_booked: capacity(r, names::CAP_MEMORY).or_else(|| {
-                    field("memoryLimitBytes")
-                        .and_then(Value::as_u64)
-                        .map(Quantity::from_bytes)
-                }),
+                memory_booked,
                 compute_booked: capacity(r, names::CAP_COMPUTE)
                     .and_then(Quantity::as_units)
                     .or_else(|| field("computePercent").and_then(Value::as_i64)),
                 backend: field("backend").and_then(Value::as_str).map(bounded),
                 isolation: field("isolation").and_then(Value::as_str).map(bounded),
-                memory_used: field("memoryUsedBytes")
-                    .and_then(Value::as_u64)
-                    .map(Quantity::from_bytes),
+                memory_used,
                 ready: condition(CONDITION_READY).map(|c| bounded(&c.status)),
                 memory_within_booking: condition(CONDITION_MEMORY_WITHIN_BOOKING)
                     .map(|c| (bounded(&c.status), bounded(&c.message))),
