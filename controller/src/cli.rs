@@ -158,6 +158,15 @@ pub enum InspectTarget {
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
+    /// Show what a claim booked, what the node that prepared it says it got and uses (its
+    /// status.devices), and the node's Events about it or its pods.
+    Claim {
+        /// `NAMESPACE/NAME`, or a name in `--namespace`.
+        claim: String,
+        /// The claim's namespace, when the name does not carry one.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
 }
 
 /// Output formats of `tessera simulate`.
@@ -321,21 +330,33 @@ impl Cli {
                 kubeconfig,
                 output,
                 target,
-            } => {
-                let target = match target {
-                    None => inspect::Target::Cluster,
-                    Some(InspectTarget::Pod { name, namespace }) => inspect::Target::Pod {
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                    },
-                };
-                inspect::run(
-                    kubeconfig.as_deref(),
-                    &self.driver_name,
-                    &target,
-                    *output,
-                    out,
-                )
+            } => inspect::run(
+                kubeconfig.as_deref(),
+                &self.driver_name,
+                &inspect_target(target.as_ref()),
+                *output,
+                out,
+            ),
+        }
+    }
+}
+
+/// What `tessera inspect` looks at: the cluster, a pod, or a claim (`NS/NAME`, or `NAME` with
+/// its `--namespace`).
+fn inspect_target(target: Option<&InspectTarget>) -> inspect::Target {
+    match target {
+        None => inspect::Target::Cluster,
+        Some(InspectTarget::Pod { name, namespace }) => inspect::Target::Pod {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        },
+        Some(InspectTarget::Claim { claim, namespace }) => {
+            let (namespace, name) = claim
+                .split_once('/')
+                .unwrap_or((namespace.as_str(), claim.as_str()));
+            inspect::Target::Claim {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
             }
         }
     }

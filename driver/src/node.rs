@@ -21,6 +21,8 @@
 //! * `prepare` builds the prepared claim and has it rendered (`prepared`, `inventory`, `cdi`);
 //!   `isolation` judges probes and runs its probe's claim through a container's CDI edits
 //!   (`prepared`, `inventory`, `cdi`, `mps_exec`), and writes its verdicts into the inventory;
+//! * `claim_status` decides the entries of `ResourceClaim.status.devices` the node writes
+//!   (`checkpoint`, `inventory`, `cdi`, `accounting`);
 //! * `accounting` (`checkpoint`, `mps`), `reconfigure` (`checkpoint`, `inventory`), `gpu_mode`,
 //!   `health` and `slices` (`inventory`);
 //! * `mps_peer` (whether a control socket's peer is the recorded daemon: `mps`) and `mps_user`
@@ -30,6 +32,7 @@
 pub mod accounting;
 pub mod cdi;
 pub mod checkpoint;
+pub mod claim_status;
 pub mod driver_root;
 pub mod gpu_mode;
 pub mod health;

@@ -37,6 +37,7 @@ use tessera_driver::node::checkpoint::Checkpoint;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::claims::status::StatusReporter;
 use crate::claims::{ClaimRef, ClaimSource};
 use crate::error::{Error, Result};
 use crate::ops::metrics::Metrics;
@@ -114,6 +115,7 @@ struct State {
 pub struct Accountant {
     seams: Seams,
     metrics: Option<Arc<Metrics>>,
+    status: Option<Arc<StatusReporter>>,
     state: Mutex<State>,
     terminate_confirm: Duration,
 }
@@ -130,6 +132,7 @@ impl Accountant {
         Self {
             seams,
             metrics,
+            status: None,
             state: Mutex::new(State::default()),
             terminate_confirm: TERMINATE_CONFIRM,
         }
@@ -141,6 +144,26 @@ impl Accountant {
     pub fn with_terminate_confirm(mut self, wait: Duration) -> Self {
         self.terminate_confirm = wait;
         self
+    }
+
+    /// Hands each pass's measure of every claim's use to `reporter` (the claims'
+    /// `MemoryWithinBooking` condition).
+    #[must_use]
+    pub fn with_status(mut self, reporter: Arc<StatusReporter>) -> Self {
+        self.status = Some(reporter);
+        self
+    }
+
+    /// Measures each claim's use (`tessera_driver::node::accounting::usage`) for the metrics
+    /// and the claims' status: every pass, so an ended claim's series go with it.
+    fn report_use(&self, record: &Checkpoint, consumers: &Consumers, observed: &[GpuProcess]) {
+        let measured = accounting::usage(record, consumers, observed);
+        if let Some(m) = &self.metrics {
+            m.observe_use(record, &measured, observed);
+        }
+        if let Some(reporter) = &self.status {
+            reporter.observe_use(record, measured);
+        }
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
@@ -161,6 +184,7 @@ impl Accountant {
         let gpus = accounting::booked_gpus(&record);
         if gpus.is_empty() {
             self.state()?.asked.clear();
+            self.report_use(&record, &Consumers::new(), &[]);
             return Ok(PassReport::default());
         }
         let seams = self.seams.clone();
@@ -178,6 +202,7 @@ impl Accountant {
         let consumers = self.consumers(&record, &observed, now).await?;
         let asked = self.state()?.asked.clone();
         let verdict = accounting::judge(&record, &consumers, &observed, &asked);
+        self.report_use(&record, &consumers, &observed);
         if !verdict.unattributed.is_empty() {
             debug!(pids = ?verdict.unattributed, "GPU processes of no claim that books their GPU");
         }

@@ -8,6 +8,8 @@
 //! * [`preparer`]: `ClaimPreparer`, the seam kubelet's calls reach, and `CdiPreparer`, which
 //!   prepares and unprepares claims under the crash-safe checkpoint (its rules live in
 //!   `tessera_driver::node::checkpoint`).
+//! * [`status`]: writing each prepared claim's `status.devices` entries (what it got, whether
+//!   its processes stay within its booking) after kubelet's call, with retries.
 //! * [`reaper`]: removing the directory trees a tenant could build; [`atomic_file`]: durable
 //!   file replacement; [`input_file`]: bounded reads of the plugin's input files; [`cancel`]: a
 //!   call's cancellation; [`crash`]: the crash points of the crash-safety tests.
@@ -22,6 +24,7 @@ pub mod crash;
 pub mod input_file;
 pub mod preparer;
 pub mod reaper;
+pub mod status;
 
 use std::collections::BTreeMap;
 

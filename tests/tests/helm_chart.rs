@@ -169,6 +169,21 @@ fn rbac_grants_what_the_plugin_and_the_controller_need() {
         );
     }
     assert!(grants(plugin, "resource.k8s.io", "resourceclaims", "get"));
+    // The claims' status.devices entries of its own driver (docs/claim-status.md).
+    for verb in ["update", "patch"] {
+        assert!(grants(
+            plugin,
+            "resource.k8s.io",
+            "resourceclaims/status",
+            verb
+        ));
+        assert!(grants(
+            plugin,
+            "resource.k8s.io",
+            "resourceclaims/driver",
+            &format!("associated-node:{verb}")
+        ));
+    }
     assert!(grants(plugin, "", "nodes", "get"));
     for verb in ["create", "patch"] {
         assert!(grants(plugin, "events.k8s.io", "events", verb), "{verb}");
@@ -512,6 +527,108 @@ fn each_nodes_plugin_may_write_only_its_own_nodes_resourceslices() {
             ),
             None
         );
+    }
+}
+
+/// A claim allocated to `node`, with `devices` as its status entries (driver, pool, device).
+fn claim_on(node: &str, devices: &[(&str, &str, &str)]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|(driver, pool, device)| {
+            serde_json::json!({"driver": driver, "pool": pool, "device": device,
+                               "data": {"backend": "mps"}})
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "train", "namespace": "team"},
+        "status": {
+            "allocation": {"nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": "trainer", "uid": "u1"}],
+            "devices": entries,
+        },
+    })
+}
+
+#[test]
+fn each_nodes_plugin_may_write_only_its_own_drivers_entries_of_claims_on_its_own_node() {
+    let docs = documents();
+    let name = "tessera-kubelet-plugin-own-node-claims";
+    let policy = find(&docs, "ValidatingAdmissionPolicy", name);
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding", name);
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let rule = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(strings(&rule["resources"]), ["resourceclaims/status"]);
+    assert_eq!(strings(&rule["operations"]), ["UPDATE"]);
+    assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+
+    let ours = names::DEFAULT_DRIVER_NAME;
+    let me = plugin_user();
+    let nic = ("nic.example.com", "node-a", "eth1");
+    let before = claim_on("node-a", &[nic]);
+    let written = claim_on("node-a", &[nic, (ours, "node-a", "gpu-0")]);
+    let update =
+        |user: &str, node: Option<&str>, new: &serde_json::Value, old: &serde_json::Value| {
+            admit(
+                policy,
+                &request(user, node, "UPDATE", Some(new.clone()), Some(old.clone())),
+            )
+        };
+    let denied = |answer: Option<Result<(), String>>, why: &str| match answer {
+        Some(Err(message)) => assert!(message.contains(why), "{message}"),
+        other => panic!("not denied: {other:?}"),
+    };
+    // Its own entries on a claim allocated to its node, added and removed again.
+    assert_eq!(update(&me, Some("node-a"), &written, &before), Some(Ok(())));
+    assert_eq!(update(&me, Some("node-a"), &before, &written), Some(Ok(())));
+    // A claim on another node.
+    let elsewhere = claim_on("node-b", &[nic]);
+    let elsewhere_written = claim_on("node-b", &[nic, (ours, "node-a", "gpu-0")]);
+    denied(
+        update(&me, Some("node-a"), &elsewhere_written, &elsewhere),
+        "allocated to that node",
+    );
+    // Another driver's entry changed or dropped.
+    denied(
+        update(
+            &me,
+            Some("node-a"),
+            &claim_on("node-a", &[(ours, "node-a", "gpu-0")]),
+            &before,
+        ),
+        "another driver's",
+    );
+    // An entry for a device of another node's pool.
+    denied(
+        update(
+            &me,
+            Some("node-a"),
+            &claim_on("node-a", &[nic, (ours, "node-b", "gpu-0")]),
+            &before,
+        ),
+        "pool node-a",
+    );
+    // The allocation or the reservations changed.
+    let mut unreserved = written.clone();
+    unreserved["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("reservedFor");
+    denied(
+        update(&me, Some("node-a"), &unreserved, &before),
+        "allocation or reservations",
+    );
+    // A token that names no node.
+    denied(update(&me, None, &written, &before), "names no node");
+    // Everyone else is left alone (the scheduler, another driver's plugin, an admin).
+    for user in [
+        "system:kube-scheduler",
+        "system:serviceaccount:other:plugin",
+        "kubernetes-admin",
+    ] {
+        assert_eq!(update(user, None, &elsewhere_written, &elsewhere), None);
     }
 }
 

@@ -204,7 +204,7 @@ async fn the_gpu_table_shows_allocated_and_free_memory_and_compute_with_claims_a
     assert_eq!(gpus[0]["computeFree"], 50);
     assert_eq!(
         gpus[0]["claims"],
-        json!([{"namespace": "team-a", "name": "share", "pods": ["train"]}])
+        json!([{"namespace": "team-a", "name": "share", "pods": ["train"], "memoryBooked": "10Gi"}])
     );
     assert_eq!(gpus[1]["mode"], "exclusive");
     assert_eq!(gpus[1]["memoryFree"], "0");
@@ -299,4 +299,151 @@ async fn an_ungated_pod_is_kube_schedulers_and_a_missing_claim_is_named() {
     );
     let (result, _) = inspect_pod(&dir, "nobody", false).await;
     assert!(result.unwrap_err().contains("not found"));
+}
+
+/// An events.k8s.io/v1 Event by `controller` about `kind/name` in team-a.
+async fn post_event(dir: &tempfile::TempDir, controller: &str, kind: &str, name: &str, note: &str) {
+    use k8s_openapi::api::events::v1::Event;
+    let client = tessera_kubeapi::client(Some(&dir.path().join("kubeconfig")))
+        .await
+        .unwrap();
+    let event: Event = serde_json::from_value(json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": format!("{name}.{controller}"), "namespace": "team-a"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "type": "Warning", "reason": names::REASON_GPU_MEMORY_OVER_BOOKING,
+        "action": "StopProcesses", "note": note,
+        "reportingController": controller, "reportingInstance": NODE,
+        "regarding": {"apiVersion": "v1", "kind": kind, "namespace": "team-a", "name": name},
+    }))
+    .unwrap();
+    kube::Api::<Event>::namespaced(client, "team-a")
+        .create(&kube::api::PostParams::default(), &event)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_claim_shows_the_booking_what_the_node_says_it_got_and_uses_and_its_events() {
+    let (server, dir) = cluster().await;
+    // What the node's plugin wrote after preparing the share (claim-status.md).
+    let stored = server
+        .get("resourceclaims", Some("team-a"), "share")
+        .unwrap();
+    let result = &stored["status"]["allocation"]["devices"]["results"][0];
+    let mut status = stored["status"].clone();
+    status["devices"] = json!([{
+        "driver": result["driver"], "pool": result["pool"], "device": result["device"],
+        "shareID": result["shareID"],
+        "data": {"apiVersion": names::CONFIG_API_VERSION, "kind": "PreparedDevice",
+                 "backend": "mps", "isolation": "verified", "memoryLimitBytes": 10u64 << 30,
+                 "computePercent": 50, "tier": "online", "memoryUsedBytes": 12u64 << 30},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Prepared", "message": "prepared",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "MemoryWithinBooking", "status": "False", "reason": "OverBooking",
+             "message": "the claim's processes use 12288 MiB, more than the 10240 MiB booked",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        ],
+    }]);
+    server
+        .set_status("resourceclaims", Some("team-a"), "share", &status)
+        .unwrap();
+    post_event(
+        &dir,
+        names::KUBELET_PLUGIN_COMPONENT,
+        "Pod",
+        "train",
+        "stopped process 4002\u{1b}[31m",
+    )
+    .await;
+    post_event(&dir, "someone-else", "Pod", "train", "not the node's").await;
+    post_event(
+        &dir,
+        names::KUBELET_PLUGIN_COMPONENT,
+        "Pod",
+        "stranger",
+        "another pod's",
+    )
+    .await;
+
+    let cfg = kubeconfig(&dir);
+    let (result, out) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &cfg,
+        "-o",
+        "json",
+        "claim",
+        "team-a/share",
+    ])
+    .await;
+    result.unwrap();
+    let view: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(view["pods"], json!(["train"]));
+    let device = &view["devices"][0];
+    assert_eq!(device["memoryBooked"], "10Gi");
+    assert_eq!(device["computeBooked"], 50);
+    assert_eq!(device["memoryUsed"], "12Gi");
+    assert_eq!(device["backend"], "mps");
+    assert_eq!(device["isolation"], "verified");
+    assert_eq!(device["ready"], "True");
+    assert_eq!(device["memoryWithinBooking"][0], "False");
+    let events = view["events"].as_array().unwrap();
+    assert_eq!(
+        events.len(),
+        1,
+        "only the node plugin's Events about the claim's pods: {events:?}"
+    );
+    assert_eq!(events[0]["regarding"], "Pod/train");
+
+    let (result, table) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &cfg,
+        "claim",
+        "share",
+        "-n",
+        "team-a",
+    ])
+    .await;
+    result.unwrap();
+    println!("{table}");
+    assert!(
+        table.contains("claim team-a/share: allocated, reserved for pod train"),
+        "{table}"
+    );
+    let row = table.lines().find(|l| l.contains("/gpu-")).unwrap();
+    for cell in [
+        "gpu", "10Gi", "12Gi", "50%", "mps", "verified", "True", "False",
+    ] {
+        assert!(row.contains(cell), "{cell} missing in {row}");
+    }
+    assert!(table.contains("more than the 10240 MiB booked"), "{table}");
+    assert!(
+        table.contains(names::REASON_GPU_MEMORY_OVER_BOOKING),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1b}'),
+        "a control character in an Event note printed raw: {table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_claim_of_a_missing_claim_says_so() {
+    let (_server, dir) = cluster().await;
+    let (result, _) = tessera(&[
+        "inspect",
+        "--kubeconfig",
+        &kubeconfig(&dir),
+        "claim",
+        "team-a/absent",
+    ])
+    .await;
+    let error = result.unwrap_err();
+    assert!(
+        error.contains("team-a/absent") && error.contains("not found"),
+        "{error}"
+    );
 }

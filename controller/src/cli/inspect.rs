@@ -38,6 +38,13 @@ pub enum Target {
         /// The pod's name.
         name: String,
     },
+    /// What one claim booked, got and uses.
+    Claim {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim's name.
+        name: String,
+    },
 }
 
 /// Runs `tessera inspect` to completion on its own runtime, appending the output to `out`.
@@ -91,6 +98,16 @@ pub async fn inspect(
                         k8s_openapi::jiff::Timestamp::now(),
                     );
                     write_profiles(&rows, out);
+                    Ok(())
+                }
+            }
+        }
+        Target::Claim { namespace, name } => {
+            let view = inspect_claim(&client, version, driver, namespace, name).await?;
+            match format {
+                InspectFormat::Json => write_json(&view, out),
+                InspectFormat::Table => {
+                    write_claim(&view, out);
                     Ok(())
                 }
             }
@@ -214,6 +231,46 @@ fn write_profiles(
     write_table(&table, out);
 }
 
+/// Reads one claim in the served version, and its namespace's events.k8s.io Events.
+async fn inspect_claim(
+    client: &kube::Client,
+    version: ApiVersion,
+    driver: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<inspect::ClaimView> {
+    let action = format!("getting claim {namespace}/{name}");
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &tessera_kubeapi::resource(version, names::RESOURCE_CLAIM),
+    );
+    let object = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::api(action.clone(), &e))?
+        .ok_or_else(|| Error::Api {
+            action: action.clone(),
+            code: Some(404),
+            message: "not found".to_owned(),
+        })?;
+    let value = tessera_kubeapi::typed_json(&object, version, names::RESOURCE_CLAIM, &action)?;
+    let apiversion::Object::ResourceClaim(claim) = apiversion::decode_document(value, &action)?
+    else {
+        return Err(Error::Api {
+            action,
+            code: None,
+            message: "the answer is not a ResourceClaim".to_owned(),
+        });
+    };
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::api(format!("listing Events in {namespace}"), &e))?
+        .items;
+    Ok(inspect::explain_claim(driver, &claim, &events))
+}
+
 /// Lists DeviceClasses, ResourceSlices, ResourceClaims and Nodes (and Pods when `pods`).
 async fn fetch(client: &kube::Client, version: ApiVersion, pods: bool) -> Result<Objects> {
     let mut objects = Objects::default();
@@ -306,10 +363,15 @@ fn write_cluster_table(view: &ClusterView, out: &mut String) {
                 .claims
                 .iter()
                 .map(|c| {
-                    if c.pods.is_empty() {
+                    let who = if c.pods.is_empty() {
                         format!("{}/{}", c.namespace, c.name)
                     } else {
                         format!("{}/{} ({})", c.namespace, c.name, c.pods.join(", "))
+                    };
+                    match (c.memory_booked, c.memory_used) {
+                        (Some(booked), Some(used)) => format!("{who} [{used} of {booked} used]"),
+                        (Some(booked), None) => format!("{who} [{booked} booked]"),
+                        _ => who,
                     }
                 })
                 .collect::<Vec<_>>()
@@ -402,4 +464,83 @@ fn mode_cell(gpu: &tessera_driver::tools::inspect::gpus::GpuRow) -> String {
     } else {
         format!("{} ({})", gpu.mode, notes.join(", "))
     }
+}
+
+fn write_claim(view: &inspect::ClaimView, out: &mut String) {
+    let p = |t: &str| crate::cli::output::printable(t, false);
+    let _ = writeln!(
+        out,
+        "claim {}/{}: {}{}",
+        p(&view.namespace),
+        p(&view.name),
+        if view.allocated {
+            "allocated"
+        } else {
+            "not allocated"
+        },
+        if view.pods.is_empty() {
+            String::new()
+        } else {
+            format!(", reserved for pod {}", p(&view.pods.join(", ")))
+        }
+    );
+    let mut rows = vec![
+        [
+            "DEVICE",
+            "REQUEST",
+            "MEMORY BOOKED",
+            "MEMORY USED",
+            "COMPUTE",
+            "BACKEND",
+            "ISOLATION",
+            "READY",
+            "WITHIN BOOKING",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    let unknown = || "-".to_owned();
+    for d in &view.devices {
+        rows.push(vec![
+            p(&d.device),
+            p(&d.request),
+            d.memory_booked.map_or_else(unknown, |q| q.to_string()),
+            d.memory_used.map_or_else(unknown, |q| q.to_string()),
+            d.compute_booked.map_or_else(unknown, |c| format!("{c}%")),
+            d.backend.as_deref().map_or_else(unknown, p),
+            d.isolation.as_deref().map_or_else(unknown, p),
+            d.ready.as_deref().map_or_else(unknown, p),
+            d.memory_within_booking
+                .as_ref()
+                .map_or_else(unknown, |(status, _)| p(status)),
+        ]);
+    }
+    write_table(&rows, out);
+    for d in &view.devices {
+        if let Some((_, message)) = &d.memory_within_booking {
+            let _ = writeln!(out, "{}: {}", p(&d.device), p(message));
+        }
+    }
+    if view.events.is_empty() {
+        let _ = writeln!(
+            out,
+            "no Events of the node's plugin about the claim or its pods"
+        );
+        return;
+    }
+    let mut rows = vec![
+        ["TYPE", "REASON", "ABOUT", "COUNT", "NOTE"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    for e in &view.events {
+        rows.push(vec![
+            p(&e.kind),
+            p(&e.reason),
+            p(&e.regarding),
+            e.count.to_string(),
+            p(&e.note),
+        ]);
+    }
+    write_table(&rows, out);
 }

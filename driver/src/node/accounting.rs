@@ -39,6 +39,9 @@ use crate::node::checkpoint::{Checkpoint, ClaimEntry};
 use crate::node::mps::MpsDaemon;
 
 pub mod proc;
+mod usage;
+
+pub use usage::{GpuUse, Usage, usage};
 
 /// A process NVML lists on a GPU, with what the node read about it in `/proc`.
 #[derive(Debug, Clone, PartialEq, Eq)]

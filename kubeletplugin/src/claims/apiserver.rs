@@ -62,15 +62,24 @@ impl ApiClaimSource {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = version;
     }
 
+    /// The resource.k8s.io version the API server serves (discovered once, again after a 404).
+    pub async fn version(&self) -> Result<ApiVersion> {
+        if let Some(v) = self.cached_version() {
+            return Ok(v);
+        }
+        let v = tessera_kubeapi::served_resource_version(&self.client).await?;
+        self.set_version(Some(v));
+        Ok(v)
+    }
+
+    /// The client the source fetches with.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     /// Fetches and converts one claim, without [`ClaimSource::claim`]'s time limit.
     pub async fn fetch(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
-        let version = if let Some(v) = self.cached_version() {
-            v
-        } else {
-            let v = tessera_kubeapi::served_resource_version(&self.client).await?;
-            self.set_version(Some(v));
-            v
-        };
+        let version = self.version().await?;
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             &claim.namespace,

@@ -21,7 +21,8 @@ use crate::accounting::{
     Seams,
 };
 use crate::claims::apiserver::ApiClaimSource;
-use crate::claims::preparer::{CdiPreparer, CdiPreparerConfig};
+use crate::claims::preparer::{CdiPreparer, CdiPreparerConfig, ClaimPreparer};
+use crate::claims::status::{KubeClaimStatus, PreparedState, StatusReporter, StatusReporting};
 use crate::claims::{ClaimSource, FakeClaimSource, PodSource};
 use crate::cli::args::{Args, EnforcementKind, GpuBackend, MpsDaemons, MpsUsers};
 use crate::cli::ops_tasks::{Ops, OpsConfig};
@@ -291,6 +292,7 @@ impl Args {
         claims: Arc<dyn ClaimSource>,
         client: Option<&kube::Client>,
         metrics: &Arc<Metrics>,
+        status: Option<Arc<StatusReporter>>,
     ) -> anyhow::Result<Option<Task>> {
         if self.accounting_interval_seconds == 0 {
             info!("GPU memory accounting is off (--accounting-interval-seconds 0)");
@@ -326,10 +328,37 @@ impl Args {
             }),
             events,
         };
-        let accountant = Arc::new(Accountant::new(seams, Some(Arc::clone(metrics))));
+        let mut accountant = Accountant::new(seams, Some(Arc::clone(metrics)));
+        if let Some(reporter) = status {
+            accountant = accountant.with_status(reporter);
+        }
+        let accountant = Arc::new(accountant);
         Ok(Some(accountant.spawn(Duration::from_secs(
             self.accounting_interval_seconds,
         ))))
+    }
+
+    /// The writer of prepared claims' `status.devices` (none without an API server), with
+    /// every claim of the checkpoint queued once, and its running task.
+    async fn claim_status(
+        &self,
+        client: Option<&kube::Client>,
+        preparer: &Arc<CdiPreparer>,
+    ) -> anyhow::Result<(Option<Arc<StatusReporter>>, Option<Task>)> {
+        let Some(client) = client else {
+            return Ok((None, None));
+        };
+        let reporter = Arc::new(StatusReporter::new(
+            Arc::new(KubeClaimStatus::new(ApiClaimSource::new(client.clone()))),
+            Arc::clone(preparer) as Arc<dyn PreparedState>,
+            self.driver_name.clone(),
+            self.enforcement(),
+        ));
+        let reading = Arc::clone(preparer);
+        let record = tokio::task::spawn_blocking(move || reading.record()).await??;
+        reporter.resync(&record);
+        let task = Arc::clone(&reporter).spawn();
+        Ok((Some(reporter), Some(task)))
     }
 
     /// Runs the plugin until `shutdown` completes, then stops cleanly.
@@ -351,8 +380,15 @@ impl Args {
         let (source, pods, publishing) = self.claim_source(client.as_ref(), inventory_rx)?;
         let plugin_dir = self.plugin_dir();
         let (preparer, watchdog) = self.preparer(node, Arc::clone(&source), pods, &plugin_dir)?;
-        let accounting =
-            self.accounting(nvml.as_ref(), &preparer, source, client.as_ref(), &metrics)?;
+        let (status, status_task) = self.claim_status(client.as_ref(), &preparer).await?;
+        let accounting = self.accounting(
+            nvml.as_ref(),
+            &preparer,
+            source,
+            client.as_ref(),
+            &metrics,
+            status.clone(),
+        )?;
         let health = HealthReporter::spawn(inventory_tx.subscribe());
         // Wakes the inventory watcher: NVML events, mode label changes, and unprepares that
         // free a draining GPU.
@@ -363,14 +399,7 @@ impl Args {
                 registration_dir: self.registration_dir.clone(),
                 plugin_dir: plugin_dir.clone(),
             },
-            Arc::new(WakeOnRelease::new(
-                Arc::new(MeteredPreparer::new(
-                    Arc::clone(&preparer),
-                    Arc::clone(&metrics),
-                )),
-                Arc::clone(&preparer),
-                Arc::clone(&wake),
-            )),
+            kubelet_preparer(&preparer, &metrics, &wake, status),
             Some(health.service(health_stream::DEFAULT_REFRESH)),
         )?;
         let interval = Duration::from_secs(self.inventory_poll_seconds);
@@ -422,6 +451,10 @@ impl Args {
         if let Some(task) = accounting {
             task.abort();
         }
+        if let Some(task) = status_task {
+            // Claims still queued are queued again by the next start's resync.
+            task.abort();
+        }
         if let Some(events) = events {
             tokio::task::spawn_blocking(move || events.shutdown()).await?;
         }
@@ -436,6 +469,29 @@ impl Args {
         drop(health);
         plugin.shutdown().await?;
         Ok(())
+    }
+}
+
+/// What kubelet's calls reach: `preparer`, measured into `metrics`, waking the inventory
+/// watcher when a claim goes, and with its claims' status written afterwards when there is a
+/// reporter.
+fn kubelet_preparer(
+    preparer: &Arc<CdiPreparer>,
+    metrics: &Arc<Metrics>,
+    wake: &Arc<Notify>,
+    status: Option<Arc<StatusReporter>>,
+) -> Arc<dyn ClaimPreparer> {
+    let preparer: Arc<dyn ClaimPreparer> = Arc::new(WakeOnRelease::new(
+        Arc::new(MeteredPreparer::new(
+            Arc::clone(preparer),
+            Arc::clone(metrics),
+        )),
+        Arc::clone(preparer),
+        Arc::clone(wake),
+    ));
+    match status {
+        Some(reporter) => Arc::new(StatusReporting::new(preparer, reporter)),
+        None => preparer,
     }
 }
 

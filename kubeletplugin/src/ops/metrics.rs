@@ -45,6 +45,18 @@ struct GpuLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimGpuLabels {
+    namespace: String,
+    claim: String,
+    uuid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UuidLabels {
+    uuid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StopLabels {
     means: String,
 }
@@ -150,6 +162,53 @@ pub struct Metrics {
     accounting_stops: Family<StopLabels, Counter>,
     accounting_skips: Family<SkipLabels, Counter>,
     gpu_isolation: Family<IsolationLabels, Gauge>,
+    use_gauges: UseGauges,
+}
+
+/// The gauges of each claim's measured use (`Metrics::observe_use`).
+struct UseGauges {
+    claim_memory_used: Family<ClaimGpuLabels, Gauge>,
+    claim_memory_booked: Family<ClaimGpuLabels, Gauge>,
+    claim_compute_booked: Family<ClaimGpuLabels, Gauge>,
+    gpu_memory_used: Family<UuidLabels, Gauge>,
+}
+
+impl UseGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let claim_memory_used = Family::<ClaimGpuLabels, Gauge>::default();
+        registry.register(
+            "claim_gpu_memory_used_bytes",
+            "GPU memory the processes of each share claim hold on each GPU it books, as the last \
+             accounting pass measured it (claims one pod uses on the same GPU are measured \
+             together and each reports their sum)",
+            claim_memory_used.clone(),
+        );
+        let claim_memory_booked = Family::<ClaimGpuLabels, Gauge>::default();
+        registry.register(
+            "claim_gpu_memory_booked_bytes",
+            "GPU memory each share claim booked on each GPU, beside its measured use",
+            claim_memory_booked.clone(),
+        );
+        let claim_compute_booked = Family::<ClaimGpuLabels, Gauge>::default();
+        registry.register(
+            "claim_gpu_compute_booked_percent",
+            "Compute each share claim booked on each GPU, in percent (0: not isolated)",
+            claim_compute_booked.clone(),
+        );
+        let gpu_memory_used = Family::<UuidLabels, Gauge>::default();
+        registry.register(
+            "gpu_memory_used_bytes",
+            "GPU memory all processes hold on each GPU that share claims book, as the last \
+             accounting pass listed them (claims' processes and others)",
+            gpu_memory_used.clone(),
+        );
+        Self {
+            claim_memory_used,
+            claim_memory_booked,
+            claim_compute_booked,
+            gpu_memory_used,
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -251,6 +310,7 @@ impl Metrics {
             mode_changes_refused.clone(),
         );
         Self {
+            use_gauges: UseGauges::register(&mut registry),
             registry,
             calls,
             errors,
@@ -265,6 +325,77 @@ impl Metrics {
             accounting_stops,
             accounting_skips,
             gpu_isolation,
+        }
+    }
+
+    /// Sets the per-claim use gauges from one accounting pass: each claim's `measured` use and
+    /// booking per GPU, and each listed GPU's total. Every series of the last pass goes first,
+    /// so a claim that ended (or a GPU no claim books any more) leaves no series behind.
+    pub fn observe_use(
+        &self,
+        record: &Checkpoint,
+        measured: &tessera_driver::node::accounting::Usage,
+        observed: &[tessera_driver::node::accounting::GpuProcess],
+    ) {
+        self.use_gauges.claim_memory_used.clear();
+        self.use_gauges.claim_memory_booked.clear();
+        self.use_gauges.claim_compute_booked.clear();
+        self.use_gauges.gpu_memory_used.clear();
+        for (uid, gpus) in measured {
+            let Some(entry) = record.claims.get(uid) else {
+                continue;
+            };
+            for (uuid, used) in gpus {
+                let labels = ClaimGpuLabels {
+                    namespace: entry.namespace.clone(),
+                    claim: entry.name.clone(),
+                    uuid: uuid.clone(),
+                };
+                let (booked, compute) = entry
+                    .devices
+                    .iter()
+                    .filter(|d| d.gpu_uuid == *uuid && !d.mig)
+                    .fold((0u64, 0i64), |(m, c), d| {
+                        (
+                            m.saturating_add(d.share_memory_bytes.unwrap_or(0)),
+                            c.saturating_add(d.share_compute_percent.unwrap_or(0)),
+                        )
+                    });
+                self.use_gauges
+                    .claim_memory_used
+                    .get_or_create(&labels)
+                    .set(gauge_value(used.used_bytes));
+                self.use_gauges
+                    .claim_memory_booked
+                    .get_or_create(&labels)
+                    .set(gauge_value(booked));
+                self.use_gauges
+                    .claim_compute_booked
+                    .get_or_create(&labels)
+                    .set(compute);
+            }
+        }
+        let mut per_gpu: BTreeMap<&str, BTreeMap<u32, u64>> = measured
+            .values()
+            .flat_map(BTreeMap::keys)
+            .map(|uuid| (uuid.as_str(), BTreeMap::new()))
+            .collect();
+        for p in observed {
+            let slot = per_gpu
+                .entry(p.gpu_uuid.as_str())
+                .or_default()
+                .entry(p.pid)
+                .or_default();
+            *slot = (*slot).max(p.used_bytes);
+        }
+        for (uuid, pids) in per_gpu {
+            let total = pids.values().fold(0u64, |sum, b| sum.saturating_add(*b));
+            self.use_gauges
+                .gpu_memory_used
+                .get_or_create(&UuidLabels {
+                    uuid: uuid.to_owned(),
+                })
+                .set(gauge_value(total));
         }
     }
 

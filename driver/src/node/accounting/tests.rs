@@ -395,3 +395,72 @@ fn a_process_listed_twice_with_different_readings_counts_at_the_larger() {
         assert_eq!(verdict.stops[0].used_bytes, 11 * GIB);
     }
 }
+
+#[test]
+fn a_claims_use_is_the_sum_of_its_pods_processes_against_its_booking() {
+    let (record, who, procs) = three_workers();
+    let measured = usage(&record, &who, &procs);
+    let gpu = measured["c1"]["GPU-1"];
+    assert_eq!(gpu.used_bytes, 3 * 95 * GIB / 10);
+    assert_eq!(gpu.booked_bytes, 10 * GIB);
+    assert!(!gpu.within_booking());
+}
+
+#[test]
+fn a_booked_gpu_without_processes_reads_zero_and_within_booking() {
+    let (record, who, _) = three_workers();
+    let gpu = usage(&record, &who, &[])["c1"]["GPU-1"];
+    assert_eq!((gpu.used_bytes, gpu.booked_bytes), (0, 10 * GIB));
+    assert!(gpu.within_booking());
+}
+
+#[test]
+fn processes_of_other_pods_and_outside_pods_do_not_count_for_a_claim() {
+    let (record, who, _) = three_workers();
+    let procs = vec![
+        process(101, "GPU-1", 40, 1000, Some("p1")),
+        process(201, "GPU-1", 90, 1001, Some("stranger")),
+        process(301, "GPU-1", 90, 1002, None),
+    ];
+    assert_eq!(
+        usage(&record, &who, &procs)["c1"]["GPU-1"].used_bytes,
+        4 * GIB
+    );
+}
+
+#[test]
+fn a_process_listed_twice_counts_once_at_its_larger_reading() {
+    let (record, who, _) = three_workers();
+    let procs = vec![
+        process(101, "GPU-1", 30, 1000, Some("p1")),
+        process(101, "GPU-1", 50, 1000, Some("p1")),
+    ];
+    assert_eq!(
+        usage(&record, &who, &procs)["c1"]["GPU-1"].used_bytes,
+        5 * GIB
+    );
+}
+
+#[test]
+fn two_claims_one_pod_uses_on_a_gpu_are_measured_together() {
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "c1", vec![share("GPU-1", 4)], None);
+    claim(&mut record, "c2", vec![share("GPU-1", 6)], None);
+    let who = consumers(&[("c1", "p1"), ("c2", "p1")]);
+    let procs = vec![process(101, "GPU-1", 70, 1000, Some("p1"))];
+    let measured = usage(&record, &who, &procs);
+    for uid in ["c1", "c2"] {
+        let gpu = measured[uid]["GPU-1"];
+        assert_eq!((gpu.used_bytes, gpu.booked_bytes), (7 * GIB, 10 * GIB));
+        assert_eq!(gpu.counted_with, 1);
+    }
+}
+
+#[test]
+fn whole_devices_are_not_measured() {
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "c1", vec![whole("GPU-1")], None);
+    let who = consumers(&[("c1", "p1")]);
+    let procs = vec![process(101, "GPU-1", 70, 1000, Some("p1"))];
+    assert!(usage(&record, &who, &procs).is_empty());
+}

@@ -21,6 +21,14 @@ pub struct ClaimHold {
     pub name: String,
     /// The pods using the claim: those it is reserved for, else those that name it.
     pub pods: Vec<String>,
+    /// The memory it booked on the device (a share's consumed capacity, else the limit its node
+    /// enforces); left out for a device held whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_booked: Option<Quantity>,
+    /// The memory its processes use there, as its node last wrote it on the claim
+    /// (`status.devices`, docs/claim-status.md); left out until the node measured it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_used: Option<Quantity>,
 }
 
 /// One GPU (or MIG instance) and its use.
@@ -201,17 +209,21 @@ pub fn cluster_view(
             .filter_map(|s| s.allocation.as_ref())
             .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
             .filter(|r| r.driver == driver);
-        let hold = ClaimHold {
-            namespace: claim.metadata.namespace.clone().unwrap_or_default(),
-            name: claim.metadata.name.clone().unwrap_or_default(),
-            pods: claim_pods(claim, pods),
-        };
+        let users = claim_pods(claim, pods);
         for r in results {
+            let (memory_booked, memory_used) = super::claim::memory_booked_and_used(claim, r);
+            let hold = ClaimHold {
+                namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+                name: claim.metadata.name.clone().unwrap_or_default(),
+                pods: users.clone(),
+                memory_booked,
+                memory_used,
+            };
             let list = holders
                 .entry((r.pool.clone(), r.device.clone()))
                 .or_default();
             if !list.contains(&hold) {
-                list.push(hold.clone());
+                list.push(hold);
             }
         }
     }
