@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 DEFAULT_FILES="
 driver/src/node/prepare.rs
 driver/src/node/prepare/card.rs
+driver/src/node/inventory/mig_minors.rs
 driver/src/node/accounting.rs
 driver/src/node/isolation.rs
 driver/src/node/checkpoint/holdings.rs
