@@ -6,6 +6,9 @@
 #   scripts/mutants.sh                  # every file below, 2 jobs
 #   FILES="driver/src/node/accounting.rs" scripts/mutants.sh
 #   JOBS=4 scripts/mutants.sh
+#   MUTANTS_FLAGS="--in-place --baseline=skip --timeout 120" JOBS=1 scripts/mutants.sh
+#                                       # reuse this tree's warm target/ (no copy, no cold
+#                                       # build); leave the tree alone until it ends
 #
 # Run it after changing a safety rule (docs/architecture.md). Not in CI: it takes about as long
 # as a few hundred driver test runs. It exits 1 when a missed mutant is not listed as harmless
@@ -38,6 +41,9 @@ HARMLESS=(
 )
 
 args=(mutants -p tessera-driver -j "$JOBS" -o "$OUT" --no-shuffle)
+# Extra cargo-mutants flags, split on spaces.
+read -r -a extra <<< "${MUTANTS_FLAGS:-}"
+args+=("${extra[@]}")
 for f in $FILES; do
   args+=(--file "$f")
 done
