@@ -190,6 +190,15 @@ mod tests {
     }
 
     #[test]
+    fn blank_lines_are_skipped_and_still_counted() {
+        let table = MigMinors::parse("config 1\n\n   \ngpu0/gi0/access 3\ngpu0/gi0/ci0/access 4\n")
+            .unwrap();
+        assert_eq!(table.minors(0, 0, 0), Some((3, 4)));
+        let e = MigMinors::parse("\n\ngpu0/gi0/access x\n").unwrap_err();
+        assert!(e.to_string().contains("line 3"), "{e}");
+    }
+
+    #[test]
     fn a_malformed_line_is_an_error_naming_the_line() {
         for (text, says) in [
             ("config 1\ngpu0/gi0/access\n", "line 2"),

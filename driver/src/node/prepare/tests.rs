@@ -991,3 +991,13 @@ fn two_requests_sharing_one_gpu_are_prepared_together() {
     assert_eq!(prepared.devices.len(), 2);
     assert!(prepared.devices.iter().all(|d| d.share.is_some()));
 }
+
+#[test]
+fn a_refusal_names_the_claim_by_namespace_and_name() {
+    let msg = refused(&claim_with(&[("a", "gpu-9", None)], &[]));
+    assert!(msg.starts_with("claim ns/c cannot be prepared: "), "{msg}");
+    assert!(
+        msg.contains("device node-a/gpu-9 is not on node node-a"),
+        "{msg}"
+    );
+}
