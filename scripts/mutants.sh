@@ -6,6 +6,9 @@
 #   scripts/mutants.sh                  # every file below, 2 jobs
 #   FILES="driver/src/node/accounting.rs" scripts/mutants.sh
 #   JOBS=4 scripts/mutants.sh
+#   MUTANTS_FLAGS="--in-place --baseline=skip --timeout 120" JOBS= scripts/mutants.sh
+#                                       # reuse this tree's warm target/ (no copy, no cold
+#                                       # build); leave the tree alone until it ends
 #
 # Run it after changing a safety rule (docs/architecture.md). Not in CI: it takes about as long
 # as a few hundred driver test runs. It exits 1 when a missed mutant is not listed as harmless
@@ -17,6 +20,7 @@ cd "$(dirname "$0")/.."
 DEFAULT_FILES="
 driver/src/node/prepare.rs
 driver/src/node/prepare/card.rs
+driver/src/node/inventory/mig_minors.rs
 driver/src/node/accounting.rs
 driver/src/node/isolation.rs
 driver/src/node/checkpoint/holdings.rs
@@ -25,7 +29,7 @@ driver/src/rules/tier.rs
 driver/src/rules/overcommit.rs
 "
 FILES=${FILES:-$DEFAULT_FILES}
-JOBS=${JOBS:-2}
+JOBS=${JOBS-2}   # empty: no -j (cargo-mutants refuses -j with --in-place)
 OUT=target/mutants
 
 # Mutants known harmless, as cargo-mutants names them (a regex each, matched against the
@@ -36,7 +40,13 @@ HARMLESS=(
   'node/accounting\.rs:[0-9]+:[0-9]+: replace > with >= in judge'
 )
 
-args=(mutants -p tessera-driver -j "$JOBS" -o "$OUT" --no-shuffle)
+args=(mutants -p tessera-driver -o "$OUT" --no-shuffle)
+if [[ -n "$JOBS" ]]; then
+  args+=(-j "$JOBS")
+fi
+# Extra cargo-mutants flags, split on spaces.
+read -r -a extra <<< "${MUTANTS_FLAGS:-}"
+args+=("${extra[@]}")
 for f in $FILES; do
   args+=(--file "$f")
 done

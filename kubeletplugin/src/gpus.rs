@@ -8,7 +8,7 @@
 //! * [`isolation`]: the probe that proves a GPU's isolation, run as a child of the plugin's own
 //!   binary in a claim's environment.
 //! * [`node_labels`]: the labels the plugin reads off its Node; [`driver_files`]: the driver's
-//!   files under the mounted driver root.
+//!   files under the mounted driver root; [`mig_minors`]: the driver's MIG capability table.
 //!
 //! May import: `claims` (the preparer the poller feeds, bounded input files, `Cancel`), `mps`
 //! (the probe runs under an MPS daemon), `accounting` (NVML is its `GpuProcesses`), `ops` (the
@@ -18,5 +18,6 @@ pub mod discovery;
 pub mod driver_files;
 pub mod inventory_poller;
 pub mod isolation;
+pub mod mig_minors;
 pub mod node_labels;
 pub mod nvml;

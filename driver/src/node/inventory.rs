@@ -9,6 +9,7 @@ pub mod brand;
 pub mod discovered;
 mod file;
 mod mig;
+pub mod mig_minors;
 pub mod models;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::names;
 
+pub use mig_minors::MigMinors;
 pub use models::{GpuModel, MigProfile};
 
 /// Every node of an inventory.
@@ -49,6 +51,11 @@ pub struct NodeInventory {
     pub labels: BTreeMap<String, String>,
     /// The GPUs, ordered by index.
     pub gpus: Vec<Gpu>,
+    /// The capability minors of the node's MIG instances, from the NVIDIA driver's
+    /// `/proc/driver/nvidia-caps/mig-minors` (a fake-inventory file gets the driver's layout,
+    /// [`MigMinors::driver_layout`]). `None` when the node has no such table: then it
+    /// prepares no MIG device (docs/cdi.md).
+    pub mig_minors: Option<MigMinors>,
 }
 
 /// How a GPU is offered to claims.
@@ -101,6 +108,9 @@ impl std::str::FromStr for GpuMode {
 pub struct Gpu {
     /// Index on the node (NVML's index), unique per node.
     pub index: u32,
+    /// The minor number of the GPU's device node (`/dev/nvidia<minor>`), as NVML reports it;
+    /// it may differ from `index`. The MIG capability minors are keyed by it too.
+    pub minor: u32,
     /// NVML UUID, `GPU-<uuid>`.
     pub uuid: String,
     /// Short lower-case model id, e.g. `a100-80g` (see [`models::MODELS`]).
@@ -219,6 +229,10 @@ pub struct MigInstance {
     pub placement: u32,
     /// NVML UUID, `MIG-<uuid>`.
     pub uuid: String,
+    /// The GPU instance and compute instance ids NVML gives the MIG device; `None` when NVML
+    /// did not report them, and then the node refuses to prepare the instance (its capability
+    /// minors cannot be told).
+    pub ids: Option<MigIds>,
     /// Usable memory in bytes.
     pub memory_bytes: u64,
     /// Streaming multiprocessors.
@@ -228,6 +242,17 @@ pub struct MigInstance {
     /// The instance's share of the parent's compute in percent: its compute slices over the
     /// parent's, rounded down to a multiple of 5 (so a `1g` of 7 is 10, a `7g` is 100).
     pub compute_percent: u32,
+}
+
+/// The ids NVML gives a MIG device: its GPU instance's id on the GPU, and its compute
+/// instance's id within that GPU instance (`nvmlDeviceGetGpuInstanceId`,
+/// `nvmlDeviceGetComputeInstanceId`). They key the capability minors that grant access to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MigIds {
+    /// The GPU instance id.
+    pub gpu_instance: u32,
+    /// The compute instance id, within the GPU instance.
+    pub compute_instance: u32,
 }
 
 impl Gpu {

@@ -33,7 +33,8 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::node::cdi;
-use crate::node::inventory::{Gpu, Inventory, Isolation, NodeInventory};
+use crate::node::inventory::mig_minors::MIG_MINORS_PATH;
+use crate::node::inventory::{Gpu, Inventory, Isolation, MigInstance, NodeInventory};
 use crate::node::prepared::{GpuNode, MigNode, PreparedClaim, PreparedDevice};
 use crate::rules::config::{self, TesseraConfig, Tier};
 use crate::rules::quantity::Quantity;
@@ -41,11 +42,6 @@ use crate::rules::share::PerDeviceShare;
 
 mod card;
 
-/// nvidia-caps minors: 1 and 2 are config and monitor; then each GPU has 15 GPU instances,
-/// each with an access minor followed by the minors of its 8 compute instances.
-const CAPS_FIRST: u32 = 3;
-const CAPS_PER_GI: u32 = 9;
-const CAPS_PER_GPU: u32 = 15 * CAPS_PER_GI;
 /// The `source` of an allocation config the allocator wrote for the claim.
 const SOURCE_CLAIM: &str = "FromClaim";
 /// The `source` of an allocation config copied from the request's DeviceClass.
@@ -126,6 +122,10 @@ pub fn prepare_on_node(
                 result.device, result.request
             ))
         };
+        let mig = mig
+            .map(|m| mig_node(node, gpu, m))
+            .transpose()
+            .map_err(device_err)?;
         let booked = record.is_some()
             || result
                 .consumed_capacity
@@ -157,7 +157,7 @@ pub fn prepare_on_node(
             gpu: GpuNode {
                 index: gpu.index,
                 uuid: gpu.uuid.clone(),
-                minor: gpu.index,
+                minor: gpu.minor,
             },
             mig,
             share,
@@ -259,45 +259,64 @@ pub fn prepared_claim(
     prepare_on_node(claim, driver, node)
 }
 
-fn find_device<'a>(node: &'a NodeInventory, name: &str) -> Option<(&'a Gpu, Option<MigNode>)> {
+/// The GPU `name` is on, and the MIG instance when `name` is one.
+fn find_device<'a>(
+    node: &'a NodeInventory,
+    name: &str,
+) -> Option<(&'a Gpu, Option<&'a MigInstance>)> {
     node.gpus.iter().find_map(|gpu| {
         if gpu.device_name() == name {
             return Some((gpu, None));
         }
         gpu.mig_instances
             .iter()
-            .enumerate()
-            .find(|(_, m)| m.device_name(gpu.index) == name)
-            .map(|(gi, m)| {
-                let gi = u32::try_from(gi).unwrap_or(u32::MAX);
-                let (gi_minor, ci_minor) = mig_cap_minors(gpu.index, gi, 0);
-                (
-                    gpu,
-                    Some(MigNode {
-                        uuid: m.uuid.clone(),
-                        gpu_instance: gi,
-                        compute_instance: 0,
-                        gpu_instance_cap_minor: gi_minor,
-                        compute_instance_cap_minor: ci_minor,
-                    }),
-                )
-            })
+            .find(|m| m.device_name(gpu.index) == name)
+            .map(|m| (gpu, Some(m)))
     })
 }
 
-/// The nvidia-caps minors granting access to GPU instance `gpu_instance` of the GPU with minor
-/// `gpu_minor`, and to its compute instance `compute_instance`: the driver's
-/// `/proc/driver/nvidia-caps/mig-minors` layout (`gpu<g>/gi<i>/access`, then
-/// `gpu<g>/gi<i>/ci<c>/access`). Saturates instead of wrapping onto another instance's minor.
-fn mig_cap_minors(gpu_minor: u32, gpu_instance: u32, compute_instance: u32) -> (u32, u32) {
-    let gi_minor = gpu_minor
-        .saturating_mul(CAPS_PER_GPU)
-        .saturating_add(gpu_instance.saturating_mul(CAPS_PER_GI))
-        .saturating_add(CAPS_FIRST);
-    (
-        gi_minor,
-        gi_minor.saturating_add(1).saturating_add(compute_instance),
-    )
+/// MIG instance `mig` of `gpu` with the capability minors that grant access to it: those the
+/// node's table (the driver's `mig-minors`) lists for the GPU's minor and the instance's NVML
+/// ids. Fail closed: without the ids, without the table, or without the instance in it, the
+/// minors cannot be told, and a guess could hand the container another instance's access.
+fn mig_node(
+    node: &NodeInventory,
+    gpu: &Gpu,
+    mig: &MigInstance,
+) -> std::result::Result<MigNode, String> {
+    let ids = mig.ids.ok_or_else(|| {
+        format!(
+            "NVML did not report the GPU and compute instance ids of MIG device {}, so the \
+             capability minors that grant access to it cannot be told; the node prepares no \
+             MIG instance it cannot name (see docs/cdi.md)",
+            mig.uuid
+        )
+    })?;
+    let table = node.mig_minors.as_ref().ok_or_else(|| {
+        format!(
+            "node {} has no MIG capability table ({MIG_MINORS_PATH} is absent or unreadable; \
+             see the plugin's log), so the minors that grant access to MIG device {} cannot \
+             be told; the node prepares no MIG instance without it (see docs/cdi.md)",
+            node.name, mig.uuid
+        )
+    })?;
+    let (gi_minor, ci_minor) = table
+        .minors(gpu.minor, ids.gpu_instance, ids.compute_instance)
+        .ok_or_else(|| {
+            format!(
+                "{MIG_MINORS_PATH} lists no access minors for gpu{}/gi{}/ci{} (MIG device {}), \
+                 so none can be granted; the driver's table and NVML disagree, or the instance \
+                 was recreated since discovery",
+                gpu.minor, ids.gpu_instance, ids.compute_instance, mig.uuid
+            )
+        })?;
+    Ok(MigNode {
+        uuid: mig.uuid.clone(),
+        gpu_instance: ids.gpu_instance,
+        compute_instance: ids.compute_instance,
+        gpu_instance_cap_minor: gi_minor,
+        compute_instance_cap_minor: ci_minor,
+    })
 }
 
 /// A share from `consumedCapacity`, for allocations kube-scheduler made on its own.
@@ -429,17 +448,11 @@ fn guaranteed_share(
 struct TrustedShares {
     /// (request, pool, device) -> the recorded share.
     records: BTreeMap<(String, String, String), Recorded>,
-    /// Requests a `GpuShare` config applies to; `None` in the set means every request.
-    gpu_share_requests: Vec<Option<Vec<String>>>,
-    /// The classes' `TierPolicy` configs (source `FromClass`) and the requests they apply to.
-    class_policies: Vec<(Option<Vec<String>>, config::TierPolicy)>,
-}
-
-/// Whether a config naming `names` (`None`: every request) applies to `request` (`request`
-/// or `request/subrequest`; a config naming the parent applies to its subrequests).
-fn applies(names: Option<&Vec<String>>, request: &str) -> bool {
-    let parent = request.split_once('/').map_or(request, |(p, _)| p);
-    names.is_none_or(|names| names.iter().any(|n| n == request || n == parent))
+    /// The requests each `GpuShare` config names (empty: every request).
+    gpu_share_requests: Vec<Vec<String>>,
+    /// The classes' `TierPolicy` configs (source `FromClass`) and the requests they name
+    /// (empty: every request).
+    class_policies: Vec<(Vec<String>, config::TierPolicy)>,
 }
 
 impl TrustedShares {
@@ -485,13 +498,12 @@ impl TrustedShares {
             })?;
             match decoded {
                 TesseraConfig::GpuShare(_) => {
-                    gpu_share_requests.push(cfg.requests.clone().filter(|r| !r.is_empty()));
+                    gpu_share_requests.push(cfg.requests.clone().unwrap_or_default());
                 }
                 // A claim's own TierPolicy (admission refuses it) never changes a tier.
                 TesseraConfig::TierPolicy(policy) => {
                     if cfg.source == SOURCE_CLASS {
-                        class_policies
-                            .push((cfg.requests.clone().filter(|r| !r.is_empty()), policy));
+                        class_policies.push((cfg.requests.clone().unwrap_or_default(), policy));
                     }
                 }
                 TesseraConfig::AllocatedShares(record) => {
@@ -557,7 +569,7 @@ impl TrustedShares {
         let policies = || {
             self.class_policies
                 .iter()
-                .filter(|(names, _)| applies(names.as_ref(), request))
+                .filter(|(names, _)| config::applies(names, request))
                 .map(|(_, p)| p)
         };
         let Some(tier) = recorded else {
@@ -591,7 +603,7 @@ impl TrustedShares {
     fn asks_gpu_share(&self, request: &str) -> bool {
         self.gpu_share_requests
             .iter()
-            .any(|names| applies(names.as_ref(), request))
+            .any(|names| config::applies(names, request))
     }
 
     /// A recorded (request, pool, device) that no result of `driver` matches.

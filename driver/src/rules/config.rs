@@ -254,9 +254,17 @@ impl AppliedConfig<'_> {
     /// Whether this config applies to `request` (a request name, or `parent/sub` for a
     /// firstAvailable subrequest, to which configs naming the parent apply too).
     pub fn applies_to(&self, request: &str) -> bool {
-        let parent = request.split_once('/').map_or(request, |(p, _)| p);
-        self.requests.is_empty() || self.requests.iter().any(|r| r == request || r == parent)
+        applies(self.requests, request)
     }
+}
+
+/// Whether a config naming `requests` (empty: every request) applies to `request`: a request
+/// name, or `parent/sub` for a firstAvailable subrequest, to which a config naming the parent
+/// applies too. The one rule of config scoping: [`AppliedConfig::applies_to`] and the node's
+/// preparation (`crate::node::prepare`) both ask it.
+pub fn applies(requests: &[String], request: &str) -> bool {
+    let parent = request.split_once('/').map_or(request, |(p, _)| p);
+    requests.is_empty() || requests.iter().any(|r| r == request || r == parent)
 }
 
 /// Each config of `configs` that is for `driver` and applies to `request`, in order, decoded,

@@ -106,6 +106,14 @@ pub struct Args {
     /// Where the host's sysfs is mounted (the `PCIe` root complexes of NVML GPUs).
     #[arg(long, env = "TESSERA_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
+    /// The NVIDIA driver's table of MIG capability minors; without it the node prepares no MIG
+    /// device (docs/cdi.md).
+    #[arg(
+        long,
+        env = "TESSERA_MIG_MINORS_FILE",
+        default_value = tessera_driver::node::inventory::mig_minors::MIG_MINORS_PATH
+    )]
+    pub mig_minors_file: PathBuf,
     /// Mode of every non-MIG GPU of the node [default: exclusive, or the inventory file's];
     /// the node label `gpu.tessera.dev/mode` wins over it.
     #[arg(long, env = "TESSERA_GPU_MODE", value_enum)]

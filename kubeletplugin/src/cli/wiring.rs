@@ -30,6 +30,7 @@ use crate::gpus::discovery::{ChosenModes, FakeDiscovery, GpuDiscovery};
 use crate::gpus::driver_files;
 use crate::gpus::inventory_poller::WakeOnRelease;
 use crate::gpus::isolation::{ChildProbe, FakeProbe, IsolationProbe, Verified};
+use crate::gpus::mig_minors::ProcMigMinors;
 use crate::gpus::node_labels;
 use crate::gpus::nvml::{NvmlDiscovery, NvmlHealthWatcher, NvmlLibrary, WrapperLibrary};
 use crate::kubelet::health_stream::{self, HealthReporter};
@@ -92,6 +93,7 @@ impl Args {
                     Arc::clone(&lib) as Arc<dyn NvmlLibrary>,
                     self.node_name.clone(),
                     &self.sysfs_root,
+                    Arc::new(ProcMigMinors::new(&self.mig_minors_file)),
                 );
                 let health = discovery.health();
                 Ok((Arc::new(discovery), Some((lib, health))))

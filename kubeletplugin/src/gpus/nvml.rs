@@ -6,7 +6,8 @@
 //! [`FakeNvml`] with fixed data for tests. [`gather`] asks the library for the facts of every
 //! GPU; `tessera_driver::node::inventory::discovered::resolve` decides what they mean.
 //! [`NvmlDiscovery`] adds the health the event watcher ([`NvmlHealthWatcher`], on its own
-//! thread because NVML's event wait blocks) has seen.
+//! thread because NVML's event wait blocks) has seen, and the driver's MIG capability table
+//! (`crate::gpus::mig_minors`).
 
 mod events;
 #[cfg(any(test, feature = "testing"))]
@@ -18,14 +19,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tessera_driver::node::health::{GpuEvent, GpuHealthTracker};
-use tessera_driver::node::inventory::NodeInventory;
 use tessera_driver::node::inventory::discovered::{
     self, DiscoveredGpu, DiscoveredMig, DiscoveredNode,
 };
+use tessera_driver::node::inventory::{MigIds, MigMinors, NodeInventory};
 use tracing::{info, warn};
 
 use crate::error::{Error, NvmlErrorKind, Result};
 use crate::gpus::discovery::GpuDiscovery;
+use crate::gpus::mig_minors::MigMinorsFile;
 
 pub use events::{NvmlHealthWatcher, watch_step};
 #[cfg(any(test, feature = "testing"))]
@@ -69,6 +71,14 @@ pub trait NvmlDevice {
     fn pci_bus_id(&self) -> Result<String>;
     /// The NUMA node.
     fn numa_node(&self) -> Result<u32>;
+    /// The minor number of the GPU's device node, `/dev/nvidia<minor>`
+    /// (`nvmlDeviceGetMinorNumber`).
+    fn minor_number(&self) -> Result<u32>;
+    /// A MIG device's GPU instance id (`nvmlDeviceGetGpuInstanceId`).
+    fn gpu_instance_id(&self) -> Result<u32>;
+    /// A MIG device's compute instance id within its GPU instance
+    /// (`nvmlDeviceGetComputeInstanceId`).
+    fn compute_instance_id(&self) -> Result<u32>;
     /// Whether MIG mode is enabled (an error of kind `NotSupported` when the GPU has no MIG).
     fn mig_enabled(&self) -> Result<bool>;
     /// How many MIG devices the GPU can have.
@@ -143,8 +153,21 @@ fn gather_gpu(device: &dyn NvmlDevice, index: u32, sysfs: &Path) -> Result<Disco
                 continue;
             };
             let (multiprocessors, compute_slices) = mig.attributes()?;
+            // Ids NVML cannot give leave the instance unnamed: the node refuses to prepare it
+            // rather than guess its capability minors.
+            let ids = match (
+                optional(mig.gpu_instance_id())?,
+                optional(mig.compute_instance_id())?,
+            ) {
+                (Some(gpu_instance), Some(compute_instance)) => Some(MigIds {
+                    gpu_instance,
+                    compute_instance,
+                }),
+                _ => None,
+            };
             mig_devices.push(DiscoveredMig {
                 uuid: mig.uuid()?,
+                ids,
                 name: mig.name()?,
                 memory_bytes: mig.memory_total()?,
                 multiprocessors,
@@ -164,6 +187,7 @@ fn gather_gpu(device: &dyn NvmlDevice, index: u32, sysfs: &Path) -> Result<Disco
     }
     Ok(DiscoveredGpu {
         index,
+        minor: device.minor_number()?,
         uuid: device.uuid()?,
         product_name: device.name()?,
         brand: device.brand()?,
@@ -222,6 +246,9 @@ pub struct NvmlDiscovery {
     sysfs: PathBuf,
     health: Arc<Mutex<GpuHealthTracker>>,
     last: Mutex<Option<DiscoveredNode>>,
+    mig_minors: Arc<dyn MigMinorsFile>,
+    /// Why the last discovery found no usable MIG capability table, as logged.
+    no_table: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for NvmlDiscovery {
@@ -238,11 +265,13 @@ pub(crate) fn locked<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
 }
 
 impl NvmlDiscovery {
-    /// Discovery of `node_name`'s GPUs through `lib`; `sysfs` is where `/sys` is mounted.
+    /// Discovery of `node_name`'s GPUs through `lib`; `sysfs` is where `/sys` is mounted, and
+    /// `mig_minors` the driver's MIG capability table.
     pub fn new(
         lib: Arc<dyn NvmlLibrary>,
         node_name: impl Into<String>,
         sysfs: impl Into<PathBuf>,
+        mig_minors: Arc<dyn MigMinorsFile>,
     ) -> Self {
         Self {
             lib,
@@ -250,7 +279,39 @@ impl NvmlDiscovery {
             sysfs: sysfs.into(),
             health: Arc::new(Mutex::new(GpuHealthTracker::new())),
             last: Mutex::new(None),
+            mig_minors,
+            no_table: Mutex::new(None),
         }
+    }
+
+    /// The driver's MIG capability table, or `None` (then the node prepares no MIG device)
+    /// when it is absent or does not read; why is logged once per change, on a node with MIG
+    /// instances.
+    fn mig_minors_table(&self, node: &NodeInventory) -> Result<Option<MigMinors>> {
+        let (table, why) = match self.mig_minors.read() {
+            Ok(Some(text)) => match MigMinors::parse(&text) {
+                Ok(table) => (Some(table), None),
+                Err(e) => (None, Some(e.to_string())),
+            },
+            Ok(None) => (
+                None,
+                Some("the driver lists no MIG capability minors".to_owned()),
+            ),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let has_mig = node.gpus.iter().any(|g| !g.mig_instances.is_empty());
+        let mut reported = locked(&self.no_table)?;
+        let why = why.filter(|_| has_mig);
+        if *reported != why {
+            if let Some(why) = &why {
+                warn!(
+                    error = %why,
+                    "no MIG capability table: no MIG device is prepared on this node"
+                );
+            }
+            reported.clone_from(&why);
+        }
+        Ok(table)
     }
 
     /// The GPUs' health, shared with the event watcher.
@@ -294,6 +355,7 @@ impl GpuDiscovery for NvmlDiscovery {
         facts.gpus.sort_by_key(|g| g.index);
         let mut node = discovered::resolve(&facts)?;
         tracker.apply(&mut node);
+        node.mig_minors = self.mig_minors_table(&node)?;
         *previous = Some(facts);
         Ok(node)
     }
@@ -305,12 +367,14 @@ mod tests {
     use tessera_driver::node::inventory::GpuMode;
 
     use super::*;
+    use crate::gpus::mig_minors::FakeMigMinors;
 
     const GIB: u64 = 1 << 30;
 
     fn gpu(index: u32, bus: &str) -> DiscoveredGpu {
         DiscoveredGpu {
             index,
+            minor: index,
             uuid: format!("GPU-{index:08x}-aaaa-bbbb-cccc-000000000000"),
             product_name: "NVIDIA H100 80GB HBM3".to_owned(),
             brand: "NVIDIA".to_owned(),
@@ -325,6 +389,10 @@ mod tests {
         }
     }
 
+    fn no_table() -> Arc<dyn MigMinorsFile> {
+        Arc::new(FakeMigMinors(None))
+    }
+
     fn fake() -> FakeNvml {
         let mut a = gpu(0, "00000000:1B:00.0");
         let mut b = gpu(1, "00000000:43:00.0");
@@ -334,6 +402,10 @@ mod tests {
         m.mig_enabled = true;
         m.mig_devices = vec![DiscoveredMig {
             uuid: "MIG-11111111-2222-3333-4444-555555555555".to_owned(),
+            ids: Some(MigIds {
+                gpu_instance: 0,
+                compute_instance: 0,
+            }),
             name: "NVIDIA H100 80GB HBM3 MIG 7g.80gb".to_owned(),
             memory_bytes: 80 * GIB,
             multiprocessors: 132,
@@ -346,7 +418,7 @@ mod tests {
     #[test]
     fn nvml_facts_become_the_nodes_inventory() {
         let lib = Arc::new(fake());
-        let discovery = NvmlDiscovery::new(lib, "n", "/nonexistent-sysfs");
+        let discovery = NvmlDiscovery::new(lib, "n", "/nonexistent-sysfs", no_table());
         let node = discovery.discover().unwrap();
         assert_eq!(node.gpus.len(), 3);
         assert_eq!(node.gpus[0].model, "h100-80g");
@@ -366,9 +438,56 @@ mod tests {
     }
 
     #[test]
+    fn discovery_keeps_nvmls_minor_and_mig_ids_and_the_drivers_capability_table() {
+        let mut lib = fake();
+        let gpus = lib.gpus_mut();
+        gpus[2].facts.minor = 7;
+        if let Some(ids) = gpus[2].facts.mig_devices[0].ids.as_mut() {
+            ids.gpu_instance = 5;
+        }
+        let table = "config 1\nmonitor 2\ngpu7/gi5/access 993\ngpu7/gi5/ci0/access 994\n";
+        let discovery = NvmlDiscovery::new(
+            Arc::new(lib),
+            "n",
+            "/x",
+            Arc::new(FakeMigMinors(Some(table.to_owned()))),
+        );
+        let node = discovery.discover().unwrap();
+        assert_eq!(node.gpus[2].minor, 7);
+        let ids = node.gpus[2].mig_instances[0].ids.unwrap();
+        assert_eq!((ids.gpu_instance, ids.compute_instance), (5, 0));
+        assert_eq!(node.mig_minors.unwrap().minors(7, 5, 0), Some((993, 994)));
+    }
+
+    #[test]
+    fn a_mig_device_nvml_gives_no_ids_is_discovered_without_them() {
+        let mut lib = fake();
+        lib.gpus_mut()[2].facts.mig_devices[0].ids = None;
+        let discovery = NvmlDiscovery::new(Arc::new(lib), "n", "/x", no_table());
+        let node = discovery.discover().unwrap();
+        assert_eq!(node.gpus[2].mig_instances[0].ids, None);
+    }
+
+    #[test]
+    fn an_absent_or_malformed_capability_table_leaves_the_node_without_one() {
+        for table in [None, Some("gpu0/gi0/access three\n".to_owned())] {
+            let discovery =
+                NvmlDiscovery::new(Arc::new(fake()), "n", "/x", Arc::new(FakeMigMinors(table)));
+            let node = discovery.discover().unwrap();
+            assert_eq!(node.mig_minors, None);
+            assert_eq!(node.gpus.len(), 3, "the GPUs are still discovered");
+        }
+    }
+
+    #[test]
     fn a_fatal_xid_taints_the_gpu_and_an_application_xid_does_not() {
         let lib = Arc::new(fake());
-        let discovery = NvmlDiscovery::new(Arc::clone(&lib) as Arc<dyn NvmlLibrary>, "n", "/x");
+        let discovery = NvmlDiscovery::new(
+            Arc::clone(&lib) as Arc<dyn NvmlLibrary>,
+            "n",
+            "/x",
+            no_table(),
+        );
         let health = discovery.health();
         let mut events = lib.events().unwrap();
         let uuid = gpu(1, "").uuid;
@@ -385,7 +504,12 @@ mod tests {
     #[test]
     fn a_lost_gpu_stays_published_unhealthy_and_recovers_when_it_answers() {
         let lib = Arc::new(fake());
-        let discovery = NvmlDiscovery::new(Arc::clone(&lib) as Arc<dyn NvmlLibrary>, "n", "/x");
+        let discovery = NvmlDiscovery::new(
+            Arc::clone(&lib) as Arc<dyn NvmlLibrary>,
+            "n",
+            "/x",
+            no_table(),
+        );
         discovery.discover().unwrap();
         lib.set_lost(0, true);
         let node = discovery.discover().unwrap();

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::file::normalize_pci_bus_id;
 use super::mig::{self, Wanted};
 use super::models::{self, GpuModel};
-use super::{Gpu, GpuMode, MigInstance, NodeInventory};
+use super::{Gpu, GpuMode, MigIds, MigInstance, NodeInventory};
 use crate::error::{Error, Result};
 
 const MIB: u64 = 1024 * 1024;
@@ -33,6 +33,8 @@ pub struct DiscoveredNode {
 pub struct DiscoveredGpu {
     /// NVML index.
     pub index: u32,
+    /// The minor number of the GPU's device node (`/dev/nvidia<minor>`).
+    pub minor: u32,
     /// `GPU-<uuid>`.
     pub uuid: String,
     /// Product name, e.g. `NVIDIA A100-SXM4-80GB`.
@@ -68,6 +70,8 @@ pub struct DiscoveredGpu {
 pub struct DiscoveredMig {
     /// `MIG-<uuid>`.
     pub uuid: String,
+    /// The GPU instance and compute instance ids, when the library reports them.
+    pub ids: Option<MigIds>,
     /// The device name NVML reports, e.g. `NVIDIA A100-SXM4-80GB MIG 1g.10gb`.
     pub name: String,
     /// Usable memory in bytes.
@@ -212,7 +216,20 @@ fn mig_instances(
 ) -> Result<Vec<MigInstance>> {
     let total_slices = model.map_or(7, |m| m.mig_compute_slices.max(1));
     let mut named = Vec::with_capacity(gpu.mig_devices.len());
+    let mut ids_seen = BTreeSet::new();
     for (i, m) in gpu.mig_devices.iter().enumerate() {
+        // Two MIG devices with one pair of ids would share their capability minors.
+        if let Some(ids) = m.ids
+            && !ids_seen.insert(ids)
+        {
+            return Err(err(
+                format!("{field}.migDevices[{i}]"),
+                format!(
+                    "GPU instance {} with compute instance {} is reported for two MIG devices",
+                    ids.gpu_instance, ids.compute_instance
+                ),
+            ));
+        }
         let profile = mig_profile_name(&m.name).ok_or_else(|| {
             err(
                 format!("{field}.migDevices[{i}].name"),
@@ -263,6 +280,7 @@ fn mig_instances(
             profile: (*profile).to_owned(),
             placement,
             uuid: m.uuid.clone(),
+            ids: m.ids,
             memory_bytes: m.memory_bytes,
             multiprocessors: m.multiprocessors,
             compute_slices: m.compute_slices,
@@ -284,10 +302,17 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
     let islands = nvlink_islands(&node.name, &node.gpus);
     let mut gpus = Vec::with_capacity(node.gpus.len());
     let mut seen = BTreeSet::new();
+    let mut minors = BTreeSet::new();
     for g in &node.gpus {
         let field = format!("gpus[{}]", g.index);
         if !seen.insert(g.index) {
             return Err(err(field, format!("index {} appears twice", g.index)));
+        }
+        if !minors.insert(g.minor) {
+            return Err(err(
+                format!("{field}.minor"),
+                format!("minor {} is another GPU's too", g.minor),
+            ));
         }
         let pci_bus_id = normalize_pci_bus_id(&g.pci_bus_id).ok_or_else(|| {
             err(
@@ -308,6 +333,7 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
         };
         gpus.push(Gpu {
             index: g.index,
+            minor: g.minor,
             uuid: g.uuid.clone(),
             model: model_id(&g.product_name, g.memory_bytes),
             product_name: g.product_name.clone(),
@@ -339,6 +365,8 @@ pub fn resolve(node: &DiscoveredNode) -> Result<NodeInventory> {
         name: node.name.clone(),
         labels: BTreeMap::new(),
         gpus,
+        // The host's table, which the library does not give: the kubelet plugin reads it.
+        mig_minors: None,
     })
 }
 
@@ -350,6 +378,8 @@ mod tests {
     fn a100(index: u32, bus: &str) -> DiscoveredGpu {
         DiscoveredGpu {
             index,
+            // The device nodes are numbered unlike NVML's indices, as they may be.
+            minor: index + 4,
             uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
             product_name: "NVIDIA A100-SXM4-80GB".to_owned(),
             brand: "Tesla".to_owned(),
@@ -421,13 +451,17 @@ mod tests {
         mig.mig_enabled = true;
         mig.numa_node = Some(1);
         mig.pcie_root = Some("pci0000:80".to_owned());
-        for (uuid, profile, slices, placement) in [
-            ("MIG-a", "3g.40gb", 3, None),
-            ("MIG-b", "1g.10gb", 1, None),
-            ("MIG-c", "1g.10gb", 1, None),
+        for (uuid, profile, slices, placement, gpu_instance) in [
+            ("MIG-a", "3g.40gb", 3, None, 2),
+            ("MIG-b", "1g.10gb", 1, None, 9),
+            ("MIG-c", "1g.10gb", 1, None, 10),
         ] {
             mig.mig_devices.push(DiscoveredMig {
                 uuid: uuid.to_owned(),
+                ids: Some(MigIds {
+                    gpu_instance,
+                    compute_instance: 0,
+                }),
                 name: format!("NVIDIA A100-SXM4-80GB MIG {profile}"),
                 memory_bytes: 40192 * MIB,
                 multiprocessors: 42,
@@ -466,6 +500,51 @@ mod tests {
         );
         assert_eq!(g1.mig_instances[1].uuid, "MIG-b");
         assert_eq!(g1.mig_instances[0].compute_percent, 40);
+        assert_eq!(g1.minor, 5, "the device node's minor, not the index");
+        assert_eq!(
+            g1.mig_instances[1].ids,
+            Some(MigIds {
+                gpu_instance: 9,
+                compute_instance: 0
+            }),
+            "the ids NVML reports, not the list position"
+        );
+        assert_eq!(node.mig_minors, None, "the plugin reads the host's table");
+    }
+
+    #[test]
+    fn two_gpus_with_one_minor_or_two_mig_devices_with_one_pair_of_ids_are_refused() {
+        let mut twin = a100(1, "00000000:08:00.0");
+        twin.minor = 4;
+        let e = resolve(&DiscoveredNode {
+            name: "n".to_owned(),
+            gpus: vec![a100(0, "00000000:07:00.0"), twin],
+            ..DiscoveredNode::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("gpus[1].minor"), "{e}");
+        let mut g = a100(0, "00000000:07:00.0");
+        g.mig_enabled = true;
+        for uuid in ["MIG-a", "MIG-b"] {
+            g.mig_devices.push(DiscoveredMig {
+                uuid: uuid.to_owned(),
+                ids: Some(MigIds {
+                    gpu_instance: 7,
+                    compute_instance: 0,
+                }),
+                name: "NVIDIA A100-SXM4-80GB MIG 1g.10gb".to_owned(),
+                compute_slices: 1,
+                ..DiscoveredMig::default()
+            });
+        }
+        let e = resolve(&DiscoveredNode {
+            name: "n".to_owned(),
+            gpus: vec![g],
+            ..DiscoveredNode::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("gpus[0].migDevices[1]"), "{e}");
+        assert!(e.to_string().contains("two MIG devices"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::mig::{self, PlaceError, Wanted};
 use super::models::{self, GpuModel};
-use super::{Gpu, GpuMode, Inventory, Isolation, MigInstance, NodeInventory};
+use super::{Gpu, GpuMode, Inventory, Isolation, MigIds, MigInstance, MigMinors, NodeInventory};
 use crate::error::{Error, Result};
 use crate::rules::limits;
 use crate::rules::quantity::Quantity;
@@ -202,10 +202,13 @@ fn resolve_node(defaults: &FileDefaults, node: &FileNode, field: &str) -> Result
             gpus.push(gpu);
         }
     }
+    // A simulated node's driver lists the capability minors in its usual layout.
+    let mig_minors = Some(MigMinors::driver_layout(gpus.iter().map(|g| g.minor)));
     Ok(NodeInventory {
         name: node.name.clone(),
         labels: node.labels.clone(),
         gpus,
+        mig_minors,
     })
 }
 
@@ -279,6 +282,8 @@ fn resolve_group(
         };
         out.push(Gpu {
             index,
+            // A simulated GPU's device node is numbered as its index.
+            minor: index,
             uuid,
             model: model.id.to_owned(),
             product_name: group
@@ -567,11 +572,18 @@ fn mig_instances(
             ),
         ),
     })?;
+    // A simulated GPU numbers its GPU instances in placement order from 0, each with its one
+    // compute instance 0; NVML numbers a real GPU's instances its own way (discovery asks it).
     Ok(placed
         .into_iter()
-        .map(|(profile, placement)| MigInstance {
+        .zip(0_u32..)
+        .map(|((profile, placement), gpu_instance)| MigInstance {
             profile: profile.name.to_owned(),
             placement,
+            ids: Some(MigIds {
+                gpu_instance,
+                compute_instance: 0,
+            }),
             uuid: format!(
                 "MIG-{}",
                 stable_uuid(&format!(

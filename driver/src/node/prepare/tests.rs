@@ -1,6 +1,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::node::inventory::{MigIds, MigMinors};
 use crate::rules::share::GIB;
 
 const DRIVER: &str = "gpu.tessera.dev";
@@ -750,15 +751,119 @@ fn a_config_naming_one_of_two_requests_holds_only_that_one_and_requests_empty_ho
     assert_eq!(tiers, [Tier::Online, Tier::Batch]);
 }
 
+/// node-a with an exclusive GPU 0 and GPU 1 split into two `1g.10gb` instances.
+fn mig_node() -> NodeInventory {
+    crate::testing::node_inventory(
+        "nodes:\n- name: node-a\n  gpus:\n  - model: a100-80g\n  - model: a100-80g\n    mig:\n    - profile: 1g.10gb\n      count: 2\n",
+    )
+}
+
+/// The one device `claim` prepares on `node`, or the error.
+fn prepare_mig(node: &NodeInventory, device: &str) -> Result<PreparedDevice> {
+    let c = claim_with(&[("a", device, None)], &[]);
+    prepare_on_node(&c, DRIVER, node).map(|mut p| p.devices.remove(0))
+}
+
+fn table(text: &str) -> MigMinors {
+    MigMinors::parse(text).unwrap()
+}
+
 #[test]
-fn mig_capability_minors_follow_the_drivers_layout_per_gpu_gpu_instance_and_compute_instance() {
-    // mig-minors: config 1, monitor 2, gpu0/gi0/access 3, gpu0/gi0/ci0..7/access 4..11,
-    // gpu0/gi1/access 12, …, gpu1/gi0/access 138 (15 GPU instances of 9 minors per GPU).
-    assert_eq!(mig_cap_minors(0, 0, 0), (3, 4));
-    assert_eq!(mig_cap_minors(0, 0, 7), (3, 11));
-    assert_eq!(mig_cap_minors(0, 1, 0), (12, 13));
-    assert_eq!(mig_cap_minors(1, 0, 0), (138, 139));
-    assert_eq!(mig_cap_minors(1, 2, 3), (156, 160));
+fn a_second_mig_instance_on_gpu_1_gets_the_capability_minors_nvmls_ids_give() {
+    let mut node = mig_node();
+    // NVML numbers the second instance GPU instance 9, compute instance 1: not its position.
+    node.gpus[1].mig_instances[1].ids = Some(MigIds {
+        gpu_instance: 9,
+        compute_instance: 1,
+    });
+    node.mig_minors = Some(table(
+        "gpu1/gi0/access 138\ngpu1/gi0/ci0/access 139\ngpu1/gi1/access 147\n\
+         gpu1/gi1/ci0/access 148\ngpu1/gi9/access 219\ngpu1/gi9/ci1/access 221\n",
+    ));
+    let device = node.gpus[1].mig_instances[1].device_name(1);
+    let mig = prepare_mig(&node, &device).unwrap().mig.unwrap();
+    assert_eq!((mig.gpu_instance, mig.compute_instance), (9, 1));
+    assert_eq!(
+        (mig.gpu_instance_cap_minor, mig.compute_instance_cap_minor),
+        (219, 221)
+    );
+    assert_eq!(mig.uuid, node.gpus[1].mig_instances[1].uuid);
+}
+
+#[test]
+fn the_gpus_device_node_minor_not_its_index_names_the_gpu_and_keys_its_mig_minors() {
+    let mut node = mig_node();
+    node.gpus[1].minor = 6;
+    node.mig_minors = Some(table("gpu6/gi0/access 813\ngpu6/gi0/ci0/access 814\n"));
+    let device = node.gpus[1].mig_instances[0].device_name(1);
+    let prepared = prepare_mig(&node, &device).unwrap();
+    assert_eq!(prepared.gpu.minor, 6);
+    assert_eq!(prepared.gpu.index, 1);
+    let mig = prepared.mig.unwrap();
+    assert_eq!(
+        (mig.gpu_instance_cap_minor, mig.compute_instance_cap_minor),
+        (813, 814)
+    );
+    // A whole GPU is named by its minor too.
+    node.gpus[0].minor = 3;
+    assert_eq!(prepare_mig(&node, "gpu-0").unwrap().gpu.minor, 3);
+}
+
+#[test]
+fn a_mig_device_whose_minors_the_caps_table_lacks_is_refused() {
+    let mut node = mig_node();
+    let device = node.gpus[1].mig_instances[1].device_name(1);
+    // The table lists GPU 1's instance 1 but not its compute instance 0, then not at all.
+    for text in [
+        "gpu1/gi1/access 147\n",
+        "gpu1/gi0/access 138\ngpu1/gi0/ci0/access 139\n",
+    ] {
+        node.mig_minors = Some(table(text));
+        let msg = prepare_mig(&node, &device).unwrap_err().to_string();
+        assert!(msg.contains(&format!("device {device}")), "{msg}");
+        assert!(
+            msg.contains("lists no access minors for gpu1/gi1/ci0"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn without_the_caps_table_no_mig_device_is_prepared_but_whole_gpus_are() {
+    let mut node = mig_node();
+    node.mig_minors = None;
+    let device = node.gpus[1].mig_instances[0].device_name(1);
+    let msg = prepare_mig(&node, &device).unwrap_err().to_string();
+    assert!(msg.contains("no MIG capability table"), "{msg}");
+    assert!(msg.contains(MIG_MINORS_PATH), "{msg}");
+    assert!(prepare_mig(&node, "gpu-0").is_ok());
+}
+
+#[test]
+fn a_mig_device_without_nvmls_instance_ids_is_refused() {
+    let mut node = mig_node();
+    node.gpus[1].mig_instances[0].ids = None;
+    let device = node.gpus[1].mig_instances[0].device_name(1);
+    let msg = prepare_mig(&node, &device).unwrap_err().to_string();
+    assert!(
+        msg.contains("did not report the GPU and compute instance ids"),
+        "{msg}"
+    );
+    // The other instance, whose ids NVML gave, is still prepared.
+    let other = node.gpus[1].mig_instances[1].device_name(1);
+    assert!(prepare_mig(&node, &other).is_ok());
+}
+
+#[test]
+fn a_simulated_mig_gpu_gets_the_drivers_layout_for_its_placement_ordered_instances() {
+    let node = mig_node();
+    let device = node.gpus[1].mig_instances[1].device_name(1);
+    let mig = prepare_mig(&node, &device).unwrap().mig.unwrap();
+    // GPU minor 1, GPU instance 1, compute instance 0: 1 * 135 + 1 * 9 + 3 and the next.
+    assert_eq!(
+        (mig.gpu_instance_cap_minor, mig.compute_instance_cap_minor),
+        (147, 148)
+    );
 }
 
 // Whatever kube-scheduler 1.36.2 allocates on Tessera's GPUs from a claim that uses only
@@ -885,4 +990,14 @@ fn two_requests_sharing_one_gpu_are_prepared_together() {
     let prepared = prepare(&c).unwrap();
     assert_eq!(prepared.devices.len(), 2);
     assert!(prepared.devices.iter().all(|d| d.share.is_some()));
+}
+
+#[test]
+fn a_refusal_names_the_claim_by_namespace_and_name() {
+    let msg = refused(&claim_with(&[("a", "gpu-9", None)], &[]));
+    assert!(msg.starts_with("claim ns/c cannot be prepared: "), "{msg}");
+    assert!(
+        msg.contains("device node-a/gpu-9 is not on node node-a"),
+        "{msg}"
+    );
 }

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tessera_driver::node::inventory::MigIds;
 use tessera_driver::node::inventory::discovered::{DiscoveredGpu, DiscoveredMig};
 
 use super::{NvmlDevice, NvmlEvents, NvmlLibrary, XidEvent, locked};
@@ -54,6 +55,13 @@ impl FakeNvml {
         }
     }
 
+    /// The fake's GPUs, to change what it answers.
+    pub fn gpus_mut(&mut self) -> &mut Vec<FakeNvmlGpu> {
+        self.gpus
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Makes GPU `index` lost (every query fails) or answering again.
     pub fn set_lost(&self, index: u32, lost: bool) {
         if let Ok(mut gpus) = self.gpus.lock() {
@@ -86,6 +94,16 @@ struct FakeDevice {
 }
 
 impl FakeDevice {
+    /// A MIG device's ids; like NVML, not supported on a whole GPU (nor where the facts give
+    /// none).
+    fn mig_ids(&self, call: &'static str) -> Result<MigIds> {
+        self.gpu(call)?;
+        self.mig
+            .as_ref()
+            .and_then(|m| m.ids)
+            .ok_or_else(|| fake_unsupported(call))
+    }
+
     fn gpu(&self, call: &'static str) -> Result<&DiscoveredGpu> {
         match &self.gpu {
             Some(g) if g.lost => Err(fake_lost(call)),
@@ -140,6 +158,16 @@ impl NvmlDevice for FakeDevice {
         self.gpu("numa")?
             .numa_node
             .ok_or_else(|| fake_unsupported("numa"))
+    }
+    fn minor_number(&self) -> Result<u32> {
+        Ok(self.gpu("minor number")?.minor)
+    }
+    fn gpu_instance_id(&self) -> Result<u32> {
+        self.mig_ids("gpu instance id").map(|ids| ids.gpu_instance)
+    }
+    fn compute_instance_id(&self) -> Result<u32> {
+        self.mig_ids("compute instance id")
+            .map(|ids| ids.compute_instance)
     }
     fn mig_enabled(&self) -> Result<bool> {
         let g = self.gpu("mig mode")?;

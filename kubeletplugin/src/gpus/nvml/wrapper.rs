@@ -42,6 +42,17 @@ fn nvml_err(call: &'static str) -> impl Fn(NvmlError) -> Error {
     }
 }
 
+/// A call `nvml-wrapper` (0.13) has no safe method for: only its raw binding, which needs
+/// `unsafe`, and the workspace forbids unsafe code. Answered as not supported, so discovery
+/// records the MIG instance without ids and the node refuses to prepare it (docs/cdi.md).
+fn no_safe_call(call: &'static str) -> Error {
+    Error::Nvml {
+        call,
+        kind: NvmlErrorKind::NotSupported,
+        message: "nvml-wrapper offers no safe call for it".to_owned(),
+    }
+}
+
 /// NVML through `nvml-wrapper`.
 pub struct WrapperLibrary {
     nvml: Nvml,
@@ -123,6 +134,17 @@ impl NvmlDevice for WrapperDevice<'_> {
         self.0
             .numa_node_id()
             .map_err(nvml_err("nvmlDeviceGetNumaNodeId"))
+    }
+    fn minor_number(&self) -> Result<u32> {
+        self.0
+            .minor_number()
+            .map_err(nvml_err("nvmlDeviceGetMinorNumber"))
+    }
+    fn gpu_instance_id(&self) -> Result<u32> {
+        Err(no_safe_call("nvmlDeviceGetGpuInstanceId"))
+    }
+    fn compute_instance_id(&self) -> Result<u32> {
+        Err(no_safe_call("nvmlDeviceGetComputeInstanceId"))
     }
     fn mig_enabled(&self) -> Result<bool> {
         self.0
