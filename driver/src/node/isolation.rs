@@ -377,7 +377,7 @@ pub fn probe_claim(node: &str, gpu: &Gpu) -> PreparedClaim {
             gpu: GpuNode {
                 index: gpu.index,
                 uuid: gpu.uuid.clone(),
-                minor: gpu.index,
+                minor: gpu.minor,
             },
             mig: None,
             share: Some(PerDeviceShare {

@@ -392,3 +392,12 @@ fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
     assert_eq!(plain_env["LD_PRELOAD"], env[PRELOAD_HANDOFF_ENV]);
     assert_eq!(plain_env.len(), env.len());
 }
+
+#[test]
+fn the_probe_of_a_gpu_whose_minor_is_not_its_index_opens_the_gpus_own_device_node() {
+    let mut node = node();
+    node.gpus[1].minor = 7;
+    let claim = probe_claim("n", &node.gpus[1]);
+    assert_eq!(claim.devices[0].gpu.minor, 7);
+    assert_eq!(claim.devices[0].gpu.index, node.gpus[1].index);
+}
