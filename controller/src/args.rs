@@ -116,26 +116,6 @@ fn init_logs(format: LogFormat) {
     tessera_kubeapi::logs::init(format, tessera_kubeapi::logs::Stream::Stdout);
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 fn host_name() -> String {
     std::env::var("HOSTNAME")
         .ok()
@@ -157,7 +137,8 @@ impl Args {
             .enable_all()
             .build()
             .context("starting the async runtime")?
-            .block_on(args.run(shutdown_signal()))
+            // The stop signal is watched before anything serves (tessera_kubeapi::signals).
+            .block_on(async { args.run(tessera_kubeapi::signals::shutdown()).await })
     }
 
     /// The service configuration these flags describe.

@@ -41,6 +41,7 @@ pub mod events;
 mod json_object;
 pub mod logs;
 pub mod probes;
+pub mod signals;
 pub mod text;
 mod watch;
 

@@ -64,7 +64,8 @@ impl Args {
             .enable_all()
             .build()
             .context("starting the async runtime")?
-            .block_on(args.run(shutdown_signal()))
+            // The stop signal is watched before anything serves (tessera_kubeapi::signals).
+            .block_on(async { args.run(tessera_kubeapi::signals::shutdown()).await })
     }
 
     /// The NVML library to open: a bare file name is looked for under a `--driver-root` other
@@ -494,22 +495,5 @@ fn kubelet_preparer(
     match status {
         Some(reporter) => Arc::new(StatusReporting::new(preparer, reporter)),
         None => preparer,
-    }
-}
-
-/// Completes on SIGTERM (kubelet or the container runtime stopping us) or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }
