@@ -37,7 +37,7 @@ OUT=target/mutants
 HARMLESS=(
   # A process NVML lists twice with equal readings: keeping either copy counts the same bytes
   # (same pid, same GPU, same /proc reading).
-  'node/accounting\.rs:[0-9]+:[0-9]+: replace > with >= in judge'
+  'node/accounting\.rs:[0-9]+:[0-9]+: replace > with >= in one_per_process'
 )
 
 args=(mutants -p tessera-driver -o "$OUT" --no-shuffle)

@@ -233,6 +233,43 @@ fn bookings(record: &Checkpoint) -> BTreeMap<&str, BTreeMap<&str, Booking>> {
     out
 }
 
+/// One entry per (GPU, pid), at its larger reading: NVML's two lists may both name an MPS
+/// client, and counting the smaller would let an over-booked claim go unstopped.
+fn one_per_process(processes: &[GpuProcess]) -> BTreeMap<(&str, u32), &GpuProcess> {
+    let mut seen: BTreeMap<(&str, u32), &GpuProcess> = BTreeMap::new();
+    for p in processes {
+        seen.entry((p.gpu_uuid.as_str(), p.pid))
+            .and_modify(|q| {
+                if p.used_bytes > q.used_bytes {
+                    *q = p;
+                }
+            })
+            .or_insert(p);
+    }
+    seen
+}
+
+/// The claims booking a GPU (`claims`) that a process of `pod` counts for: those the pod uses.
+/// None when the process names no pod.
+fn claims_of_pod<'a>(
+    claims: &BTreeMap<&'a str, Booking>,
+    consumers: &Consumers,
+    pod: Option<&str>,
+) -> BTreeSet<&'a str> {
+    let Some(pod) = pod else {
+        return BTreeSet::new();
+    };
+    claims
+        .keys()
+        .copied()
+        .filter(|uid| {
+            consumers
+                .get(*uid)
+                .is_some_and(|c| c.iter().any(|c| c.uid == pod))
+        })
+        .collect()
+}
+
 /// Merges sets of claim UIDs that share a member: the units of one GPU.
 fn units<'a>(
     candidate_sets: impl Iterator<Item = &'a BTreeSet<&'a str>>,
@@ -263,38 +300,14 @@ pub fn judge(
     asked: &BTreeSet<ProcessKey>,
 ) -> Verdict {
     let booked = bookings(record);
-    // One entry per (GPU, pid): NVML's two lists may both name an MPS client.
-    let mut seen: BTreeMap<(&str, u32), &GpuProcess> = BTreeMap::new();
-    for p in processes {
-        seen.entry((p.gpu_uuid.as_str(), p.pid))
-            .and_modify(|q| {
-                if p.used_bytes > q.used_bytes {
-                    *q = p;
-                }
-            })
-            .or_insert(p);
-    }
+    let seen = one_per_process(processes);
     let mut verdict = Verdict::default();
     let mut by_gpu: BTreeMap<&str, Vec<(&GpuProcess, BTreeSet<&str>)>> = BTreeMap::new();
     for ((gpu, pid), p) in seen {
         let Some(claims) = booked.get(gpu) else {
             continue;
         };
-        let candidates: BTreeSet<&str> = p
-            .pod_uid
-            .as_deref()
-            .map(|pod| {
-                claims
-                    .keys()
-                    .copied()
-                    .filter(|uid| {
-                        consumers
-                            .get(*uid)
-                            .is_some_and(|c| c.iter().any(|c| c.uid == pod))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let candidates = claims_of_pod(claims, consumers, p.pod_uid.as_deref());
         if candidates.is_empty() {
             verdict.unattributed.push(pid);
         } else {

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Consumers, GpuProcess, bookings, units};
+use super::{Consumers, GpuProcess, bookings, claims_of_pod, one_per_process, units};
 use crate::node::checkpoint::Checkpoint;
 
 /// One claim's use of one GPU it books.
@@ -36,30 +36,13 @@ pub type Usage = BTreeMap<String, BTreeMap<String, GpuUse>>;
 /// Measures every claim of `record` on every GPU it books (see the module's rule).
 pub fn usage(record: &Checkpoint, consumers: &Consumers, processes: &[GpuProcess]) -> Usage {
     let booked = bookings(record);
-    let mut seen: BTreeMap<(&str, u32), &GpuProcess> = BTreeMap::new();
-    for p in processes {
-        seen.entry((p.gpu_uuid.as_str(), p.pid))
-            .and_modify(|q| {
-                if p.used_bytes > q.used_bytes {
-                    *q = p;
-                }
-            })
-            .or_insert(p);
-    }
+    let seen = one_per_process(processes);
     let mut attributed: BTreeMap<&str, Vec<(u64, BTreeSet<&str>)>> = BTreeMap::new();
     for ((gpu, _), p) in seen {
-        let (Some(claims), Some(pod)) = (booked.get(gpu), p.pod_uid.as_deref()) else {
+        let Some(claims) = booked.get(gpu) else {
             continue;
         };
-        let candidates: BTreeSet<&str> = claims
-            .keys()
-            .copied()
-            .filter(|uid| {
-                consumers
-                    .get(*uid)
-                    .is_some_and(|c| c.iter().any(|c| c.uid == pod))
-            })
-            .collect();
+        let candidates = claims_of_pod(claims, consumers, p.pod_uid.as_deref());
         if !candidates.is_empty() {
             attributed
                 .entry(gpu)
