@@ -1,5 +1,4 @@
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
@@ -317,7 +316,9 @@ fn deep_nesting_is_rejected() {
 }
 
 #[test]
-fn pathological_expressions_are_rejected_quickly() {
+/// Refused at compile time, by the cost estimate or the depth limit: nothing of them is ever
+/// evaluated, so their time is bounded by the compiler's, not by what they would do.
+fn pathological_expressions_are_refused_by_cost_or_depth_before_they_run() {
     let big = format!("[{}]", vec!["1"; 1000].join(","));
     let cases = [
         format!("{big}.all(x, {big}.all(y, {big}.all(z, x + y + z > 0)))"),
@@ -331,16 +332,10 @@ fn pathological_expressions_are_rejected_quickly() {
         r#"device.attributes.all(d, device.attributes.all(e, device.attributes[d].all(k, device.attributes[e].all(j, [1,2,3,4,5,6,7,8,9,10].all(z, string(device.attributes[d][k]) + string(device.attributes[e][j]) != "")))))"#.to_owned(),
     ];
     for expression in cases {
-        let start = Instant::now();
         let message = compile_error(&expression);
         assert!(
             message.contains("cost") || message.contains("deeper"),
             "{message}"
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            start.elapsed()
         );
     }
 }
@@ -405,23 +400,17 @@ fn shared_across_threads() {
 }
 
 #[test]
-fn evaluation_is_fast() {
+fn a_compiled_selector_answers_the_same_on_every_evaluation() {
+    // Its speed is measured by the allocator bench (driver/benches/allocate.rs evaluates the
+    // classes' selectors on every device), not asserted by a test.
     let compiled = compile(
         r#"device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].model == "a100-80g" && device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) >= 0"#,
     )
     .unwrap();
     let d = device();
-    let start = Instant::now();
     for _ in 0..1000 {
         assert_eq!(compiled.evaluate(&d), Ok(true));
     }
-    eprintln!("evaluate: {:?} per call", start.elapsed() / 1000);
-    // Debug build: generous.
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
 }
 
 #[test]
