@@ -235,23 +235,7 @@ pub fn plan(
         if !fits(&list[..]) {
             continue;
         }
-        let (mut lo, mut hi) = (0, list.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if fits(&list[..mid]) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        let mut chosen: Vec<&Evictable> = list[..lo].to_vec();
-        for i in (0..chosen.len()).rev() {
-            let mut without = chosen.clone();
-            without.remove(i);
-            if fits(&without) {
-                chosen = without;
-            }
-        }
+        let chosen = preempt::fewest_that_fit(&list[..], &mut fits);
         if chosen.is_empty() || chosen.len() > budget {
             continue;
         }

@@ -230,24 +230,7 @@ impl Allocator {
             if !fits(&list[..]) {
                 continue;
             }
-            // The shortest prefix that makes room (more victims never take room away).
-            let (mut lo, mut hi) = (0, list.len());
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if fits(&list[..mid]) {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            let mut chosen: Vec<&Evictable> = list[..lo].to_vec();
-            for i in (0..chosen.len()).rev() {
-                let mut without = chosen.clone();
-                without.remove(i);
-                if fits(&without) {
-                    chosen = without;
-                }
-            }
+            let chosen = fewest_that_fit(&list[..], &mut fits);
             if chosen.is_empty() {
                 continue;
             }
@@ -290,6 +273,34 @@ impl Allocator {
         }
         fits
     }
+}
+
+/// The fewest of `list` (ordered by preference, every one of them together making room) whose
+/// removal still makes room: the shortest prefix that does (more removed never takes room
+/// away), then each member dropped again from the last that is not needed. Preemption and
+/// defragmentation both choose their pods so.
+pub(crate) fn fewest_that_fit<'a>(
+    list: &[&'a Evictable],
+    fits: &mut impl FnMut(&[&'a Evictable]) -> bool,
+) -> Vec<&'a Evictable> {
+    let (mut lo, mut hi) = (0, list.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(&list[..mid]) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let mut chosen: Vec<&Evictable> = list[..lo].to_vec();
+    for i in (0..chosen.len()).rev() {
+        let mut without = chosen.clone();
+        without.remove(i);
+        if fits(&without) {
+            chosen = without;
+        }
+    }
+    chosen
 }
 
 #[cfg(test)]
