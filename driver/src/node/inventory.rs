@@ -58,6 +58,70 @@ pub struct NodeInventory {
     pub mig_minors: Option<MigMinors>,
 }
 
+/// What grants a container access to one MIG instance and no other: NVML's ids for it and
+/// the capability minors the driver's table lists for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigAccess {
+    /// NVML's GPU instance and compute instance ids.
+    pub ids: MigIds,
+    /// The access minor of the GPU instance (`/dev/nvidia-caps/nvidia-cap<minor>`).
+    pub gpu_instance_minor: u32,
+    /// The access minor of the compute instance.
+    pub compute_instance_minor: u32,
+}
+
+impl NodeInventory {
+    /// The access to MIG instance `mig` of `gpu`: the minors the node's table lists for the
+    /// GPU's minor and the instance's NVML ids. The one rule for whether a MIG instance can be
+    /// handed to a container: the node publishes only the instances it can name, and prepares
+    /// only those. Fail closed: without the ids, without the table, or without the instance in
+    /// it, the minors cannot be told, and a guess could hand the container another instance's
+    /// access. The error says which, naming the instance.
+    pub fn mig_access(
+        &self,
+        gpu: &Gpu,
+        mig: &MigInstance,
+    ) -> std::result::Result<MigAccess, String> {
+        let ids = mig.ids.ok_or_else(|| {
+            format!(
+                "NVML did not report the GPU and compute instance ids of MIG device {}, so the \
+                 capability minors that grant access to it cannot be told; the node offers no \
+                 MIG instance it cannot name (see docs/cdi.md)",
+                mig.uuid
+            )
+        })?;
+        let table = self.mig_minors.as_ref().ok_or_else(|| {
+            format!(
+                "node {} has no MIG capability table ({} is absent or unreadable; see the \
+                 plugin's log), so the minors that grant access to MIG device {} cannot be \
+                 told; the node offers no MIG instance without it (see docs/cdi.md)",
+                self.name,
+                mig_minors::MIG_MINORS_PATH,
+                mig.uuid
+            )
+        })?;
+        let (gpu_instance_minor, compute_instance_minor) = table
+            .minors(gpu.minor, ids.gpu_instance, ids.compute_instance)
+            .ok_or_else(|| {
+                format!(
+                    "{} lists no access minors for gpu{}/gi{}/ci{} (MIG device {}), so none can \
+                     be granted; the driver's table and NVML disagree, or the instance was \
+                     recreated since discovery",
+                    mig_minors::MIG_MINORS_PATH,
+                    gpu.minor,
+                    ids.gpu_instance,
+                    ids.compute_instance,
+                    mig.uuid
+                )
+            })?;
+        Ok(MigAccess {
+            ids,
+            gpu_instance_minor,
+            compute_instance_minor,
+        })
+    }
+}
+
 /// How a GPU is offered to claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum GpuMode {

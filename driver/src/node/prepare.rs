@@ -33,7 +33,6 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::node::cdi;
-use crate::node::inventory::mig_minors::MIG_MINORS_PATH;
 use crate::node::inventory::{Gpu, Inventory, Isolation, MigInstance, NodeInventory};
 use crate::node::prepared::{GpuNode, MigNode, PreparedClaim, PreparedDevice};
 use crate::rules::config::{self, TesseraConfig, Tier};
@@ -275,47 +274,20 @@ fn find_device<'a>(
     })
 }
 
-/// MIG instance `mig` of `gpu` with the capability minors that grant access to it: those the
-/// node's table (the driver's `mig-minors`) lists for the GPU's minor and the instance's NVML
-/// ids. Fail closed: without the ids, without the table, or without the instance in it, the
-/// minors cannot be told, and a guess could hand the container another instance's access.
+/// MIG instance `mig` of `gpu` with the capability minors that grant access to it
+/// ([`NodeInventory::mig_access`], the one rule for it).
 fn mig_node(
     node: &NodeInventory,
     gpu: &Gpu,
     mig: &MigInstance,
 ) -> std::result::Result<MigNode, String> {
-    let ids = mig.ids.ok_or_else(|| {
-        format!(
-            "NVML did not report the GPU and compute instance ids of MIG device {}, so the \
-             capability minors that grant access to it cannot be told; the node prepares no \
-             MIG instance it cannot name (see docs/cdi.md)",
-            mig.uuid
-        )
-    })?;
-    let table = node.mig_minors.as_ref().ok_or_else(|| {
-        format!(
-            "node {} has no MIG capability table ({MIG_MINORS_PATH} is absent or unreadable; \
-             see the plugin's log), so the minors that grant access to MIG device {} cannot \
-             be told; the node prepares no MIG instance without it (see docs/cdi.md)",
-            node.name, mig.uuid
-        )
-    })?;
-    let (gi_minor, ci_minor) = table
-        .minors(gpu.minor, ids.gpu_instance, ids.compute_instance)
-        .ok_or_else(|| {
-            format!(
-                "{MIG_MINORS_PATH} lists no access minors for gpu{}/gi{}/ci{} (MIG device {}), \
-                 so none can be granted; the driver's table and NVML disagree, or the instance \
-                 was recreated since discovery",
-                gpu.minor, ids.gpu_instance, ids.compute_instance, mig.uuid
-            )
-        })?;
+    let access = node.mig_access(gpu, mig)?;
     Ok(MigNode {
         uuid: mig.uuid.clone(),
-        gpu_instance: ids.gpu_instance,
-        compute_instance: ids.compute_instance,
-        gpu_instance_cap_minor: gi_minor,
-        compute_instance_cap_minor: ci_minor,
+        gpu_instance: access.ids.gpu_instance,
+        compute_instance: access.ids.compute_instance,
+        gpu_instance_cap_minor: access.gpu_instance_minor,
+        compute_instance_cap_minor: access.compute_instance_minor,
     })
 }
 

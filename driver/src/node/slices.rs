@@ -96,14 +96,7 @@ pub fn render(node: &NodeInventory, opts: &RenderOptions) -> Result<Vec<Resource
         }
     }
     for gpu in gpus {
-        match gpu.mode {
-            GpuMode::Mig => {
-                for mig in &gpu.mig_instances {
-                    devices.push(mig_device(gpu, mig));
-                }
-            }
-            GpuMode::Exclusive | GpuMode::Shared => devices.push(gpu_device(gpu, opts)),
-        }
+        devices.extend(offered(node, gpu, opts));
     }
     let mut seen = std::collections::BTreeSet::new();
     for d in &devices {
@@ -158,6 +151,38 @@ pub fn render(node: &NodeInventory, opts: &RenderOptions) -> Result<Vec<Resource
                     devices: (!devices.is_empty()).then_some(devices),
                     ..ResourceSliceSpec::default()
                 },
+            })
+        })
+        .collect()
+}
+
+/// The devices `gpu` of `node` is offered as: the GPU itself, or in MIG mode the instances
+/// the node can name (one it could not prepare is not offered: `NodeInventory::mig_access`;
+/// [`unoffered`] says why).
+fn offered(node: &NodeInventory, gpu: &Gpu, opts: &RenderOptions) -> Vec<Device> {
+    match gpu.mode {
+        GpuMode::Mig => gpu
+            .mig_instances
+            .iter()
+            .filter(|mig| node.mig_access(gpu, mig).is_ok())
+            .map(|mig| mig_device(gpu, mig))
+            .collect(),
+        GpuMode::Exclusive | GpuMode::Shared => vec![gpu_device(gpu, opts)],
+    }
+}
+
+/// The MIG instances of `node` that [`render`] leaves out because the node cannot name them
+/// ([`NodeInventory::mig_access`]), each as its device name and the reason: what the plugin
+/// logs at discovery, so an admin learns why a MIG layout offers fewer devices than it has.
+pub fn unoffered(node: &NodeInventory) -> Vec<(String, String)> {
+    node.gpus
+        .iter()
+        .filter(|g| g.mode == GpuMode::Mig)
+        .flat_map(|gpu| {
+            gpu.mig_instances.iter().filter_map(move |mig| {
+                node.mig_access(gpu, mig)
+                    .err()
+                    .map(|why| (mig.device_name(gpu.index), why))
             })
         })
         .collect()

@@ -23,6 +23,7 @@ use tessera_driver::node::inventory::discovered::{
     self, DiscoveredGpu, DiscoveredMig, DiscoveredNode,
 };
 use tessera_driver::node::inventory::{MigIds, MigMinors, NodeInventory};
+use tessera_driver::node::slices;
 use tracing::{info, warn};
 
 use crate::error::{Error, NvmlErrorKind, Result};
@@ -249,6 +250,8 @@ pub struct NvmlDiscovery {
     mig_minors: Arc<dyn MigMinorsFile>,
     /// Why the last discovery found no usable MIG capability table, as logged.
     no_table: Mutex<Option<String>>,
+    /// The MIG instances the last discovery could not offer, and why, as logged.
+    unoffered: Mutex<Vec<(String, String)>>,
 }
 
 impl std::fmt::Debug for NvmlDiscovery {
@@ -281,10 +284,25 @@ impl NvmlDiscovery {
             last: Mutex::new(None),
             mig_minors,
             no_table: Mutex::new(None),
+            unoffered: Mutex::new(Vec::new()),
         }
     }
 
-    /// The driver's MIG capability table, or `None` (then the node prepares no MIG device)
+    /// Logs, once per change, each MIG instance of `node` the node cannot name and so does
+    /// not publish (`slices::unoffered`): a claim could never be prepared on it.
+    fn report_unoffered(&self, node: &NodeInventory) -> Result<()> {
+        let now = slices::unoffered(node);
+        let mut reported = locked(&self.unoffered)?;
+        if *reported != now {
+            for (device, why) in &now {
+                warn!(device = %device, error = %why, "MIG instance not published");
+            }
+            *reported = now;
+        }
+        Ok(())
+    }
+
+    /// The driver's MIG capability table, or `None` (then the node offers no MIG device)
     /// when it is absent or does not read; why is logged once per change, on a node with MIG
     /// instances.
     fn mig_minors_table(&self, node: &NodeInventory) -> Result<Option<MigMinors>> {
@@ -306,7 +324,7 @@ impl NvmlDiscovery {
             if let Some(why) = &why {
                 warn!(
                     error = %why,
-                    "no MIG capability table: no MIG device is prepared on this node"
+                    "no MIG capability table: no MIG device is published or prepared on this node"
                 );
             }
             reported.clone_from(&why);
@@ -356,6 +374,7 @@ impl GpuDiscovery for NvmlDiscovery {
         let mut node = discovered::resolve(&facts)?;
         tracker.apply(&mut node);
         node.mig_minors = self.mig_minors_table(&node)?;
+        self.report_unoffered(&node)?;
         *previous = Some(facts);
         Ok(node)
     }
@@ -460,12 +479,29 @@ mod tests {
     }
 
     #[test]
-    fn a_mig_device_nvml_gives_no_ids_is_discovered_without_them() {
+    fn a_mig_device_nvml_gives_no_ids_is_discovered_without_them_and_not_published() {
         let mut lib = fake();
         lib.gpus_mut()[2].facts.mig_devices[0].ids = None;
-        let discovery = NvmlDiscovery::new(Arc::new(lib), "n", "/x", no_table());
+        let table = "config 1\nmonitor 2\ngpu2/gi0/access 30\ngpu2/gi0/ci0/access 31\n";
+        let discovery = NvmlDiscovery::new(
+            Arc::new(lib),
+            "n",
+            "/x",
+            Arc::new(FakeMigMinors(Some(table.to_owned()))),
+        );
         let node = discovery.discover().unwrap();
         assert_eq!(node.gpus[2].mig_instances[0].ids, None);
+        let unoffered = slices::unoffered(&node);
+        assert_eq!(unoffered.len(), 1);
+        assert_eq!(unoffered[0].0, "gpu-2-mig-7g-80gb-0");
+        let published = slices::render(&node, &slices::RenderOptions::default()).unwrap();
+        assert!(
+            published
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .all(|d| !d.name.contains("-mig-")),
+            "a MIG device without ids is not offered"
+        );
     }
 
     #[test]

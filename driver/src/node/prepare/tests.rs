@@ -1,6 +1,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::node::inventory::mig_minors::MIG_MINORS_PATH;
 use crate::node::inventory::{MigIds, MigMinors};
 use crate::rules::share::GIB;
 

@@ -162,6 +162,54 @@ fn mig_gpu_publishes_its_instances_not_itself() {
 }
 
 #[test]
+fn a_mig_instance_the_node_cannot_name_is_not_published_and_says_why() {
+    let text = "nodes:\n- name: n1\n  gpus:\n  - model: a100-40g\n    mig:\n    - profile: 3g.20gb\n    - profile: 1g.5gb\n      count: 2\n";
+    let names = |n: &NodeInventory| -> Vec<String> {
+        devices(&render(n, &RenderOptions::default()).expect("render"))
+            .iter()
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let whole = node(text);
+    assert!(unoffered(&whole).is_empty(), "every instance can be named");
+
+    // NVML gave no ids for the second instance: it alone is left out.
+    let mut no_ids = node(text);
+    no_ids.gpus[0].mig_instances[1].ids = None;
+    assert_eq!(
+        names(&no_ids),
+        ["gpu-0-mig-3g-20gb-0", "gpu-0-mig-1g-5gb-5"]
+    );
+    let why = unoffered(&no_ids);
+    assert_eq!(why.len(), 1);
+    assert_eq!(why[0].0, "gpu-0-mig-1g-5gb-4");
+    assert!(why[0].1.contains("did not report"), "{}", why[0].1);
+
+    // Without the driver's capability table no instance can be named.
+    let mut no_table = node(text);
+    no_table.mig_minors = None;
+    assert!(names(&no_table).is_empty());
+    assert_eq!(unoffered(&no_table).len(), 3);
+    assert!(
+        unoffered(&no_table)[0]
+            .1
+            .contains("no MIG capability table"),
+        "{:?}",
+        unoffered(&no_table)
+    );
+
+    // Ids the table does not list (another GPU's minor keys them) are not named either.
+    let mut other_minor = node(text);
+    other_minor.gpus[0].minor = 9;
+    assert!(names(&other_minor).is_empty());
+    assert!(
+        unoffered(&other_minor)[0].1.contains("gpu9/gi"),
+        "{:?}",
+        unoffered(&other_minor)
+    );
+}
+
+#[test]
 fn unhealthy_gpu_is_tainted() {
     let n = node("nodes:\n- name: n1\n  gpus:\n  - model: t4\n    healthy: false\n  - model: t4\n");
     let slices = render(&n, &RenderOptions::default()).expect("render");

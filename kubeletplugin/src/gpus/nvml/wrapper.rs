@@ -42,17 +42,6 @@ fn nvml_err(call: &'static str) -> impl Fn(NvmlError) -> Error {
     }
 }
 
-/// A call `nvml-wrapper` (0.13) has no safe method for: only its raw binding, which needs
-/// `unsafe`, and the workspace forbids unsafe code. Answered as not supported, so discovery
-/// records the MIG instance without ids and the node refuses to prepare it (docs/cdi.md).
-fn no_safe_call(call: &'static str) -> Error {
-    Error::Nvml {
-        call,
-        kind: NvmlErrorKind::NotSupported,
-        message: "nvml-wrapper offers no safe call for it".to_owned(),
-    }
-}
-
 /// NVML through `nvml-wrapper`.
 pub struct WrapperLibrary {
     nvml: Nvml,
@@ -140,11 +129,15 @@ impl NvmlDevice for WrapperDevice<'_> {
             .minor_number()
             .map_err(nvml_err("nvmlDeviceGetMinorNumber"))
     }
+    // nvml-wrapper 0.13 has no safe method for these two: `tessera-nvml-mig-ids` makes the
+    // raw calls (the workspace's one crate allowed `unsafe`).
     fn gpu_instance_id(&self) -> Result<u32> {
-        Err(no_safe_call("nvmlDeviceGetGpuInstanceId"))
+        tessera_nvml_mig_ids::gpu_instance_id(&self.0)
+            .map_err(nvml_err("nvmlDeviceGetGpuInstanceId"))
     }
     fn compute_instance_id(&self) -> Result<u32> {
-        Err(no_safe_call("nvmlDeviceGetComputeInstanceId"))
+        tessera_nvml_mig_ids::compute_instance_id(&self.0)
+            .map_err(nvml_err("nvmlDeviceGetComputeInstanceId"))
     }
     fn mig_enabled(&self) -> Result<bool> {
         self.0
