@@ -3,23 +3,32 @@
 # decides isolation, preparation or accounting, and runs the driver's library tests against
 # every mutant. A mutant that leaves every test green is a rule no test guards.
 #
-#   scripts/mutants.sh                  # every file below, 2 jobs
+#   scripts/mutants.sh                  # the files and functions below, in 2 shards
 #   FILES="driver/src/node/accounting.rs" scripts/mutants.sh
-#   JOBS=4 scripts/mutants.sh
-#   MUTANTS_FLAGS="--in-place --baseline=skip --timeout 120" JOBS= scripts/mutants.sh
-#                                       # reuse this tree's warm target/ (no copy, no cold
-#                                       # build); leave the tree alone until it ends
+#   SHARDS=1 scripts/mutants.sh         # one shard (a machine with one core to spare)
+#   MUTANTS_FLAGS="--timeout 120" scripts/mutants.sh
+#   LIST=1 scripts/mutants.sh           # print the mutants it would test, and stop
 #
-# Run it after changing a safety rule (docs/architecture.md). Not in CI: it takes about as long
-# as a few hundred driver test runs. It exits 1 when a missed mutant is not listed as harmless
-# below, and prints those; the full results are under target/mutants/mutants.out/.
+# How it runs: the mutants are split into $SHARDS shards (cargo-mutants `--shard k/n`). Each
+# shard mutates its own copy of the working tree (the files git tracks or would track, so
+# uncommitted changes are tested) under target/mutants/tree-<k>, in place, with its own
+# target/ seeded by hard links from this tree's target/debug (cargo rebuilds only the
+# workspace's crates there, not the dependencies). The shards run side by side, so on two
+# cores each core builds one mutant at a time. A shard's copy and target are kept, so a second
+# run starts warm.
+#
+# Run it after changing a safety rule (docs/architecture.md). Not in CI: it takes about half an
+# hour on two cores. It exits 1 when a missed mutant is not listed as harmless below, and
+# prints those; each shard's results are under target/mutants/out-<k>/mutants.out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 
 # The files that decide isolation, preparation and accounting.
 DEFAULT_FILES="
 driver/src/node/prepare.rs
 driver/src/node/prepare/card.rs
+driver/src/node/inventory.rs
 driver/src/node/inventory/mig_minors.rs
 driver/src/node/accounting.rs
 driver/src/node/isolation.rs
@@ -29,8 +38,30 @@ driver/src/rules/tier.rs
 driver/src/rules/overcommit.rs
 "
 FILES=${FILES:-$DEFAULT_FILES}
-JOBS=${JOBS-2}   # empty: no -j (cargo-mutants refuses -j with --in-place)
+SHARDS=${SHARDS:-2}
 OUT=target/mutants
+
+# What those files hold that decides no safety rule, and is not mutated (a regex each, matched
+# against the mutant's name as `cargo mutants --list` prints it), each with why:
+NOT_SAFETY=(
+  # inventory.rs: only `NodeInventory::mig_access` (which MIG instances the node can name) is a
+  # safety rule; the rest is names, parsing of the fake-inventory file, and display.
+  'inventory\.rs:.* in (Inventory::|Gpu::|GpuMode::|Isolation::|MigInstance::|<impl)'
+  'inventory\.rs:[0-9]+:[0-9]+: replace (<impl|Inventory::|Gpu::|GpuMode::|Isolation::|MigInstance::)'
+  # mig_minors.rs: the driver's usual numbering, which only simulated inventories use (a real
+  # node reads the driver's table; docs/cdi.md).
+  'mig_minors\.rs:.*(driver_layout|layout_minors)'
+  'mig_minors\.rs:2[0-9]:'
+  # config.rs: delay tolerance (scheduling, not isolation), and text: display, serialisation,
+  # and parsing a factor from a command-line number (simulate's flags).
+  'config\.rs:.*(Patience|<impl fmt::Display|<impl std::fmt::Display|<impl Serialize|Tier::as_str|Factor::from_f64)'
+  # isolation.rs: when the next probe is due (the verdict and its application are kept), and
+  # the text of a report.
+  'isolation\.rs:.*(probe_due|ProbeRecord::retry_at| in due$|replace due |did_not_run|ProbeOutcome::failed| in mib$|replace mib )'
+  # accounting.rs and prepare.rs: message text.
+  'accounting\.rs:.*(OverBooking::message| in mib$|replace mib )'
+  'prepare\.rs:.*claim_label'
+)
 
 # Mutants known harmless, as cargo-mutants names them (a regex each, matched against the
 # mutant's name in missed.txt), each with why no test can tell it from the code:
@@ -40,46 +71,81 @@ HARMLESS=(
   'node/accounting\.rs:[0-9]+:[0-9]+: replace > with >= in one_per_process'
 )
 
-args=(mutants -p tessera-driver -o "$OUT" --no-shuffle)
-if [[ -n "$JOBS" ]]; then
-  args+=(-j "$JOBS")
-fi
+args=(mutants -p tessera-driver --no-shuffle --in-place)
 # Extra cargo-mutants flags, split on spaces.
 read -r -a extra <<< "${MUTANTS_FLAGS:-}"
 args+=("${extra[@]}")
 for f in $FILES; do
   args+=(--file "$f")
 done
-mkdir -p "$OUT"
-status=0
-cargo "${args[@]}" -- --lib || status=$?
-# cargo-mutants exits 2 when mutants were missed, 3 on timeouts; anything else is a failure of
-# the run itself (4: the tests fail without any mutant).
-case "$status" in
-  0 | 2 | 3) ;;
-  *) echo "cargo mutants failed (exit $status)" >&2; exit "$status" ;;
-esac
+for pattern in "${NOT_SAFETY[@]}"; do
+  args+=(--exclude-re "$pattern")
+done
 
-missed="$OUT/mutants.out/missed.txt"
-unlisted=()
-if [[ -f "$missed" ]]; then
-  while IFS= read -r mutant; do
-    [[ -z "$mutant" ]] && continue
-    known=0
-    for pattern in "${HARMLESS[@]}"; do
-      if [[ "$mutant" =~ $pattern ]]; then
-        known=1
-        break
-      fi
-    done
-    if [[ "$known" -eq 0 ]]; then
-      unlisted+=("$mutant")
-    fi
-  done < "$missed"
+if [[ -n "${LIST:-}" ]]; then
+  cargo "${args[@]}" --list
+  exit 0
 fi
-if [[ -f "$OUT/mutants.out/timeout.txt" ]] && [[ -s "$OUT/mutants.out/timeout.txt" ]]; then
+
+mkdir -p "$OUT"
+pids=()
+for ((k = 0; k < SHARDS; k++)); do
+  tree="$OUT/tree-$k"
+  mkdir -p "$tree/target"
+  # The working tree as git sees it (tracked and untracked-but-not-ignored files).
+  git ls-files -z --cached --others --exclude-standard \
+    | tar --null -T - -cf - | tar -xf - -C "$tree"
+  if [[ ! -e "$tree/target/debug" && -d target/debug ]]; then
+    cp -al target/debug "$tree/target/debug"
+    rm -f "$tree/target/debug/.cargo-lock"
+  fi
+  rm -rf "$OUT/out-$k"
+  (
+    cd "$tree"
+    cargo "${args[@]}" --shard "$k/$SHARDS" -o "$root/$OUT/out-$k" -- --lib \
+      > "$root/$OUT/shard-$k.log" 2>&1
+  ) &
+  pids+=("$!")
+done
+
+failed=0
+for ((k = 0; k < SHARDS; k++)); do
+  status=0
+  wait "${pids[$k]}" || status=$?
+  # cargo-mutants exits 2 when mutants were missed, 3 on timeouts; anything else is a failure
+  # of the run itself (4: the tests fail without any mutant).
+  case "$status" in
+    0 | 2 | 3) ;;
+    *)
+      echo "shard $k: cargo mutants failed (exit $status); see $OUT/shard-$k.log" >&2
+      failed=1
+      ;;
+  esac
+done
+[[ "$failed" -eq 0 ]] || exit 1
+
+for kind in caught missed timeout unviable; do
+  n=$(cat "$OUT"/out-*/mutants.out/"$kind".txt 2>/dev/null | grep -c . || true)
+  echo "$kind: $n"
+done
+
+unlisted=()
+while IFS= read -r mutant; do
+  [[ -z "$mutant" ]] && continue
+  known=0
+  for pattern in "${HARMLESS[@]}"; do
+    if [[ "$mutant" =~ $pattern ]]; then
+      known=1
+      break
+    fi
+  done
+  if [[ "$known" -eq 0 ]]; then
+    unlisted+=("$mutant")
+  fi
+done < <(cat "$OUT"/out-*/mutants.out/missed.txt 2>/dev/null || true)
+if cat "$OUT"/out-*/mutants.out/timeout.txt 2>/dev/null | grep -q .; then
   echo "mutants that timed out (a loop the mutation made endless; count as caught):"
-  sed 's/^/  /' "$OUT/mutants.out/timeout.txt"
+  cat "$OUT"/out-*/mutants.out/timeout.txt | sed 's/^/  /'
 fi
 if [[ ${#unlisted[@]} -gt 0 ]]; then
   echo "missed mutants that are neither killed by a test nor listed as harmless in $0:"
