@@ -196,11 +196,7 @@ fn slice_name(node: &str, driver: &str, k: usize) -> String {
     if base.len() + suffix.len() <= limits::MAX_DNS_SUBDOMAIN {
         return format!("{base}{suffix}");
     }
-    let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"gpu.tessera.dev");
-    let hash = uuid::Uuid::new_v5(&namespace, base.as_bytes())
-        .simple()
-        .to_string();
-    let hash = &hash[..8];
+    let hash = limits::name_hash(&base);
     let keep = limits::MAX_DNS_SUBDOMAIN - suffix.len() - hash.len() - 1;
     let head = base[..keep].trim_end_matches(['-', '.']);
     format!("{head}-{hash}{suffix}")

@@ -24,6 +24,37 @@ pub const MAX_DNS_LABEL: usize = 63;
 /// Length of a DNS subdomain (object, node and pool names).
 pub const MAX_DNS_SUBDOMAIN: usize = 253;
 
+/// Length of an Event's `reportingInstance` (events.k8s.io/v1, also that of its `action` and
+/// `reason`); an Event with a longer one is refused.
+pub const MAX_REPORTING_INSTANCE: usize = 128;
+
+/// Eight hex digits of a name-based hash of `text` (UUID v5 in Tessera's namespace): what a name
+/// too long for its field keeps of its tail, so two long names that share a prefix stay apart.
+pub fn name_hash(text: &str) -> String {
+    let namespace = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, b"gpu.tessera.dev");
+    let mut hash = uuid::Uuid::new_v5(&namespace, text.as_bytes())
+        .simple()
+        .to_string();
+    hash.truncate(8);
+    hash
+}
+
+/// The `reportingInstance` of the Events a component reports on node `node`: the node's name
+/// when it fits the field's 128 characters; a longer one (node names may have 253) is cut to a
+/// prefix, `-`, and [`name_hash`] of the whole name, so the API server does not refuse every
+/// Event of that node.
+pub fn reporting_instance(node: &str) -> String {
+    if node.len() <= MAX_REPORTING_INSTANCE {
+        return node.to_owned();
+    }
+    let hash = name_hash(node);
+    let mut keep = MAX_REPORTING_INSTANCE - hash.len() - 1;
+    while !node.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}-{hash}", &node[..keep])
+}
+
 /// The largest input file the binaries read: `tessera`'s input files, and the kubelet plugin's
 /// checkpoint, boot id, `--fake-claims` and `--fake-inventory` files (`kubectl` sends objects
 /// of at most 3 MiB each; this leaves room for thousands of them in one file).
@@ -125,6 +156,34 @@ pub fn normalize_version(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_name_that_fits_is_the_reporting_instance_and_a_longer_one_is_cut_with_its_hash() {
+        assert_eq!(reporting_instance("gpu-node-1"), "gpu-node-1");
+        let at_limit = "n".repeat(MAX_REPORTING_INSTANCE);
+        assert_eq!(reporting_instance(&at_limit), at_limit);
+
+        let a = format!("{}.a", "x".repeat(250));
+        let b = format!("{}.b", "x".repeat(250));
+        let (ra, rb) = (reporting_instance(&a), reporting_instance(&b));
+        assert_eq!(ra.len(), MAX_REPORTING_INSTANCE);
+        assert_eq!(rb.len(), MAX_REPORTING_INSTANCE);
+        assert_ne!(ra, rb, "two long names with one prefix stay apart");
+        assert!(ra.starts_with(&"x".repeat(119)), "{ra}");
+        assert_eq!(
+            ra,
+            reporting_instance(&a),
+            "the same name, the same instance"
+        );
+    }
+
+    #[test]
+    fn a_long_name_is_cut_at_a_character_boundary() {
+        let name = "é".repeat(200);
+        let r = reporting_instance(&name);
+        assert!(r.len() <= MAX_REPORTING_INSTANCE, "{}", r.len());
+        assert!(r.starts_with('é'));
+    }
 
     #[test]
     fn versions_are_normalized_to_semver() {

@@ -68,7 +68,8 @@ impl KubeEvents {
         let node = node.into();
         let reporter = Reporter {
             controller: names::KUBELET_PLUGIN_COMPONENT.to_owned(),
-            instance: Some(node.clone()),
+            // At most the 128 characters an Event's `reportingInstance` may have.
+            instance: Some(tessera_driver::rules::limits::reporting_instance(&node)),
         };
         Self {
             recorder: Recorder::new(client, reporter),
