@@ -102,7 +102,9 @@ for ((k = 0; k < SHARDS; k++)); do
   rm -rf "$OUT/out-$k"
   (
     cd "$tree"
-    cargo "${args[@]}" --shard "$k/$SHARDS" -o "$root/$OUT/out-$k" -- --lib \
+    # `--lib` to every cargo command: the build phase too builds the library's tests alone,
+    # not the crate's integration tests and examples as well.
+    cargo "${args[@]}" --shard "$k/$SHARDS" -o "$root/$OUT/out-$k" --cargo-arg=--lib \
       > "$root/$OUT/shard-$k.log" 2>&1
   ) &
   pids+=("$!")
