@@ -535,6 +535,50 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn every_config_of_a_class_applies_each_named_by_its_own_field() {
+        // The policy sits in the class's second config, after another driver's: it holds as
+        // the first would, and an error in it names spec.config[1].
+        let class = crate::testing::class_from_yaml(
+            r"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: shared-gpu}
+spec:
+  config:
+  - opaque:
+      driver: other.example.com
+      parameters: {mode: any}
+  - opaque:
+      driver: gpu.tessera.dev
+      parameters:
+        apiVersion: gpu.tessera.dev/v1alpha1
+        kind: TierPolicy
+        tier: batch
+        allowOnline: false
+",
+        );
+        let fields = class_config_fields("shared-gpu", Some(&class));
+        assert_eq!(
+            fields,
+            [
+                "DeviceClass shared-gpu: spec.config[0]",
+                "DeviceClass shared-gpu: spec.config[1]"
+            ]
+        );
+        let configs = class_configs(Some(&class), &fields);
+        assert_eq!(configs.len(), 2, "no config of the class is dropped");
+        assert_eq!(configs[1].opaque.driver, "gpu.tessera.dev");
+        assert_eq!(configs[1].field, "DeviceClass shared-gpu: spec.config[1]");
+        let applied: Vec<String> = applying(&configs, "gpu.tessera.dev", "gpu")
+            .map(|c| c.unwrap().1)
+            .collect();
+        assert_eq!(
+            applied,
+            ["DeviceClass shared-gpu: spec.config[1].opaque.parameters"]
+        );
+    }
+
+    #[test]
     fn decodes_a_share() {
         let cfg = decode(
             &json!({"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuShare", "memory": "10Gi", "compute": 50}),
