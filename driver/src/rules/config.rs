@@ -466,11 +466,6 @@ impl Factor {
             .then_some(Self(hundredths))
     }
 
-    /// The factor in hundredths (100 = 1.0).
-    pub fn hundredths(self) -> u32 {
-        self.0
-    }
-
     /// Whether the factor allows any over-commit.
     pub fn overcommits(self) -> bool {
         self.0 > Self::ONE.0
