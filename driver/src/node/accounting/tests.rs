@@ -313,6 +313,34 @@ fn a_pods_two_claims_on_one_gpu_are_held_to_their_sum_together() {
 }
 
 #[test]
+fn a_process_of_claims_served_by_two_daemons_is_asked_of_each_daemon_once() {
+    // A pod's two claims on one GPU: each daemon that serves one of them may be the one the
+    // process is a client of, so each is asked; a daemon both claims share is asked once.
+    let one = daemon(&["GPU-1"]);
+    let two = daemon(&["GPU-1", "GPU-2"]);
+    let over = vec![
+        process(1, "GPU-1", 70, 1, Some("p")),
+        process(2, "GPU-1", 40, 2, Some("p")),
+    ];
+    let who = consumers(&[("a", "p"), ("b", "p")]);
+
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "a", vec![share("GPU-1", 4)], Some(one.clone()));
+    claim(&mut record, "b", vec![share("GPU-1", 6)], Some(two.clone()));
+    let verdict = judge(&record, &who, &over, &BTreeSet::new());
+    assert_eq!(pids(&verdict), [2]);
+    let mut both = vec![one.clone(), two];
+    both.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(verdict.stops[0].means, Means::MpsTerminate(both));
+
+    let mut record = Checkpoint::new("b");
+    claim(&mut record, "a", vec![share("GPU-1", 4)], Some(one.clone()));
+    claim(&mut record, "b", vec![share("GPU-1", 6)], Some(one.clone()));
+    let verdict = judge(&record, &who, &over, &BTreeSet::new());
+    assert_eq!(verdict.stops[0].means, Means::MpsTerminate(vec![one]));
+}
+
+#[test]
 fn other_claims_on_the_same_gpu_are_untouched() {
     let (mut record, mut who, mut procs) = three_workers();
     claim(
