@@ -130,6 +130,28 @@ pub enum Command {
         /// then publishes `enforcement: hami-core`, which can back it.
         #[arg(long, requires = "mixing", value_parser = simulate::parse_factor)]
         batch_memory_overcommit: Option<Factor>,
+        /// Replay in time instead: tasks arrive at `creation_time` and leave after their
+        /// lifetime, pending tasks wait; compares a static online/batch split with a
+        /// `--schedule`, with and without defragmentation (docs/placement.md).
+        #[arg(long, conflicts_with_all = ["mixing", "seed", "seeds", "history"])]
+        time: bool,
+        /// With --time: a `GpuProfileSchedule` file the tidal nodes follow.
+        #[arg(long, requires = "time")]
+        schedule: Option<PathBuf>,
+        /// With --time: also run each scenario with defragmentation, under this many
+        /// evictions per hour (the controller's flag of the same name).
+        #[arg(long, requires = "time", default_value_t = 0)]
+        defrag_evictions_per_hour: u32,
+        /// With --time: percent of the nodes that serve batch all the time.
+        #[arg(long, requires = "time", default_value_t = 20)]
+        batch_nodes: u32,
+        /// With --time: percent of the nodes the schedule moves between online (day) and
+        /// batch (night); online all the time in the static split.
+        #[arg(long, requires = "time", default_value_t = 30)]
+        tidal_nodes: u32,
+        /// With --time: the instant of the trace's second 0 (the traces have no wall clock).
+        #[arg(long, requires = "time", default_value = simulate::DEFAULT_TRACE_START)]
+        trace_start: String,
     },
     /// Show a live cluster's GPUs per node (mode, memory and compute allocated and free, the
     /// claims and pods using them), or why a gated pod is pending (`inspect pod NAME`).
@@ -295,7 +317,27 @@ impl Cli {
                 mixing,
                 batch_overcommit,
                 batch_memory_overcommit,
+                time,
+                schedule,
+                defrag_evictions_per_hour,
+                batch_nodes,
+                tidal_nodes,
+                trace_start,
             } => {
+                if *time {
+                    let args = simulate::TimeArgs {
+                        nodes: nodes.clone(),
+                        pods: pods.clone(),
+                        policy: *policy,
+                        schedule: schedule.clone(),
+                        defrag_evictions_per_hour: *defrag_evictions_per_hour,
+                        batch_nodes_percent: *batch_nodes,
+                        tidal_nodes_percent: *tidal_nodes,
+                        trace_start: trace_start.clone(),
+                        json: *output == SimulateFormat::Json,
+                    };
+                    return simulate::run_time(&args, &self.driver_name, out);
+                }
                 let seeds = match (seed, seeds) {
                     (Some(s), _) => vec![*s],
                     (None, Some(r)) => (r.first..=r.last).collect(),
