@@ -655,9 +655,7 @@ fn simulate_time_compares_a_static_split_with_the_schedule_and_never_evicts_onli
     let mut pods = String::from(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n",
     );
-    for i in 0..6 {
-        pods.push_str(&format!("b{i},1000,1024,1,1000,,BE,Running,0,{},0\n", 12 * 3600));
-    }
+    pods.extend((0..6).map(|i| format!("b{i},1000,1024,1,1000,,BE,Running,0,43200,0\n")));
     pods.push_str("o0,1000,1024,1,500,,LS,Running,0,86400,0\n");
     pods.push_str("o1,1000,1024,1,1000,,Guaranteed,Running,3600,7200,3600\n");
     pods.push_str("c0,1000,1024,0,0,,Burstable,Running,0,600,0\n");

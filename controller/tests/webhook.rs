@@ -1263,8 +1263,7 @@ async fn the_example_schedules_the_simulation_reads_are_admitted_by_the_webhook(
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let object: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let object: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let request = json!({
             "uid": "u-schedule",
             "kind": {"group": "gpu.tessera.dev", "version": "v1alpha1", "kind": "GpuProfileSchedule"},

@@ -478,8 +478,8 @@ struct TimeReport<'a> {
 /// Reads a `GpuProfileSchedule` file with the parser the webhook validates with.
 pub fn read_schedule(path: &Path) -> Result<tessera_driver::node::schedule::Schedule> {
     let name = path.display().to_string();
-    let value: serde_json::Value = serde_yaml::from_str(&read(path)?)
-        .map_err(|e| Error::Malformed(format!("{name}: {e}")))?;
+    let value: serde_json::Value =
+        serde_yaml::from_str(&read(path)?).map_err(|e| Error::Malformed(format!("{name}: {e}")))?;
     tessera_driver::node::schedule::parse(&value)
         .map_err(|e| Error::Malformed(format!("{name}: {e}")))
 }
@@ -510,42 +510,7 @@ pub fn run_time(args: &TimeArgs, driver: &str, out: &mut String) -> Result<()> {
         args.tidal_nodes_percent,
     )
     .map_err(|e| malformed(&e))?;
-    let mut scenarios: Vec<(String, simulate::TimeOptions)> = Vec::new();
-    let per_hour = args.defrag_evictions_per_hour;
-    let base = simulate::TimeOptions {
-        policy: args.policy,
-        batch_class: batch_name,
-        labels,
-        schedule: None,
-        defrag_evictions_per_hour: 0,
-        origin,
-    };
-    scenarios.push(("static".to_owned(), base.clone()));
-    if per_hour > 0 {
-        scenarios.push((
-            "static+defrag".to_owned(),
-            simulate::TimeOptions {
-                defrag_evictions_per_hour: per_hour,
-                ..base.clone()
-            },
-        ));
-    }
-    if let Some(s) = &schedule {
-        let tidal = simulate::TimeOptions {
-            schedule: Some(s.clone()),
-            ..base.clone()
-        };
-        scenarios.push(("tidal".to_owned(), tidal.clone()));
-        if per_hour > 0 {
-            scenarios.push((
-                "tidal+defrag".to_owned(),
-                simulate::TimeOptions {
-                    defrag_evictions_per_hour: per_hour,
-                    ..tidal
-                },
-            ));
-        }
-    }
+    let scenarios = scenarios(args, batch_name, labels, origin, schedule.as_ref());
     let results: Mutex<Vec<Option<ScenarioReport>>> =
         Mutex::new((0..scenarios.len()).map(|_| None).collect());
     let failure: Mutex<Option<tessera_driver::Error>> = Mutex::new(None);
@@ -603,7 +568,7 @@ pub fn run_time(args: &TimeArgs, driver: &str, out: &mut String) -> Result<()> {
             trace_start: &args.trace_start,
             batch_nodes_percent: args.batch_nodes_percent,
             tidal_nodes_percent: args.tidal_nodes_percent,
-            defrag_evictions_per_hour: per_hour,
+            defrag_evictions_per_hour: args.defrag_evictions_per_hour,
             scenarios: &reports,
         };
         let text =
@@ -616,6 +581,54 @@ pub fn run_time(args: &TimeArgs, driver: &str, out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// The scenarios of a time replay: the static split, and with a schedule the tidal one, each
+/// also with defragmentation when it has a budget.
+fn scenarios(
+    args: &TimeArgs,
+    batch_name: String,
+    labels: Vec<std::collections::BTreeMap<String, String>>,
+    origin: simulate::tidal::Origin,
+    schedule: Option<&tessera_driver::node::schedule::Schedule>,
+) -> Vec<(String, simulate::TimeOptions)> {
+    let mut scenarios: Vec<(String, simulate::TimeOptions)> = Vec::new();
+    let per_hour = args.defrag_evictions_per_hour;
+    let base = simulate::TimeOptions {
+        policy: args.policy,
+        batch_class: batch_name,
+        labels,
+        schedule: None,
+        defrag_evictions_per_hour: 0,
+        origin,
+    };
+    scenarios.push(("static".to_owned(), base.clone()));
+    if per_hour > 0 {
+        scenarios.push((
+            "static+defrag".to_owned(),
+            simulate::TimeOptions {
+                defrag_evictions_per_hour: per_hour,
+                ..base.clone()
+            },
+        ));
+    }
+    if let Some(s) = schedule {
+        let tidal = simulate::TimeOptions {
+            schedule: Some(s.clone()),
+            ..base.clone()
+        };
+        scenarios.push(("tidal".to_owned(), tidal.clone()));
+        if per_hour > 0 {
+            scenarios.push((
+                "tidal+defrag".to_owned(),
+                simulate::TimeOptions {
+                    defrag_evictions_per_hour: per_hour,
+                    ..tidal
+                },
+            ));
+        }
+    }
+    scenarios
+}
+
 fn waits(w: &simulate::tidal::Waits) -> String {
     format!(
         "{}/{}/{}",
@@ -623,6 +636,11 @@ fn waits(w: &simulate::tidal::Waits) -> String {
         hours(w.p95_secs),
         hours(w.max_secs)
     )
+}
+
+#[allow(clippy::cast_precision_loss)] // Reason: seconds of a trace, far below 2^52.
+fn days(secs: u64) -> f64 {
+    secs as f64 / 86400.0
 }
 
 #[allow(clippy::cast_precision_loss)] // Reason: seconds of a trace, far below 2^52.
@@ -647,7 +665,7 @@ fn time_table(args: &TimeArgs, pods: &str, reports: &[ScenarioReport], out: &mut
         "trace {pods}, policy {}, {} GPUs, {:.1} days from {}; tasks: {qos} (LS, Guaranteed online; BE, Burstable batch)",
         args.policy,
         r.gpus,
-        r.duration_secs as f64 / 86400.0,
+        days(r.duration_secs),
         args.trace_start
     );
     let _ = writeln!(

@@ -44,11 +44,11 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use jiff::Timestamp;
+use k8s_openapi::Resource as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, PodResourceClaim, PodSpec};
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use k8s_openapi::Resource as _;
 use serde::Serialize;
 
 use super::cluster::{Cluster, claim_in};
@@ -56,7 +56,9 @@ use super::trace::{Qos, TimedPod};
 use crate::error::{Error, Result};
 use crate::names;
 use crate::node::inventory::GpuMode;
-use crate::node::schedule::switch::{self, DeviceGpus, Disruption, GpuState, GpuStep, Holder, SwitchRecord};
+use crate::node::schedule::switch::{
+    self, DeviceGpus, Disruption, GpuState, GpuStep, Holder, SwitchRecord,
+};
 use crate::node::schedule::{self, Assignment, Schedule};
 use crate::placement::allocator::{
     Allocator, AllocatorOptions, DEFAULT_MAX_STEPS, Learn, Policy, Snapshot, claim_key,
@@ -194,6 +196,9 @@ pub fn pool_labels(
         .collect())
 }
 
+/// An instant (the trace's second 0 is one), as [`parse_trace_start`] reads it.
+pub type Origin = Timestamp;
+
 /// Reads the instant of the trace's second 0 (RFC 3339, e.g. `2023-01-02T15:00:00Z`).
 pub fn parse_trace_start(text: &str) -> Result<Timestamp> {
     text.parse().map_err(|e| {
@@ -297,7 +302,7 @@ fn task_key(claim_name: &str) -> String {
     format!("{NAMESPACE}/{claim_name}")
 }
 
-impl<'a> Replay<'a> {
+impl Replay<'_> {
     fn at(&self, t: u64) -> Timestamp {
         let secs = i64::try_from(t).unwrap_or(i64::MAX);
         self.opts
@@ -359,20 +364,27 @@ impl<'a> Replay<'a> {
             return false;
         };
         let mut gpus = BTreeSet::new();
-        let claim = task.claim.clone().zip(placement.allocations.first()).map(|(mut c, a)| {
-            for r in a.devices.iter().flat_map(|d| d.results.iter().flatten()) {
-                if let Some(g) = self.device_gpus.get(&(r.pool.clone(), r.device.clone())) {
-                    gpus.insert(*g);
+        let claim = task
+            .claim
+            .clone()
+            .zip(placement.allocations.first())
+            .map(|(mut c, a)| {
+                for r in a.devices.iter().flat_map(|d| d.results.iter().flatten()) {
+                    if let Some(g) = self.device_gpus.get(&(r.pool.clone(), r.device.clone())) {
+                        gpus.insert(*g);
+                    }
                 }
-            }
-            c.status = Some(res::ResourceClaimStatus {
-                allocation: Some(a.clone()),
-                ..res::ResourceClaimStatus::default()
+                c.status = Some(res::ResourceClaimStatus {
+                    allocation: Some(a.clone()),
+                    ..res::ResourceClaimStatus::default()
+                });
+                c
             });
-            c
-        });
         for g in &gpus {
-            if let Some(h) = self.nodes[node].holders.get_mut(usize::try_from(*g).unwrap_or(usize::MAX)) {
+            if let Some(h) = self.nodes[node]
+                .holders
+                .get_mut(usize::try_from(*g).unwrap_or(usize::MAX))
+            {
                 h.insert(i);
             }
         }
@@ -397,7 +409,8 @@ impl<'a> Replay<'a> {
         if let Some(c) = &run.claim {
             self.snap.release(&claim_key(c));
         }
-        self.snap.remove_host_use(&self.cluster.nodes[run.node].name, &pod.host);
+        self.snap
+            .remove_host_use(&self.cluster.nodes[run.node].name, &pod.host);
         let held = u128::from(pod.gpu_demand()) * u128::from(now.saturating_sub(run.since));
         if self.tasks[i].batch {
             self.batch_milli_secs += held;
@@ -407,7 +420,10 @@ impl<'a> Replay<'a> {
         let node = &mut self.nodes[run.node];
         node.tasks.remove(&i);
         for g in &run.gpus {
-            if let Some(h) = node.holders.get_mut(usize::try_from(*g).unwrap_or(usize::MAX)) {
+            if let Some(h) = node
+                .holders
+                .get_mut(usize::try_from(*g).unwrap_or(usize::MAX))
+            {
                 h.remove(&i);
             }
         }
@@ -430,7 +446,10 @@ impl<'a> Replay<'a> {
     }
 
     fn holder(&self, i: usize, preemptible: &BTreeSet<String>) -> Holder {
-        let claim = self.tasks[i].running.as_ref().and_then(|r| r.claim.as_ref());
+        let claim = self.tasks[i]
+            .running
+            .as_ref()
+            .and_then(|r| r.claim.as_ref());
         Holder {
             pod: claim.map_or_else(
                 || task_key(&self.pods[i].pod.name),
@@ -467,7 +486,10 @@ impl<'a> Replay<'a> {
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                     mode: *mode,
                     draining: !holders.is_empty(),
-                    holders: holders.iter().map(|&i| self.holder(i, preemptible)).collect(),
+                    holders: holders
+                        .iter()
+                        .map(|&i| self.holder(i, preemptible))
+                        .collect(),
                 })
                 .collect();
             let node = &self.nodes[n];
@@ -580,7 +602,12 @@ impl<'a> Replay<'a> {
         let mut pods = Vec::new();
         let mut claims = BTreeMap::new();
         for node in candidates {
-            let Some(&n) = node.metadata.name.as_ref().and_then(|m| self.node_index.get(m)) else {
+            let Some(&n) = node
+                .metadata
+                .name
+                .as_ref()
+                .and_then(|m| self.node_index.get(m))
+            else {
                 continue;
             };
             for &i in &self.nodes[n].tasks {
@@ -686,7 +713,7 @@ impl<'a> Replay<'a> {
     }
 
     fn try_place_on(&mut self, i: usize, now: u64, node: Node) -> bool {
-        let saved = std::mem::replace(&mut self.candidates, [Vec::new(), Vec::new()]);
+        let saved = std::mem::take(&mut self.candidates);
         let tier = Self::tier(self.tasks[i].batch);
         self.candidates[tier] = vec![node];
         let stale = std::mem::replace(&mut self.candidates_stale, false);
@@ -722,7 +749,7 @@ pub fn replay_time(
     let preemptible = switch::preemptible_classes(classes, &driver);
     let slices: Vec<&res::ResourceSlice> = cluster.slices().iter().collect();
     let (_, device_gpus) = switch::published_gpus(&slices, &driver);
-    let schedules: Vec<Schedule> = opts.schedule.iter().cloned().collect();
+    let followed: Vec<Schedule> = opts.schedule.iter().cloned().collect();
     let nodes: Vec<NodeRun> = cluster
         .nodes
         .iter()
@@ -730,7 +757,7 @@ pub fn replay_time(
         .map(|(n, labels)| {
             let pool = labels.get(POOL_LABEL).map(String::as_str);
             let scheduled = pool != Some(POOL_BATCH)
-                && matches!(schedule::assign(&schedules, labels), Assignment::One(_));
+                && matches!(schedule::assign(&followed, labels), Assignment::One(_));
             let mode = if pool == Some(POOL_BATCH) {
                 GpuMode::Exclusive
             } else {
@@ -875,7 +902,11 @@ pub fn replay_time(
         if p.pod.num_gpu == 0 || p.pod.gpu_milli != WHOLE_GPU {
             continue;
         }
-        let slot = if p.pod.num_gpu == 1 { &mut whole } else { &mut multi };
+        let slot = if p.pod.num_gpu == 1 {
+            &mut whole
+        } else {
+            &mut multi
+        };
         slot.0 += 1;
         if let Some(at) = t.first_placed {
             slot.1.push(at - p.created);

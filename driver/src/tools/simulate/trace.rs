@@ -244,9 +244,9 @@ pub enum Qos {
     LatencySensitive,
     /// `BE`, best-effort: batch.
     BestEffort,
-    /// `Guaranteed` (Kubernetes' QoS class: requests equal limits): online.
+    /// `Guaranteed` (the Kubernetes `QoS` class: requests equal limits): online.
     Guaranteed,
-    /// `Burstable` (Kubernetes' QoS class: may use more than it requests): batch.
+    /// `Burstable` (the Kubernetes `QoS` class: may use more than it requests): batch.
     Burstable,
 }
 
@@ -333,7 +333,9 @@ pub fn parse_timed_pods(file: &str, text: &str) -> Result<Vec<TimedPod>> {
             Error::invalid(
                 &object,
                 "qos",
-                format!("{text:?} is not a qos of the trace; expected LS, BE, Guaranteed or Burstable"),
+                format!(
+                    "{text:?} is not a qos of the trace; expected LS, BE, Guaranteed or Burstable"
+                ),
             )
         })?;
         let created = t.number(row, created, "creation_time")?;
