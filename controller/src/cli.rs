@@ -152,6 +152,10 @@ pub enum Command {
         /// With --time: the instant of the trace's second 0 (the traces have no wall clock).
         #[arg(long, requires = "time", default_value = simulate::DEFAULT_TRACE_START)]
         trace_start: String,
+        /// With --time: keep every N-th node of the node list (1: all), to scale the cluster
+        /// to the trace's demand (the openb pod lists are a sample of the cluster's tasks).
+        #[arg(long, requires = "time", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        node_stride: u16,
     },
     /// Show a live cluster's GPUs per node (mode, memory and compute allocated and free, the
     /// claims and pods using them), or why a gated pod is pending (`inspect pod NAME`).
@@ -324,6 +328,7 @@ impl Cli {
                 batch_nodes,
                 tidal_nodes,
                 trace_start,
+                node_stride,
             } => {
                 if *time {
                     let args = simulate::TimeArgs {
@@ -335,6 +340,7 @@ impl Cli {
                         batch_nodes_percent: *batch_nodes,
                         tidal_nodes_percent: *tidal_nodes,
                         trace_start: trace_start.clone(),
+                        node_stride: usize::from(*node_stride),
                         json: *output == SimulateFormat::Json,
                     };
                     return simulate::run_time(&args, &self.driver_name, out);

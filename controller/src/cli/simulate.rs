@@ -449,6 +449,9 @@ pub struct TimeArgs {
     pub tidal_nodes_percent: u32,
     /// The instant of the trace's second 0 (RFC 3339).
     pub trace_start: String,
+    /// Keep every `node_stride`-th node of the node list (1: all), to scale the cluster to
+    /// the trace's demand.
+    pub node_stride: usize,
     /// JSON instead of a table.
     pub json: bool,
 }
@@ -471,6 +474,7 @@ struct TimeReport<'a> {
     trace_start: &'a str,
     batch_nodes_percent: u32,
     tidal_nodes_percent: u32,
+    node_stride: usize,
     defrag_evictions_per_hour: u32,
     scenarios: &'a [ScenarioReport],
 }
@@ -489,7 +493,11 @@ pub fn read_schedule(path: &Path) -> Result<tessera_driver::node::schedule::Sche
 pub fn run_time(args: &TimeArgs, driver: &str, out: &mut String) -> Result<()> {
     let nodes_name = args.nodes.display().to_string();
     let pods_name = args.pods.display().to_string();
-    let nodes = parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| malformed(&e))?;
+    let nodes: Vec<simulate::TraceNode> = parse_nodes(&nodes_name, &read(&args.nodes)?)
+        .map_err(|e| malformed(&e))?
+        .into_iter()
+        .step_by(args.node_stride.max(1))
+        .collect();
     let pods =
         simulate::parse_timed_pods(&pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
     let origin =
@@ -568,6 +576,7 @@ pub fn run_time(args: &TimeArgs, driver: &str, out: &mut String) -> Result<()> {
             trace_start: &args.trace_start,
             batch_nodes_percent: args.batch_nodes_percent,
             tidal_nodes_percent: args.tidal_nodes_percent,
+            node_stride: args.node_stride,
             defrag_evictions_per_hour: args.defrag_evictions_per_hour,
             scenarios: &reports,
         };
@@ -670,8 +679,11 @@ fn time_table(args: &TimeArgs, pods: &str, reports: &[ScenarioReport], out: &mut
     );
     let _ = writeln!(
         out,
-        "nodes: {}% batch, {}% tidal (online in the static split), the rest online; defrag budget {}/h",
-        args.batch_nodes_percent, args.tidal_nodes_percent, args.defrag_evictions_per_hour
+        "nodes: every {}. of the list, {}% batch, {}% tidal (online in the static split), the rest online; defrag budget {}/h",
+        args.node_stride.max(1),
+        args.batch_nodes_percent,
+        args.tidal_nodes_percent,
+        args.defrag_evictions_per_hour
     );
     let _ = writeln!(
         out,

@@ -660,6 +660,8 @@ impl Replay<'_> {
                 p.num_gpu > 0 && p.gpu_milli == WHOLE_GPU && self.tasks[i].running.is_none()
             })
             .collect();
+        // Shapes no plan was found for in this pass (as in `retry`).
+        let mut failed: HashMap<(bool, u32, Vec<String>), Vec<HostResources>> = HashMap::new();
         for i in large {
             let budget = defrag::budget_left(per_hour, &self.defrag_done, self.at(now));
             if budget == 0 {
@@ -667,21 +669,33 @@ impl Replay<'_> {
             }
             self.refresh_candidates();
             let batch = self.tasks[i].batch;
-            let candidates = self.candidates[Self::tier(batch)].clone();
-            let movable = self.movable(&candidates);
-            if movable.is_empty() {
+            let pod = &self.pods[i].pod;
+            let key = (batch, pod.num_gpu, pod.gpu_spec.clone());
+            let host = pod.host;
+            if failed.get(&key).is_some_and(|hs| {
+                hs.iter()
+                    .any(|h| h.cpu_milli <= host.cpu_milli && h.memory_bytes <= host.memory_bytes)
+            }) {
                 continue;
             }
+            let candidates = self.candidates[Self::tier(batch)].clone();
+            let movable = self.movable(&candidates);
             let claims: Vec<&res::ResourceClaim> = self.tasks[i].claim.iter().collect();
-            let Some(plan) = defrag::plan(
-                &self.allocator,
-                &mut self.snap,
-                &claims,
-                &self.pods[i].pod.host,
-                &candidates,
-                &movable,
-                budget,
-            ) else {
+            let plan = if movable.is_empty() {
+                None
+            } else {
+                defrag::plan(
+                    &self.allocator,
+                    &mut self.snap,
+                    &claims,
+                    &host,
+                    &candidates,
+                    &movable,
+                    budget,
+                )
+            };
+            let Some(plan) = plan else {
+                failed.entry(key).or_default().push(host);
                 continue;
             };
             let keys: HashMap<String, usize> = movable
