@@ -687,12 +687,13 @@ fn time_table(args: &TimeArgs, pods: &str, reports: &[ScenarioReport], out: &mut
     );
     let _ = writeln!(
         out,
-        "{:<14} {:>12} {:>12} {:>22} {:>22} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "{:<14} {:>12} {:>12} {:>22} {:>22} {:>28} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8}",
         "SCENARIO",
         "ONLINE-GPUh",
         "BATCH-GPUh",
         "WAIT-1GPU p50/p95/max",
         "WAIT-MULTI p50/p95/max",
+        "WAIT-BATCH-LARGE p50/p95/max",
         "NEVER",
         "SWITCHES",
         "EVICT-SW",
@@ -704,12 +705,13 @@ fn time_table(args: &TimeArgs, pods: &str, reports: &[ScenarioReport], out: &mut
         let r = &s.result;
         let _ = writeln!(
             out,
-            "{:<14} {:>12.0} {:>12.0} {:>22} {:>22} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8.1}",
+            "{:<14} {:>12.0} {:>12.0} {:>22} {:>22} {:>28} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8.1}",
             s.scenario,
             r.online_gpu_hours,
             r.batch_gpu_hours,
             waits(&r.whole_gpu_wait),
             waits(&r.multi_gpu_wait),
+            waits(&r.batch_large_wait),
             r.never_placed,
             r.switches,
             r.schedule_evictions,

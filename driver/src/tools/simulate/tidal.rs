@@ -148,6 +148,9 @@ pub struct TimeResult {
     pub whole_gpu_wait: Waits,
     /// Pending time of tasks asking for two or more whole GPUs.
     pub multi_gpu_wait: Waits,
+    /// Pending time of the batch tasks among both (whole GPUs, one or more): the ones the
+    /// night profile and defragmentation are for.
+    pub batch_large_wait: Waits,
     /// Tasks never placed before the end.
     pub never_placed: usize,
     /// Of them, online.
@@ -906,6 +909,7 @@ pub fn replay_time(
     }
     let mut whole = (0, Vec::new());
     let mut multi = (0, Vec::new());
+    let mut batch_large = (0, Vec::new());
     for (t, p) in run.tasks.iter().zip(pods) {
         if t.first_placed.is_none() {
             run.result.never_placed += 1;
@@ -925,10 +929,17 @@ pub fn replay_time(
         if let Some(at) = t.first_placed {
             slot.1.push(at - p.created);
         }
+        if t.batch {
+            batch_large.0 += 1;
+            if let Some(at) = t.first_placed {
+                batch_large.1.push(at - p.created);
+            }
+        }
     }
     let r = &mut run.result;
     r.whole_gpu_wait = Waits::of(whole.0, whole.1);
     r.multi_gpu_wait = Waits::of(multi.0, multi.1);
+    r.batch_large_wait = Waits::of(batch_large.0, batch_large.1);
     r.online_gpu_hours = gpu_hours(run.online_milli_secs);
     r.batch_gpu_hours = gpu_hours(run.batch_milli_secs);
     Ok(run.result)
