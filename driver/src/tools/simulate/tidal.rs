@@ -4,7 +4,7 @@
 //!
 //! # The model
 //!
-//! * **Tiers.** A task's `qos` gives its tier ([`Qos::is_batch`]): `LS` and `Guaranteed` are
+//! * **Tiers.** A task's `qos` gives its tier ([`super::trace::Qos::is_batch`]): `LS` and `Guaranteed` are
 //!   online, `BE` and `Burstable` batch. Online tasks claim Tessera's share class, batch tasks
 //!   the batch class (its `TierPolicy` records their shares as batch), so whom a switch or a
 //!   defragmentation may evict is decided from the allocation as the controller decides it.
@@ -52,7 +52,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use serde::Serialize;
 
 use super::cluster::{Cluster, claim_in};
-use super::trace::{Qos, TimedPod};
+use super::trace::TimedPod;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::node::inventory::GpuMode;
@@ -948,11 +948,6 @@ pub fn replay_time(
 #[allow(clippy::cast_precision_loss)] // Reason: milli-GPU seconds of a trace, far below 2^52 after dividing.
 fn gpu_hours(milli_secs: u128) -> f64 {
     milli_secs as f64 / 1000.0 / 3600.0
-}
-
-/// The `qos` values a replay counts, for reports.
-pub fn qos_names() -> Vec<&'static str> {
-    Qos::ALL.iter().map(|q| q.as_str()).collect()
 }
 
 #[cfg(test)]

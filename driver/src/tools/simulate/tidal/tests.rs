@@ -1,5 +1,5 @@
 use super::*;
-use crate::tools::simulate::trace::{parse_nodes, parse_timed_pods};
+use crate::tools::simulate::trace::{Qos, parse_nodes, parse_timed_pods};
 use proptest::prelude::*;
 use std::fmt::Write as _;
 
