@@ -130,6 +130,32 @@ pub enum Command {
         /// then publishes `enforcement: hami-core`, which can back it.
         #[arg(long, requires = "mixing", value_parser = simulate::parse_factor)]
         batch_memory_overcommit: Option<Factor>,
+        /// Replay in time instead: tasks arrive at `creation_time` and leave after their
+        /// lifetime, pending tasks wait; compares a static online/batch split with a
+        /// `--schedule`, with and without defragmentation (docs/placement.md).
+        #[arg(long, conflicts_with_all = ["mixing", "seed", "seeds", "history"])]
+        time: bool,
+        /// With --time: a `GpuProfileSchedule` file the tidal nodes follow.
+        #[arg(long, requires = "time")]
+        schedule: Option<PathBuf>,
+        /// With --time: also run each scenario with defragmentation, under this many
+        /// evictions per hour (the controller's flag of the same name).
+        #[arg(long, requires = "time", default_value_t = 0)]
+        defrag_evictions_per_hour: u32,
+        /// With --time: percent of the nodes that serve batch all the time.
+        #[arg(long, requires = "time", default_value_t = 20)]
+        batch_nodes: u32,
+        /// With --time: percent of the nodes the schedule moves between online (day) and
+        /// batch (night); online all the time in the static split.
+        #[arg(long, requires = "time", default_value_t = 30)]
+        tidal_nodes: u32,
+        /// With --time: the instant of the trace's second 0 (the traces have no wall clock).
+        #[arg(long, requires = "time", default_value = simulate::DEFAULT_TRACE_START)]
+        trace_start: String,
+        /// With --time: keep every N-th node of the node list (1: all), to scale the cluster
+        /// to the trace's demand (the openb pod lists are a sample of the cluster's tasks).
+        #[arg(long, requires = "time", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        node_stride: u16,
     },
     /// Show a live cluster's GPUs per node (mode, memory and compute allocated and free, the
     /// claims and pods using them), or why a gated pod is pending (`inspect pod NAME`).
@@ -252,6 +278,7 @@ impl Cli {
     }
 
     /// Runs the command, appending what it prints to `out`.
+    #[allow(clippy::too_many_lines)] // Reason: one arm per subcommand, each only adapting its flags.
     pub fn run(&self, out: &mut String) -> Result<()> {
         match &self.command {
             Command::Demo { policy } => demo::run(&self.driver_name, *policy, out),
@@ -295,7 +322,29 @@ impl Cli {
                 mixing,
                 batch_overcommit,
                 batch_memory_overcommit,
+                time,
+                schedule,
+                defrag_evictions_per_hour,
+                batch_nodes,
+                tidal_nodes,
+                trace_start,
+                node_stride,
             } => {
+                if *time {
+                    let args = simulate::TimeArgs {
+                        nodes: nodes.clone(),
+                        pods: pods.clone(),
+                        policy: *policy,
+                        schedule: schedule.clone(),
+                        defrag_evictions_per_hour: *defrag_evictions_per_hour,
+                        batch_nodes_percent: *batch_nodes,
+                        tidal_nodes_percent: *tidal_nodes,
+                        trace_start: trace_start.clone(),
+                        node_stride: usize::from(*node_stride),
+                        json: *output == SimulateFormat::Json,
+                    };
+                    return simulate::run_time(&args, &self.driver_name, out);
+                }
                 let seeds = match (seed, seeds) {
                     (Some(s), _) => vec![*s],
                     (None, Some(r)) => (r.first..=r.last).collect(),

@@ -642,3 +642,76 @@ fn defrag_prints_the_move_that_makes_room_with_its_reason() {
         printed(&off)
     );
 }
+
+#[test]
+fn simulate_time_compares_a_static_split_with_the_schedule_and_never_evicts_online_pods() {
+    let nodes = write_temp(
+        "nodes-time.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\n\
+         node-a,32000,131072,1,T4\nnode-b,32000,131072,1,T4\nnode-c,32000,131072,1,T4\n\
+         node-d,32000,131072,1,T4\n",
+    );
+    // From 15:00 UTC: online work by day, batch work that fills every batch GPU for a day.
+    let mut pods = String::from(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n",
+    );
+    pods.extend((0..6).map(|i| format!("b{i},1000,1024,1,1000,,BE,Running,0,43200,0\n")));
+    pods.push_str("o0,1000,1024,1,500,,LS,Running,0,86400,0\n");
+    pods.push_str("o1,1000,1024,1,1000,,Guaranteed,Running,3600,7200,3600\n");
+    pods.push_str("c0,1000,1024,0,0,,Burstable,Running,0,600,0\n");
+    let pods = write_temp("pods-time.csv", &pods);
+    let schedule = repo().join("examples/schedules/day-night.yaml");
+    let args = [
+        "--time",
+        "--schedule",
+        schedule.to_str().unwrap(),
+        "--defrag-evictions-per-hour",
+        "2",
+        "--batch-nodes",
+        "25",
+        "--tidal-nodes",
+        "50",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.extend(["-o", "json"]);
+    let json = success_json(&simulate(&nodes, &pods, &json_args));
+    let scenarios = json["scenarios"].as_array().unwrap();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["static", "static+defrag", "tidal", "tidal+defrag"],
+        "{json}"
+    );
+    for s in scenarios {
+        assert_eq!(s["online_evicted"], 0, "{s}");
+        assert_eq!(s["tasks_by_qos"]["Guaranteed"], 1, "{s}");
+    }
+    // The night gives batch the tidal nodes: more batch GPU-hours than the static split.
+    let batch = |i: usize| scenarios[i]["batch_gpu_hours"].as_f64().unwrap();
+    assert!(batch(2) > batch(0), "{json}");
+    let table = simulate(&nodes, &pods, &args);
+    assert_success(&table);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("BATCH-GPUh") && text.contains("tidal+defrag") && text.contains("ONLINE-EV"),
+        "{text}"
+    );
+}
+
+#[test]
+fn simulate_time_refuses_a_pod_list_without_time_columns_naming_file_and_column() {
+    let nodes = write_temp("nodes-time2.csv", TRACE_NODES);
+    let pods = write_temp("multigpu-like.csv", TRACE_PODS);
+    let out = simulate(&nodes, &pods, &["--time"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("multigpu-like.csv") && err.contains("qos") && err.contains("column"),
+        "{err}"
+    );
+    let out = simulate(&nodes, &pods, &["--schedule", "x.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "--schedule needs --time");
+}

@@ -1255,3 +1255,27 @@ async fn native_requests_the_policy_rounds_are_admitted_with_a_warning() {
     );
     hook.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_schedules_the_simulation_reads_are_admitted_by_the_webhook() {
+    let hook = Running::start(FakeAdmissionLookup::new()).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/schedules");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let object: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let request = json!({
+            "uid": "u-schedule",
+            "kind": {"group": "gpu.tessera.dev", "version": "v1alpha1", "kind": "GpuProfileSchedule"},
+            "resource": {"group": "gpu.tessera.dev", "version": "v1alpha1", "resource": names::GPU_PROFILE_SCHEDULE.plural},
+            "name": object["metadata"]["name"].clone(),
+            "operation": "CREATE",
+            "object": object,
+        });
+        let response = hook.review("/validate-schedules", request).await;
+        assert_eq!(response["allowed"], true, "{}: {response}", path.display());
+        seen += 1;
+    }
+    assert!(seen > 0, "no schedule in {}", dir.display());
+    hook.stop().await;
+}

@@ -423,3 +423,301 @@ fn table(summary: &Summary, seconds: &[f64], pods: &str, out: &mut String) {
         );
     }
 }
+
+/// The instant a time replay takes the trace's second 0 to be, unless told otherwise: 15:00
+/// UTC. The openb traces carry no wall clock; at this phase the 12 hours with the fewest
+/// online (`LS`) arrivals are 20:00 to 08:00 on the default, gpushare40 and gpuspec20 lists
+/// (docs/placement.md).
+pub const DEFAULT_TRACE_START: &str = "2023-01-02T15:00:00Z";
+
+/// What a time replay (`--time`) runs.
+#[derive(Debug, Clone)]
+pub struct TimeArgs {
+    /// The node list.
+    pub nodes: PathBuf,
+    /// The pod list (with `qos`, `creation_time` and `deletion_time`).
+    pub pods: PathBuf,
+    /// The placement policy.
+    pub policy: Policy,
+    /// A `GpuProfileSchedule` for the tidal nodes; without it only the static split runs.
+    pub schedule: Option<PathBuf>,
+    /// Defragmentation's evictions per hour (0: only scenarios without it).
+    pub defrag_evictions_per_hour: u32,
+    /// Percent of the nodes that serve batch all the time.
+    pub batch_nodes_percent: u32,
+    /// Percent of the nodes the schedule moves (online all the time in the static split).
+    pub tidal_nodes_percent: u32,
+    /// The instant of the trace's second 0 (RFC 3339).
+    pub trace_start: String,
+    /// Keep every `node_stride`-th node of the node list (1: all), to scale the cluster to
+    /// the trace's demand.
+    pub node_stride: usize,
+    /// JSON instead of a table.
+    pub json: bool,
+}
+
+/// One scenario's result.
+#[derive(Debug, Serialize)]
+struct ScenarioReport {
+    scenario: String,
+    seconds: f64,
+    #[serde(flatten)]
+    result: simulate::TimeResult,
+}
+
+/// The JSON report of a time replay.
+#[derive(Debug, Serialize)]
+struct TimeReport<'a> {
+    nodes: String,
+    pods: String,
+    schedule: Option<String>,
+    trace_start: &'a str,
+    batch_nodes_percent: u32,
+    tidal_nodes_percent: u32,
+    node_stride: usize,
+    defrag_evictions_per_hour: u32,
+    scenarios: &'a [ScenarioReport],
+}
+
+/// Reads a `GpuProfileSchedule` file with the parser the webhook validates with.
+pub fn read_schedule(path: &Path) -> Result<tessera_driver::node::schedule::Schedule> {
+    let name = path.display().to_string();
+    let value: serde_json::Value =
+        serde_yaml::from_str(&read(path)?).map_err(|e| Error::Malformed(format!("{name}: {e}")))?;
+    tessera_driver::node::schedule::parse(&value)
+        .map_err(|e| Error::Malformed(format!("{name}: {e}")))
+}
+
+/// Runs a time replay's scenarios (static split, with the schedule, each with and without
+/// defragmentation) and appends the report to `out`.
+pub fn run_time(args: &TimeArgs, driver: &str, out: &mut String) -> Result<()> {
+    let nodes_name = args.nodes.display().to_string();
+    let pods_name = args.pods.display().to_string();
+    let nodes: Vec<simulate::TraceNode> = parse_nodes(&nodes_name, &read(&args.nodes)?)
+        .map_err(|e| malformed(&e))?
+        .into_iter()
+        .step_by(args.node_stride.max(1))
+        .collect();
+    let pods =
+        simulate::parse_timed_pods(&pods_name, &read(&args.pods)?).map_err(|e| malformed(&e))?;
+    let origin =
+        simulate::tidal::parse_trace_start(&args.trace_start).map_err(|e| malformed(&e))?;
+    let schedule = args.schedule.as_deref().map(read_schedule).transpose()?;
+    let batch = batch_class(MixingArgs {
+        compute: Factor::ONE,
+        memory: Factor::ONE,
+    })?;
+    let shared: res::DeviceClass = serde_yaml::from_str(SHARED_CLASS)
+        .map_err(|e| Error::Malformed(format!("deviceclasses/shared-gpu.yaml: {e}")))?;
+    let batch_name = batch.metadata.name.clone().unwrap_or_default();
+    let classes = vec![shared, batch];
+    let cluster = Cluster::new(nodes, classes.clone(), driver).map_err(|e| malformed(&e))?;
+    let labels = simulate::tidal::pool_labels(
+        cluster.nodes.len(),
+        args.batch_nodes_percent,
+        args.tidal_nodes_percent,
+    )
+    .map_err(|e| malformed(&e))?;
+    let scenarios = scenarios(args, batch_name, labels, origin, schedule.as_ref());
+    let results: Mutex<Vec<Option<ScenarioReport>>> =
+        Mutex::new((0..scenarios.len()).map(|_| None).collect());
+    let failure: Mutex<Option<tessera_driver::Error>> = Mutex::new(None);
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(scenarios.len());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((name, opts)) = scenarios.get(k) else {
+                        break;
+                    };
+                    let started = Instant::now();
+                    match simulate::replay_time(&cluster, &classes, &pods, opts) {
+                        Ok(result) => {
+                            results
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)[k] =
+                                Some(ScenarioReport {
+                                    scenario: name.clone(),
+                                    seconds: started.elapsed().as_secs_f64(),
+                                    result,
+                                });
+                        }
+                        Err(e) => {
+                            *failure
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        return Err(e.into());
+    }
+    let reports: Vec<ScenarioReport> = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .into_iter()
+        .flatten()
+        .collect();
+    if args.json {
+        let report = TimeReport {
+            nodes: nodes_name,
+            pods: pods_name,
+            schedule: args.schedule.as_ref().map(|p| p.display().to_string()),
+            trace_start: &args.trace_start,
+            batch_nodes_percent: args.batch_nodes_percent,
+            tidal_nodes_percent: args.tidal_nodes_percent,
+            node_stride: args.node_stride,
+            defrag_evictions_per_hour: args.defrag_evictions_per_hour,
+            scenarios: &reports,
+        };
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| Error::Output(e.to_string()))?;
+        out.push_str(&text);
+        out.push('\n');
+        return Ok(());
+    }
+    time_table(args, &pods_name, &reports, out);
+    Ok(())
+}
+
+/// The scenarios of a time replay: the static split, and with a schedule the tidal one, each
+/// also with defragmentation when it has a budget.
+fn scenarios(
+    args: &TimeArgs,
+    batch_name: String,
+    labels: Vec<std::collections::BTreeMap<String, String>>,
+    origin: simulate::tidal::Origin,
+    schedule: Option<&tessera_driver::node::schedule::Schedule>,
+) -> Vec<(String, simulate::TimeOptions)> {
+    let mut scenarios: Vec<(String, simulate::TimeOptions)> = Vec::new();
+    let per_hour = args.defrag_evictions_per_hour;
+    let base = simulate::TimeOptions {
+        policy: args.policy,
+        batch_class: batch_name,
+        labels,
+        schedule: None,
+        defrag_evictions_per_hour: 0,
+        origin,
+    };
+    scenarios.push(("static".to_owned(), base.clone()));
+    if per_hour > 0 {
+        scenarios.push((
+            "static+defrag".to_owned(),
+            simulate::TimeOptions {
+                defrag_evictions_per_hour: per_hour,
+                ..base.clone()
+            },
+        ));
+    }
+    if let Some(s) = schedule {
+        let tidal = simulate::TimeOptions {
+            schedule: Some(s.clone()),
+            ..base.clone()
+        };
+        scenarios.push(("tidal".to_owned(), tidal.clone()));
+        if per_hour > 0 {
+            scenarios.push((
+                "tidal+defrag".to_owned(),
+                simulate::TimeOptions {
+                    defrag_evictions_per_hour: per_hour,
+                    ..tidal
+                },
+            ));
+        }
+    }
+    scenarios
+}
+
+fn waits(w: &simulate::tidal::Waits) -> String {
+    format!(
+        "{}/{}/{}",
+        hours(w.p50_secs),
+        hours(w.p95_secs),
+        hours(w.max_secs)
+    )
+}
+
+#[allow(clippy::cast_precision_loss)] // Reason: seconds of a trace, far below 2^52.
+fn days(secs: u64) -> f64 {
+    secs as f64 / 86400.0
+}
+
+#[allow(clippy::cast_precision_loss)] // Reason: seconds of a trace, far below 2^52.
+fn hours(secs: u64) -> String {
+    format!("{:.1}h", secs as f64 / 3600.0)
+}
+
+fn time_table(args: &TimeArgs, pods: &str, reports: &[ScenarioReport], out: &mut String) {
+    let pods = crate::cli::output::printable(pods, false);
+    let Some(first) = reports.first() else {
+        return;
+    };
+    let r = &first.result;
+    let qos = r
+        .tasks_by_qos
+        .iter()
+        .map(|(q, n)| format!("{q} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = writeln!(
+        out,
+        "trace {pods}, policy {}, {} GPUs, {:.1} days from {}; tasks: {qos} (LS, Guaranteed online; BE, Burstable batch)",
+        args.policy,
+        r.gpus,
+        days(r.duration_secs),
+        args.trace_start
+    );
+    let _ = writeln!(
+        out,
+        "nodes: every {}. of the list, {}% batch, {}% tidal (online in the static split), the rest online; defrag budget {}/h",
+        args.node_stride.max(1),
+        args.batch_nodes_percent,
+        args.tidal_nodes_percent,
+        args.defrag_evictions_per_hour
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:>12} {:>12} {:>22} {:>22} {:>28} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8}",
+        "SCENARIO",
+        "ONLINE-GPUh",
+        "BATCH-GPUh",
+        "WAIT-1GPU p50/p95/max",
+        "WAIT-MULTI p50/p95/max",
+        "WAIT-BATCH-LARGE p50/p95/max",
+        "NEVER",
+        "SWITCHES",
+        "EVICT-SW",
+        "EVICT-DF",
+        "ONLINE-EV",
+        "SECONDS"
+    );
+    for s in reports {
+        let r = &s.result;
+        let _ = writeln!(
+            out,
+            "{:<14} {:>12.0} {:>12.0} {:>22} {:>22} {:>28} {:>6} {:>8} {:>8} {:>8} {:>9} {:>8.1}",
+            s.scenario,
+            r.online_gpu_hours,
+            r.batch_gpu_hours,
+            waits(&r.whole_gpu_wait),
+            waits(&r.multi_gpu_wait),
+            waits(&r.batch_large_wait),
+            r.never_placed,
+            r.switches,
+            r.schedule_evictions,
+            r.defrag_evictions,
+            r.online_evicted,
+            s.seconds
+        );
+    }
+}

@@ -12,11 +12,14 @@
 //! * [`cluster`]: the trace as Kubernetes objects (and the milli-GPU to share mapping).
 //! * [`replay`]: one seed's replay and its curves; [`Summary`] the mean over seeds.
 //! * [`mixing`]: best-effort tasks as batch shares, and what mixing tiers measures.
+//! * [`tidal`]: the replay in time (`--time`): arrivals and departures at the trace's times,
+//!   a day/night `GpuProfileSchedule`, and defragmentation.
 
 pub mod cluster;
 pub mod mixing;
 pub mod order;
 pub mod replay;
+pub mod tidal;
 pub mod trace;
 
 use serde::Serialize;
@@ -24,7 +27,8 @@ use serde::Serialize;
 pub use cluster::Cluster;
 pub use mixing::{Mixing, MixingResult, MixingSummary};
 pub use replay::{IdleByKind, ReplayOptions, SeedResult, replay};
-pub use trace::{TraceNode, TracePod, parse_nodes, parse_pods};
+pub use tidal::{TimeOptions, TimeResult, replay_time};
+pub use trace::{Qos, TimedPod, TraceNode, TracePod, parse_nodes, parse_pods, parse_timed_pods};
 
 use crate::placement::fragmentation::Workload;
 

@@ -104,6 +104,11 @@ impl Cluster {
         })
     }
 
+    /// The `ResourceSlices` the cluster's nodes publish.
+    pub fn slices(&self) -> &[res::ResourceSlice] {
+        &self.slices
+    }
+
     /// GPU capacity in milli-GPU.
     pub fn capacity_milli(&self) -> u64 {
         self.nodes

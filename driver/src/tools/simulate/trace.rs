@@ -236,3 +236,123 @@ pub fn parse_pods(file: &str, text: &str) -> Result<Vec<TracePod>> {
     }
     Ok(pods)
 }
+
+/// A task's `qos` in the trace, and the tier a time replay gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum Qos {
+    /// `LS`, latency-sensitive: online.
+    LatencySensitive,
+    /// `BE`, best-effort: batch.
+    BestEffort,
+    /// `Guaranteed` (the Kubernetes `QoS` class: requests equal limits): online.
+    Guaranteed,
+    /// `Burstable` (the Kubernetes `QoS` class: may use more than it requests): batch.
+    Burstable,
+}
+
+impl Qos {
+    /// The `qos` values of the trace, in the order of [`Qos`].
+    pub const ALL: [Self; 4] = [
+        Self::LatencySensitive,
+        Self::BestEffort,
+        Self::Guaranteed,
+        Self::Burstable,
+    ];
+
+    /// The value as the trace writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LatencySensitive => "LS",
+            Self::BestEffort => QOS_BEST_EFFORT,
+            Self::Guaranteed => "Guaranteed",
+            Self::Burstable => "Burstable",
+        }
+    }
+
+    /// Whether a time replay runs it as batch work (`BE` and `Burstable`); the others are
+    /// online.
+    pub fn is_batch(self) -> bool {
+        matches!(self, Self::BestEffort | Self::Burstable)
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|q| q.as_str() == text)
+    }
+}
+
+/// A task of a pod list with its lifetime, for a time replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedPod {
+    /// The task.
+    pub pod: TracePod,
+    /// Its `qos`.
+    pub qos: Qos,
+    /// `creation_time`, seconds from the trace's start.
+    pub created: u64,
+    /// `deletion_time`, seconds from the trace's start (at or after `created`).
+    pub deleted: u64,
+}
+
+impl TimedPod {
+    /// Seconds it runs once placed.
+    pub fn runtime(&self) -> u64 {
+        self.deleted - self.created
+    }
+}
+
+/// The columns a time replay needs beyond [`parse_pods`]'s.
+pub const TIME_COLUMNS: [&str; 3] = ["qos", "creation_time", "deletion_time"];
+
+/// Reads a pod list with time columns (`qos`, `creation_time`, `deletion_time`) for a time
+/// replay: every rule of [`parse_pods`], and a list without one of those columns, an unknown
+/// `qos`, or a task deleted before it was created is an error naming the file, the line, the
+/// column and the rule.
+pub fn parse_timed_pods(file: &str, text: &str) -> Result<Vec<TimedPod>> {
+    let t = Table::parse(file, text)?;
+    let mut cols = [0; 3];
+    for (slot, name) in cols.iter_mut().zip(TIME_COLUMNS) {
+        *slot = t.column(name).map_err(|_| {
+            Error::invalid(
+                file,
+                name,
+                format!(
+                    "a time replay needs the columns {}; this pod list has no {name} column \
+                     (the multigpu lists have no time columns)",
+                    TIME_COLUMNS.join(", ")
+                ),
+            )
+        })?;
+    }
+    let [qos, created, deleted] = cols;
+    let pods = parse_pods(file, text)?;
+    let mut out = Vec::with_capacity(pods.len());
+    for (row, pod) in t.rows.iter().zip(pods) {
+        let object = format!("{file} line {}", row.0);
+        let text = t.cell(row, qos, "qos")?;
+        let qos = Qos::parse(text).ok_or_else(|| {
+            Error::invalid(
+                &object,
+                "qos",
+                format!(
+                    "{text:?} is not a qos of the trace; expected LS, BE, Guaranteed or Burstable"
+                ),
+            )
+        })?;
+        let created = t.number(row, created, "creation_time")?;
+        let deleted = t.number(row, deleted, "deletion_time")?;
+        if deleted < created {
+            return Err(Error::invalid(
+                &object,
+                "deletion_time",
+                format!("{deleted} is before creation_time {created}: a task ends after it starts"),
+            ));
+        }
+        out.push(TimedPod {
+            pod,
+            qos,
+            created,
+            deleted,
+        });
+    }
+    Ok(out)
+}
