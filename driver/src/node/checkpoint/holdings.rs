@@ -216,3 +216,42 @@ impl Holdings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(device: &str, exclusive: bool) -> HeldDevice {
+        HeldDevice {
+            request: "gpu".to_owned(),
+            pool: "node-a".to_owned(),
+            device: device.to_owned(),
+            gpu_uuid: format!("GPU-{device}"),
+            mig: false,
+            exclusive,
+            cdi_ids: Vec::new(),
+            share_memory_bytes: (!exclusive).then_some(1 << 30),
+            share_compute_percent: (!exclusive).then_some(10),
+            share_id: (!exclusive).then(|| "s".to_owned()),
+            share_tier: None,
+        }
+    }
+
+    #[test]
+    fn a_claim_holding_one_gpu_twice_does_not_hide_another_claims_hold_on_it() {
+        // Claim a's two requests share gpu-1 (two holds by one claim), then claim b shares it
+        // too. Were a's second hold to take b's place, a asking gpu-1 whole would see no
+        // other holder and take a GPU b still holds.
+        let mut holdings = Holdings::default();
+        holdings.add("a", &[held("gpu-1", false), held("gpu-1", false)], None);
+        holdings.add("b", &[held("gpu-1", false)], None);
+        let whole = [held("gpu-1", true)];
+        let (device, holder) = holdings.conflict("a", &whole).expect("b holds gpu-1");
+        assert_eq!(holder, "b");
+        assert_eq!(device.device, "gpu-1");
+        assert_eq!(
+            holdings.conflict("b", &[held("gpu-1", true)]).map(|c| c.1),
+            Some("a")
+        );
+    }
+}

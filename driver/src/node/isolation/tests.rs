@@ -325,6 +325,27 @@ fn isolation_reads_its_published_values_only() {
 }
 
 #[test]
+fn a_spec_that_mounts_nothing_is_probed_without_the_namespace_launcher() {
+    // Nothing to bind: the probe runs as the program itself, so it needs no mount namespace
+    // (and no CAP_SYS_ADMIN), and the spec's LD_PRELOAD stays LD_PRELOAD.
+    let edits = ContainerEdits {
+        env: vec![
+            "LD_PRELOAD=/lib/x.so".to_owned(),
+            "CUDA_MPS_PIPE_DIRECTORY=/p".to_owned(),
+        ],
+        ..ContainerEdits::default()
+    };
+    let args = vec!["isolation-probe".to_owned()];
+    let cmd = probe_command(&edits, "/probe", &args, &[], Some("/plugin"));
+    assert_eq!(cmd.program, "/probe");
+    assert_eq!(cmd.args, args);
+    assert!(
+        cmd.env
+            .contains(&("LD_PRELOAD".to_owned(), "/lib/x.so".to_owned()))
+    );
+}
+
+#[test]
 fn the_probe_command_applies_the_specs_mounts_and_exactly_its_environment() {
     let node = node();
     let claim = probe_claim("n", &node.gpus[0]);
