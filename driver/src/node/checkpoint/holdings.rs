@@ -238,6 +238,17 @@ mod tests {
     }
 
     #[test]
+    fn a_claims_shares_of_two_gpus_each_count_on_their_own_gpu_and_mig_instances_on_none() {
+        let mut mig = held("gpu-1", false);
+        mig.mig = true;
+        let devices = [held("gpu-1", false), held("gpu-2", false), mig];
+        let threads = |gpu: &str| gpu_threads(&devices, gpu).map(|t| t.0);
+        assert_eq!(threads("GPU-gpu-1"), Some(overcommit::threads(10)));
+        assert_eq!(threads("GPU-gpu-2"), Some(overcommit::threads(10)));
+        assert_eq!(threads("GPU-gpu-3"), None);
+    }
+
+    #[test]
     fn a_claim_holding_one_gpu_twice_does_not_hide_another_claims_hold_on_it() {
         // Claim a's two requests share gpu-1 (two holds by one claim), then claim b shares it
         // too. Were a's second hold to take b's place, a asking gpu-1 whole would see no

@@ -617,6 +617,41 @@ fn a_claim_that_also_holds_another_drivers_node_a_gpu_1_prepares_only_its_own_de
 }
 
 #[test]
+fn a_claim_is_prepared_on_the_node_of_its_own_drivers_devices_not_anothers() {
+    // The first result is another driver's, in a pool no Tessera node has: the node is the
+    // pool of this driver's result.
+    let mut c = claim_with(&[("a", "gpu-0", None)], &[]);
+    let results = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap();
+    results.insert(
+        0,
+        serde_json::from_value(json!({
+            "request": "b", "driver": "gpu.other.example", "pool": "elsewhere", "device": "x"
+        }))
+        .unwrap(),
+    );
+    let inventory = Inventory {
+        nodes: vec![node()],
+    };
+    let prepared = prepared_claim(&c, DRIVER, &inventory).unwrap();
+    let names: Vec<&str> = prepared.devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(names, ["gpu-0"]);
+    let err = prepared_claim(&c, "gpu.none.example", &inventory).unwrap_err();
+    assert!(err.to_string().contains("no device of driver"), "{err}");
+}
+
+#[test]
 fn a_record_with_more_memory_than_was_booked_is_refused_even_when_compute_agrees() {
     let c = claim(
         Some(json!({"memory": "1Gi", "compute": "50"})),
