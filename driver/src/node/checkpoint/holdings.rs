@@ -249,6 +249,20 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_recorded_again_counts_its_sms_once_not_on_top_of_its_earlier_record() {
+        let mut holdings = Holdings::default();
+        let before = [held("gpu-1", false)];
+        let mut after = held("gpu-1", false);
+        after.share_compute_percent = Some(30);
+        holdings.add("a", &before, None);
+        holdings.add("a", std::slice::from_ref(&after), Some(&before));
+        assert_eq!(
+            holdings.by_gpu["GPU-gpu-1"].threads,
+            overcommit::threads(30)
+        );
+    }
+
+    #[test]
     fn a_claim_holding_one_gpu_twice_does_not_hide_another_claims_hold_on_it() {
         // Claim a's two requests share gpu-1 (two holds by one claim), then claim b shares it
         // too. Were a's second hold to take b's place, a asking gpu-1 whole would see no
