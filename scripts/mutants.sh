@@ -77,6 +77,11 @@ HARMLESS=(
   'rules/config\.rs:[0-9]+:[0-9]+: replace Factor::overcommits -> bool with true'
   'rules/config\.rs:[0-9]+:[0-9]+: replace > with >= in Factor::overcommits'
   'rules/overcommit\.rs:[0-9]+:[0-9]+: replace Overcommit::any -> bool with true'
+  # `count_sms` is called with a sign of 1 or -1, never 0: `sign >= 0` picks as `sign > 0`.
+  'checkpoint/holdings\.rs:[0-9]+:[0-9]+: replace > with >= in Holdings::count_sms'
+  # `check_sms` looping over every GPU of the claim rather than those with a share: for the
+  # others (held whole, or as MIG instances) `gpu_threads` answers None and the loop skips them.
+  'checkpoint/holdings\.rs:[0-9]+:[0-9]+: replace && with \|\| in Holdings::check_sms'
 )
 
 args=(mutants -p tessera-driver --no-shuffle --in-place)
