@@ -591,21 +591,21 @@ fn a_share_on_a_gpu_whose_isolation_is_unverified_is_refused() {
     }
 }
 
+/// The allocation results of claim `c`, to add another driver's result to.
+fn results_mut(c: &mut res::ResourceClaim) -> &mut Vec<res::DeviceRequestAllocationResult> {
+    c.status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .expect("an allocated claim")
+}
+
 #[test]
 fn a_claim_that_also_holds_another_drivers_node_a_gpu_1_prepares_only_its_own_device() {
     // Another driver's device in this node's pool, named like a Tessera GPU, is not ours.
     let mut c = claim_with(&[("a", "gpu-0", None)], &[]);
-    let devices = c
-        .status
-        .as_mut()
-        .unwrap()
-        .allocation
-        .as_mut()
-        .unwrap()
-        .devices
-        .as_mut()
-        .unwrap();
-    devices.results.as_mut().unwrap().push(
+    results_mut(&mut c).push(
         serde_json::from_value(json!({
             "request": "b", "driver": "gpu.other.example", "pool": "node-a", "device": "gpu-1"
         }))
@@ -621,20 +621,7 @@ fn a_claim_is_prepared_on_the_node_of_its_own_drivers_devices_not_anothers() {
     // The first result is another driver's, in a pool no Tessera node has: the node is the
     // pool of this driver's result.
     let mut c = claim_with(&[("a", "gpu-0", None)], &[]);
-    let results = c
-        .status
-        .as_mut()
-        .unwrap()
-        .allocation
-        .as_mut()
-        .unwrap()
-        .devices
-        .as_mut()
-        .unwrap()
-        .results
-        .as_mut()
-        .unwrap();
-    results.insert(
+    results_mut(&mut c).insert(
         0,
         serde_json::from_value(json!({
             "request": "b", "driver": "gpu.other.example", "pool": "elsewhere", "device": "x"
